@@ -1,0 +1,94 @@
+"""Build script for tcstage's native extension.
+
+Project metadata lives in pyproject.toml; this file only adds what cannot be
+declared statically there: the C++ extension ``tcstage.halide._native``, which
+compiles against the Halide.h and links against the libHalide.so shipped inside
+the ``halide`` wheel.  The wheel is found through Python's import machinery, so
+it works both in pip's isolated build environment (where pip installs
+``halide`` from [build-system].requires) and with ``--no-build-isolation``.
+"""
+
+import importlib.util
+import os
+import sysconfig
+
+from setuptools import Extension, find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _halide_package_dir():
+    """Directory of the installed ``halide`` Python package."""
+    spec = importlib.util.find_spec("halide")
+    if spec is not None and spec.submodule_search_locations:
+        return os.path.abspath(list(spec.submodule_search_locations)[0])
+    # Fall back to a real import (also gives a readable error if missing).
+    try:
+        import halide
+    except ImportError as exc:  # pragma: no cover - build configuration error
+        raise RuntimeError(
+            "Building tcstage needs the 'halide' wheel (halide==21.0.0) importable "
+            "at build time; it is listed in [build-system].requires, so build "
+            "with pip (isolated) or install it first."
+        ) from exc
+    return os.path.dirname(os.path.abspath(halide.__file__))
+
+
+def _halide_paths():
+    root = _halide_package_dir()
+    include = os.path.join(root, "include")
+    if not os.path.isfile(os.path.join(include, "Halide.h")):
+        raise RuntimeError(f"Halide.h not found under {include}; is the halide wheel complete?")
+    for libdir_name in ("lib64", "lib"):
+        libdir = os.path.join(root, libdir_name)
+        if os.path.isfile(os.path.join(libdir, "libHalide.so")):
+            return include, libdir, libdir_name
+    raise RuntimeError(f"libHalide.so not found under {root}/lib64 or {root}/lib")
+
+
+def _pybind11_include():
+    import pybind11
+
+    return pybind11.get_include()
+
+
+def _native_extension():
+    include, libdir, libdir_name = _halide_paths()
+
+    # Where the dynamic loader should look for libHalide.so at run time:
+    #  1. next to the installed extension: site-packages/tcstage/halide/_native*.so
+    #     -> site-packages/halide/<lib64>, i.e. the runtime halide wheel;
+    #  2. the halide wheel of the interpreter's own site-packages (this helps
+    #     editable installs, whose extension sits in the source tree);
+    #  3. the halide wheel seen at build time (absolute; may be a temporary
+    #     build environment, so only a last resort).
+    # In any case tcstage imports `halide` first, which loads libHalide.so.
+    rpaths = [f"$ORIGIN/../../halide/{libdir_name}"]
+    purelib = sysconfig.get_paths().get("purelib")
+    if purelib:
+        rpaths.append(os.path.join(purelib, "halide", libdir_name))
+    rpaths.append(libdir)
+    seen = []
+    for p in rpaths:
+        if p not in seen:
+            seen.append(p)
+
+    return Extension(
+        "tcstage.halide._native",
+        sources=["tcstage/halide/_native.cpp"],
+        include_dirs=[include, _pybind11_include()],
+        library_dirs=[libdir],
+        libraries=["Halide"],
+        language="c++",
+        extra_compile_args=["-std=c++17", "-O2", "-g0", "-fvisibility=hidden"],
+        extra_link_args=[f"-Wl,-rpath,{p}" for p in seen],
+    )
+
+
+setup(
+    packages=find_packages(where=HERE, include=["tcstage", "tcstage.*"]),
+    ext_modules=[_native_extension()],
+    # The C++ source is only needed to build; keep it out of installed trees.
+    exclude_package_data={"tcstage.halide": ["*.cpp"]},
+    zip_safe=False,
+)

@@ -1,0 +1,107 @@
+"""One exception family for everything a user can get wrong, with compiler-style locations.
+
+Every error that points into TC source carries a `Span`; `str(error)` then reads like a
+compiler diagnostic::
+
+    matmul.tc:2:19: error: unknown tensor or function 'Bx'; did you mean 'B'?
+      C(i, j) +=! A(i, k) * Bx(k, j)
+                            ^~
+"""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class Source:
+    """TC source text and the name it came from (a file name or '<string>')."""
+
+    text: str
+    filename: str = "<string>"
+
+    def line_col(self, offset: int) -> tuple[int, int]:
+        """1-based line and column of a character offset."""
+        line = self.text.count("\n", 0, offset) + 1
+        col = offset - (self.text.rfind("\n", 0, offset) + 1) + 1
+        return line, col
+
+    def line_text(self, line: int) -> str:
+        return self.text.split("\n")[line - 1] if self.text else ""
+
+
+@attrs.frozen
+class Span:
+    """A half-open character range [start, end) in a `Source`."""
+
+    source: Source = attrs.field(eq=False, repr=False)
+    start: int
+    end: int
+
+    def to(self, other: "Span") -> "Span":
+        """The span covering both self and other."""
+        return Span(self.source, min(self.start, other.start), max(self.end, other.end))
+
+    @property
+    def line(self) -> int:
+        return self.source.line_col(self.start)[0]
+
+    @property
+    def column(self) -> int:
+        return self.source.line_col(self.start)[1]
+
+    def text(self) -> str:
+        return self.source.text[self.start:self.end]
+
+    def render(self) -> str:
+        """The source line holding the span's start, with a caret run under the span."""
+        line, col = self.source.line_col(self.start)
+        text = self.source.line_text(line)
+        width = max(1, min(self.end, self.start + len(text) - col + 1) - self.start)
+        return f"  {text}\n  {' ' * (col - 1)}^{'~' * (width - 1)}"
+
+
+class TCError(Exception):
+    """Base of every error tcstage reports about user input (source, arguments, options)."""
+
+    def __init__(self, message: str, span: Span | None = None, notes: tuple[str, ...] = ()):
+        self.message = message
+        self.span = span
+        self.notes = tuple(notes)
+        super().__init__(str(self))
+
+    @property
+    def line(self) -> int | None:
+        return self.span.line if self.span else None
+
+    @property
+    def column(self) -> int | None:
+        return self.span.column if self.span else None
+
+    def __str__(self) -> str:
+        if self.span is None:
+            head = f"error: {self.message}"
+        else:
+            s = self.span
+            head = f"{s.source.filename}:{s.line}:{s.column}: error: {self.message}\n{s.render()}"
+        return "\n".join([head, *(f"  note: {n}" for n in self.notes)])
+
+
+class TCSyntaxError(TCError):
+    """Malformed TC source: the lexer or parser could not read it."""
+
+
+class TCSemanticError(TCError):
+    """Well-formed TC that breaks a language rule (scoping, types, reductions, in-place use)."""
+
+
+class TCRangeError(TCError):
+    """Range inference could not give an index variable a unique range."""
+
+
+class TCArgumentError(TCError):
+    """A call passed tensors or values that do not match the function's signature."""
+
+
+class TCWarning(UserWarning):
+    """A precondition tcstage cannot check, such as reads that range inference did not bound."""

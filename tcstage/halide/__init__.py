@@ -1,0 +1,1 @@
+"""Bridges between tcstage and Halide."""

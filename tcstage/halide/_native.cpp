@@ -1,0 +1,371 @@
+// tcstage.halide._native -- a thin bridge from Python to a few of Halide's
+// internal symbolic routines (the solver, the simplifier and the
+// condition-over-domain relaxation), built against the libHalide.so that the
+// `halide` PyPI wheel ships.
+//
+// Inputs are `halide.Expr` objects (obtained from the halide Python bindings
+// through pybind11's cross-extension "conduit"), or plain Python ints, which
+// become int32 constants.  Outputs are plain Python data: nested tuples whose
+// first element is a short string tag.  Nothing is ever returned as text that
+// would need re-parsing.
+//
+// TREE FORMAT (a contract that other modules of tcstage depend on):
+//
+//   ('int', v)                 IntImm / UIntImm.  v is a Python int, except
+//                              for boolean (uint1) constants, where v is the
+//                              Python bool True / False (bool is a subclass of
+//                              int, so ('int', True) == ('int', 1) holds).
+//   ('float', v)               FloatImm; v is a Python float.
+//   ('var', name)              Variable.
+//   (op, a, b)                 binary node, op one of
+//                                'add' 'sub' 'mul' 'div' 'mod' 'min' 'max'
+//                                'eq' 'ne' 'lt' 'le' 'gt' 'ge' 'and' 'or'
+//                              ('div' / 'mod' carry Halide's semantics:
+//                              Euclidean, rounding down for a positive divisor,
+//                              x/0 == 0 and x%0 == 0.)
+//   ('not', a)                 logical negation.
+//   ('select', c, t, f)        c ? t : f.
+//   ('cast', type_str, a)      conversion; type_str like 'int32', 'uint8',
+//                              'float32', 'bool' ('<type>x<lanes>' for a
+//                              vector type).
+//   ('call', name, (args...))  any Call node (intrinsics, extern calls,
+//                              function calls); args is a tuple of trees.
+//   ('let', name, value, body) Let expression.
+//
+// Any other node (StringImm, Broadcast, Ramp, Load, Shuffle, Reinterpret,
+// VectorReduce, ...) makes the conversion raise a Python ValueError naming the
+// node type.
+
+#include <Halide.h>
+
+#include <pybind11/conduit/pybind11_conduit_v1.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+using Halide::Expr;
+namespace HI = Halide::Internal;
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Python -> Halide::Expr
+
+// Converts an argument coming from Python into an Expr.  `what` names the
+// argument in error messages.
+Expr expr_from_py(const py::handle &obj, const char *what) {
+    if (obj.is_none()) {
+        throw py::type_error(std::string(what) +
+                             ": expected a halide.Expr or an int, got None");
+    }
+    // bool must be tested before int (it is an int subclass in Python).
+    if (PyBool_Check(obj.ptr())) {
+        return HI::make_bool(obj.ptr() == Py_True);
+    }
+    if (PyLong_Check(obj.ptr())) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(obj.ptr(), &overflow);
+        if (overflow != 0 || v < INT32_MIN || v > INT32_MAX) {
+            throw py::value_error(std::string(what) +
+                                  ": integer does not fit in int32");
+        }
+        return Expr(static_cast<int32_t>(v));
+    }
+    Expr *p = pybind11_conduit_v1::get_type_pointer_ephemeral<Expr>(obj.ptr());
+    if (p == nullptr) {
+        // The conduit may leave a Python error set when the object has a
+        // _pybind11_conduit_v1_ attribute of an unexpected kind.
+        PyErr_Clear();
+        std::string tname = py::str(py::type::handle_of(obj).attr("__name__"));
+        throw py::type_error(std::string(what) +
+                             ": expected a halide.Expr (import halide as hl; "
+                             "hl.Expr(...)) or a Python int, got an object of type '" +
+                             tname + "'");
+    }
+    if (!p->defined()) {
+        throw py::value_error(std::string(what) + ": the halide.Expr is undefined");
+    }
+    return *p;  // copy: the pointer only lives as long as the Python object
+}
+
+// ---------------------------------------------------------------------------
+// Halide::Expr -> tree
+
+std::string type_to_str(const Halide::Type &t) {
+    std::ostringstream s;
+    if (t.is_bool()) {
+        s << "bool";
+    } else {
+        switch (t.code()) {
+        case Halide::Type::Int:
+            s << "int";
+            break;
+        case Halide::Type::UInt:
+            s << "uint";
+            break;
+        case Halide::Type::Float:
+            s << "float";
+            break;
+        case Halide::Type::BFloat:
+            s << "bfloat";
+            break;
+        case Halide::Type::Handle:
+            s << "handle";
+            break;
+        }
+        s << t.bits();
+    }
+    if (t.lanes() != 1) {
+        s << "x" << t.lanes();
+    }
+    return s.str();
+}
+
+std::string node_type_name(HI::IRNodeType t) {
+    std::ostringstream s;
+    s << t;  // Halide provides operator<< for IRNodeType
+    return s.str();
+}
+
+py::object to_tree(const Expr &e);
+
+template<typename Node>
+py::object binary(const char *tag, const Expr &e) {
+    const Node *n = e.as<Node>();
+    return py::make_tuple(tag, to_tree(n->a), to_tree(n->b));
+}
+
+py::object to_tree(const Expr &e) {
+    if (!e.defined()) {
+        throw py::value_error("cannot convert an undefined Halide Expr to a tree");
+    }
+    switch (e->node_type) {
+    case HI::IRNodeType::IntImm:
+        return py::make_tuple("int", py::int_(static_cast<long long>(e.as<HI::IntImm>()->value)));
+    case HI::IRNodeType::UIntImm: {
+        const HI::UIntImm *n = e.as<HI::UIntImm>();
+        if (n->type.is_bool()) {
+            return py::make_tuple("int", py::bool_(n->value != 0));
+        }
+        return py::make_tuple("int", py::int_(static_cast<unsigned long long>(n->value)));
+    }
+    case HI::IRNodeType::FloatImm:
+        return py::make_tuple("float", py::float_(e.as<HI::FloatImm>()->value));
+    case HI::IRNodeType::Variable:
+        return py::make_tuple("var", e.as<HI::Variable>()->name);
+    case HI::IRNodeType::Cast: {
+        const HI::Cast *n = e.as<HI::Cast>();
+        return py::make_tuple("cast", type_to_str(n->type), to_tree(n->value));
+    }
+    case HI::IRNodeType::Add:
+        return binary<HI::Add>("add", e);
+    case HI::IRNodeType::Sub:
+        return binary<HI::Sub>("sub", e);
+    case HI::IRNodeType::Mul:
+        return binary<HI::Mul>("mul", e);
+    case HI::IRNodeType::Div:
+        return binary<HI::Div>("div", e);
+    case HI::IRNodeType::Mod:
+        return binary<HI::Mod>("mod", e);
+    case HI::IRNodeType::Min:
+        return binary<HI::Min>("min", e);
+    case HI::IRNodeType::Max:
+        return binary<HI::Max>("max", e);
+    case HI::IRNodeType::EQ:
+        return binary<HI::EQ>("eq", e);
+    case HI::IRNodeType::NE:
+        return binary<HI::NE>("ne", e);
+    case HI::IRNodeType::LT:
+        return binary<HI::LT>("lt", e);
+    case HI::IRNodeType::LE:
+        return binary<HI::LE>("le", e);
+    case HI::IRNodeType::GT:
+        return binary<HI::GT>("gt", e);
+    case HI::IRNodeType::GE:
+        return binary<HI::GE>("ge", e);
+    case HI::IRNodeType::And:
+        return binary<HI::And>("and", e);
+    case HI::IRNodeType::Or:
+        return binary<HI::Or>("or", e);
+    case HI::IRNodeType::Not:
+        return py::make_tuple("not", to_tree(e.as<HI::Not>()->a));
+    case HI::IRNodeType::Select: {
+        const HI::Select *n = e.as<HI::Select>();
+        return py::make_tuple("select", to_tree(n->condition), to_tree(n->true_value),
+                              to_tree(n->false_value));
+    }
+    case HI::IRNodeType::Call: {
+        const HI::Call *n = e.as<HI::Call>();
+        py::tuple args(n->args.size());
+        for (size_t i = 0; i < n->args.size(); i++) {
+            args[i] = to_tree(n->args[i]);
+        }
+        return py::make_tuple("call", n->name, args);
+    }
+    case HI::IRNodeType::Let: {
+        const HI::Let *n = e.as<HI::Let>();
+        return py::make_tuple("let", n->name, to_tree(n->value), to_tree(n->body));
+    }
+    default:
+        throw py::value_error("cannot convert Halide IR node of type " +
+                              node_type_name(e->node_type) +
+                              " to a tcstage tree (unsupported node)");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Helpers around the Halide routines
+
+// Halide reports errors by throwing Halide::Error, which does not derive from
+// std::exception; turn it into a Python RuntimeError carrying its message.
+template<typename F>
+auto guarded(F &&f) -> decltype(f()) {
+    try {
+        return f();
+    } catch (const Halide::Error &err) {
+        std::string msg = err.what();
+        while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' ')) {
+            msg.pop_back();
+        }
+        PyErr_SetString(PyExc_RuntimeError, ("Halide error: " + msg).c_str());
+        throw py::error_already_set();
+    }
+}
+
+void require_bool(const Expr &e, const char *what) {
+    if (!e.type().is_bool() || e.type().lanes() != 1) {
+        throw py::type_error(std::string(what) +
+                             ": expected a scalar boolean condition, got an expression of type " +
+                             type_to_str(e.type()));
+    }
+}
+
+void require_int(const Expr &e, const char *what) {
+    if (!(e.type().is_int() || e.type().is_uint()) || e.type().is_bool() ||
+        e.type().lanes() != 1) {
+        throw py::type_error(std::string(what) +
+                             ": expected a scalar integer expression, got an expression of type " +
+                             type_to_str(e.type()));
+    }
+}
+
+// True if `e` mentions Halide's symbolic infinities anywhere.
+bool mentions_infinity(const Expr &e) {
+    return HI::expr_uses_var(e, "pos_inf") || HI::expr_uses_var(e, "neg_inf");
+}
+
+py::object bound_tree(const Expr &b, const char *which) {
+    Expr s = guarded([&] { return HI::simplify(b); });
+    if (mentions_infinity(s)) {
+        throw py::value_error(std::string("solve_for_inner_interval: the ") + which +
+                              " bound still involves an infinity after simplification");
+    }
+    return to_tree(s);
+}
+
+py::object py_to_tree(const py::object &obj) {
+    Expr e = expr_from_py(obj, "to_tree");
+    return to_tree(e);
+}
+
+py::object py_simplify(const py::object &obj) {
+    Expr e = expr_from_py(obj, "simplify");
+    Expr s = guarded([&] { return HI::simplify(e); });
+    return to_tree(s);
+}
+
+py::tuple py_solve_for_inner_interval(const py::object &cond_obj, const std::string &var) {
+    Expr cond = expr_from_py(cond_obj, "solve_for_inner_interval(cond)");
+    require_bool(cond, "solve_for_inner_interval(cond)");
+    if (var.empty()) {
+        throw py::value_error("solve_for_inner_interval: variable name must not be empty");
+    }
+    HI::Interval iv = guarded([&] { return HI::solve_for_inner_interval(cond, var); });
+    if (iv.is_empty()) {
+        // The condition is never known to hold: report an empty range in the
+        // inclusive convention (lo > hi), which iterates zero times.
+        return py::make_tuple(py::make_tuple("int", 1), py::make_tuple("int", 0));
+    }
+    py::object lo = py::none(), hi = py::none();
+    if (iv.has_lower_bound()) {
+        lo = bound_tree(iv.min, "lower");
+    }
+    if (iv.has_upper_bound()) {
+        hi = bound_tree(iv.max, "upper");
+    }
+    return py::make_tuple(lo, hi);
+}
+
+py::object py_and_condition_over_domain(const py::object &cond_obj, const py::dict &domain) {
+    Expr cond = expr_from_py(cond_obj, "and_condition_over_domain(cond)");
+    require_bool(cond, "and_condition_over_domain(cond)");
+    HI::Scope<HI::Interval> scope;
+    for (auto item : domain) {
+        if (!py::isinstance<py::str>(item.first)) {
+            throw py::type_error("and_condition_over_domain: domain keys must be variable names (str)");
+        }
+        std::string name = py::cast<std::string>(item.first);
+        py::object bounds = py::reinterpret_borrow<py::object>(item.second);
+        if (!py::isinstance<py::sequence>(bounds) || py::len(bounds) != 2) {
+            throw py::type_error("and_condition_over_domain: domain['" + name +
+                                 "'] must be a (lo, hi) pair of inclusive bounds");
+        }
+        py::sequence seq = bounds.cast<py::sequence>();
+        std::string what_lo = "and_condition_over_domain(domain['" + name + "'][0])";
+        std::string what_hi = "and_condition_over_domain(domain['" + name + "'][1])";
+        Expr lo = expr_from_py(seq[0], what_lo.c_str());
+        Expr hi = expr_from_py(seq[1], what_hi.c_str());
+        require_int(lo, what_lo.c_str());
+        require_int(hi, what_hi.c_str());
+        scope.push(name, HI::Interval(lo, hi));
+    }
+    Expr r = guarded([&] {
+        Expr relaxed = HI::and_condition_over_domain(cond, scope);
+        return HI::simplify(relaxed);
+    });
+    return to_tree(r);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+    m.doc() = R"doc(Bridge to Halide's internal solver and simplifier.
+
+Import ``halide`` before this module.  Arguments are ``halide.Expr`` objects
+(or Python ints, taken as int32 constants).  Results are expression trees made
+of nested tuples whose first element is a tag:
+
+  ('int', v)                  integer constant (v is True/False for bool consts)
+  ('float', v)                float constant
+  ('var', name)               variable
+  (op, a, b)                  op in add sub mul div mod min max
+                                    eq ne lt le gt ge and or
+                              (div/mod follow Halide: floor/Euclidean, x/0 == 0)
+  ('not', a)
+  ('select', cond, t, f)
+  ('cast', type_str, a)       type_str like 'int32', 'float32', 'uint8', 'bool'
+  ('call', name, (args...))
+  ('let', name, value, body)
+
+Other Halide node types raise ValueError naming the node type.
+)doc";
+
+    m.def("to_tree", &py_to_tree, py::arg("expr"),
+          "Convert a halide.Expr (unchanged) into a tuple tree.");
+    m.def("simplify", &py_simplify, py::arg("expr"),
+          "Simplify a halide.Expr with Halide's simplifier and return the tree.");
+    m.def("solve_for_inner_interval", &py_solve_for_inner_interval, py::arg("cond"),
+          py::arg("var_name"),
+          "Largest interval of `var_name` on which the boolean `cond` surely holds.\n"
+          "Returns (lo, hi): inclusive bound trees (simplified), None for an\n"
+          "unbounded end; an empty result is reported as (('int', 1), ('int', 0)).");
+    m.def("and_condition_over_domain", &py_and_condition_over_domain, py::arg("cond"),
+          py::arg("domain"),
+          "Relax the boolean `cond` into a condition free of the variables in\n"
+          "`domain` ({name: (lo, hi)} with inclusive bounds) that implies `cond`\n"
+          "for every value of those variables; the result is simplified.");
+}

@@ -1,0 +1,118 @@
+"""Typed TC expressions (`checked.Expr`) to `halide.Expr`.
+
+One translation serves range inference (subscripts over symbolic variables, where a tensor read
+means "data-dependent") and lowering (full right-hand sides, where reads become Func and
+ImageParam calls). The caller supplies what names and reads mean.
+
+Integer `/` and `%` are Halide's: division rounds toward negative infinity (for a positive
+divisor) and the remainder is never negative, as the range-inference spec states for TC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import halide as hl
+
+from tcstage.lang import checked as C
+from tcstage.lang.types import ScalarType
+
+
+class DataDependent(Exception):
+    """Raised when an expression needs a tensor's values, which range inference cannot use."""
+
+
+def halide_type(t: ScalarType) -> hl.Type:
+    if t.kind == "bool":
+        return hl.Bool()
+    return {"float": hl.Float, "int": hl.Int, "uint": hl.UInt}[t.kind](t.bits)
+
+
+def constant(value, t: ScalarType) -> hl.Expr:
+    if t.kind == "float":
+        return hl.f64(value) if t.bits == 64 else hl.cast(halide_type(t), hl.f32(value))
+    if t.kind == "bool":
+        return hl.cast(hl.Bool(), hl.u8(int(bool(value))))
+    return hl.cast(halide_type(t), hl.i64(int(value))) if t.kind == "int" or value < 2**63 \
+        else hl.u64(value)
+
+
+def _fmod(x, y):
+    return x - y * hl.trunc(x / y)
+
+
+_UNARY: dict[str, Callable] = {
+    "exp": hl.exp, "log": hl.log, "sqrt": hl.sqrt, "rsqrt": lambda x: 1 / hl.sqrt(x),
+    "tanh": hl.tanh, "sin": hl.sin, "cos": hl.cos, "tan": hl.tan, "asin": hl.asin,
+    "acos": hl.acos, "atan": hl.atan, "sinh": hl.sinh, "cosh": hl.cosh, "erf": hl.erf,
+    "exp2": lambda x: hl.pow(hl.cast(x.type(), 2), x), "log2": lambda x: hl.log(x) / hl.log(
+        hl.cast(x.type(), 2)), "log10": lambda x: hl.log(x) / hl.log(hl.cast(x.type(), 10)),
+    "floor": hl.floor, "ceil": hl.ceil, "round": hl.round, "trunc": hl.trunc,
+    "fabs": hl.abs, "sigmoid": lambda x: 1 / (1 + hl.exp(-x)),
+}
+_BINARY: dict[str, Callable] = {
+    "pow": hl.pow, "fmax": hl.max, "fmin": hl.min, "atan2": hl.atan2, "fmod": _fmod,
+    "max": hl.max, "min": hl.min,
+}
+
+
+def to_halide(e: C.Expr, names: Mapping[str, hl.Expr],
+              read: Callable[[C.Read, list[hl.Expr]], hl.Expr] | None = None,
+              dim: Callable[[C.DimOf], hl.Expr] | None = None) -> hl.Expr:
+    """Translates e. `names` gives index variables, size variables and scalar inputs;
+    `read` builds a tensor read from its translated subscripts (None: raise DataDependent);
+    `dim` gives `T.n` of a defined tensor."""
+
+    def go(e: C.Expr) -> hl.Expr:
+        if isinstance(e, C.Const):
+            return constant(e.value, e.type)
+        if isinstance(e, (C.IndexVar, C.SizeVar)):
+            return names[e.name]
+        if isinstance(e, C.ScalarParam):
+            return names[e.name]
+        if isinstance(e, C.Read):
+            if read is None:
+                raise DataDependent(e)
+            return read(e, [go(a) for a in e.args])
+        if isinstance(e, C.DimOf):
+            if dim is None:
+                raise DataDependent(e)
+            return dim(e)
+        if isinstance(e, C.Cast):
+            return hl.cast(halide_type(e.type), go(e.operand))
+        if isinstance(e, C.Unary):
+            x = go(e.operand)
+            return hl.logical_not(x) if e.op == "!" else -x
+        if isinstance(e, C.Binary):
+            a, b = go(e.lhs), go(e.rhs)
+            return _binary(e.op, a, b)
+        if isinstance(e, C.Select):
+            return hl.select(go(e.cond), go(e.then), go(e.other))
+        if isinstance(e, C.Call):
+            args = [go(a) for a in e.args]
+            if e.fn == "abs":
+                return hl.cast(args[0].type(), hl.abs(args[0]))
+            fn = _UNARY.get(e.fn) or _BINARY[e.fn]
+            return hl.cast(halide_type(e.type), fn(*args))
+        raise AssertionError(f"unexpected expression {e!r}")
+
+    return go(e)
+
+
+def _binary(op: str, a: hl.Expr, b: hl.Expr) -> hl.Expr:
+    if op == "+":
+        return a + b
+    if op == "-":
+        return a - b
+    if op == "*":
+        return a * b
+    if op == "/":
+        return a / b
+    if op == "%":
+        return a % b
+    if op == "&&":
+        return a & b
+    if op == "||":
+        return a | b
+    return {"==": hl.Expr.__eq__, "!=": hl.Expr.__ne__, "<": hl.Expr.__lt__,
+            "<=": hl.Expr.__le__, ">": hl.Expr.__gt__, ">=": hl.Expr.__ge__}[op](a, b)

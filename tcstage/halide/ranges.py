@@ -1,0 +1,285 @@
+"""Range inference (spec 001), with Halide's solver.
+
+For each statement, in order:
+
+1. Variables named in a `where` clause take that range; all others are *unresolved*.
+2. Every subscript of every tensor access gives the condition `min <= subscript < min + extent`.
+   The accesses are the reads on the right-hand side and, once a tensor has a shape (an input,
+   an in/out output, or a tensor defined by an earlier statement), the write on the left.
+3. Rounds: a subscript counts in a round when exactly one of its variables is unresolved. Its
+   condition, with the variables resolved in earlier rounds (or by `where`) eliminated by
+   `and_condition_over_domain`, is solved for that variable with `solve_for_inner_interval`.
+   Several conditions on one variable in one round intersect. A round that resolves nothing
+   is an error naming the variables.
+4. A variable with no lower bound starts at 0; one with no upper bound is an error.
+5. Subscripts never used (several variables resolved in the same round, like `C(i + j)`) and
+   subscripts that depend on tensor values (`B(C(i))`) are preconditions: checked statically
+   when Halide can prove them, otherwise reported as a `TCWarning`.
+
+A tensor's shape comes from the ranges of the left-hand variables of its first statement; a
+range need not start at 0 (`A(i) = B(10 - i)` gives `11 - I <= i < 11`), and the tensor is then
+stored from its minimum. Ranges are symbolic in the size variables. Scalar inputs that appear in
+subscripts or where clauses are *specialised*: their values are substituted before solving (see
+`needs_specialization`), since the solver cannot divide by an unknown stride.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+import halide as hl
+
+from tcstage.errors import Span, TCRangeError
+from tcstage.halide import solver
+from tcstage.halide.exprs import DataDependent, constant, to_halide
+from tcstage.halide.solver import Tree, evaluate, tree_to_expr, tree_to_str
+from tcstage.lang import checked as C
+
+ZERO, ONE = ("int", 0), ("int", 1)
+
+
+@attrs.frozen
+class Range:
+    """Inclusive bounds lo <= var <= hi, as trees over size variables."""
+
+    lo: Tree
+    hi: Tree
+
+    def text(self, var: str) -> str:
+        return f"{tree_to_str(self.lo)} <= {var} < {tree_to_str(simplify_tree(('add', self.hi, ONE)))}"
+
+    def evaluate(self, values: Mapping[str, int]) -> tuple[int, int]:
+        """Concrete half-open [begin, end)."""
+        return evaluate(self.lo, values), evaluate(self.hi, values) + 1
+
+
+@attrs.frozen
+class TensorBounds:
+    mins: tuple[Tree, ...]
+    extents: tuple[Tree, ...]
+
+
+@attrs.frozen
+class Precondition:
+    message: str
+    span: Span | None = attrs.field(eq=False, default=None)
+
+
+@attrs.frozen
+class StatementRanges:
+    tensor: str
+    ranges: dict  # var -> Range, left-hand variables first
+    span: Span | None = attrs.field(eq=False, default=None)
+
+
+@attrs.frozen
+class FunctionRanges:
+    statements: tuple[StatementRanges, ...]
+    tensors: dict  # name -> TensorBounds, inputs included
+    preconditions: tuple[Precondition, ...]
+    scalars: tuple  # (name, value) pairs the ranges were specialised on
+
+
+def needs_specialization(fn: C.Function) -> frozenset[str]:
+    """Scalar inputs whose values range inference needs: those in subscripts or where bounds."""
+    scalars = set(fn.scalar_inputs)
+    used = set()
+    for st in fn.statements:
+        exprs = [a for n in C.walk(st.rhs) if isinstance(n, C.Read) for a in n.args]
+        exprs += [b for w in st.where for b in (w.lo, w.hi)]
+        for e in exprs:
+            used |= {n.name for n in C.walk(e) if isinstance(n, C.ScalarParam)} & scalars
+    return frozenset(used)
+
+
+def simplify_tree(tree: Tree, env: Mapping[str, hl.Expr] | None = None) -> Tree:
+    """Halide's simplification of a tree (variables are free unless env binds them)."""
+    env = env or {v: hl.Var(v) for v in solver.tree_vars(tree)}
+    return solver.simplify(tree_to_expr(tree, env))
+
+
+@attrs.frozen
+class _Access:
+    tensor: str
+    dim: int
+    arg: C.Expr
+    span: Span | None
+    variables: frozenset
+    cond: hl.Expr | None  # None: the subscript depends on tensor values
+
+
+def infer_ranges(fn: C.Function, scalars: Mapping[str, int] | None = None) -> FunctionRanges:
+    scalars = dict(scalars or {})
+    missing = needs_specialization(fn) - scalars.keys()
+    if missing:
+        raise TCRangeError(f"range inference for '{fn.name}' needs the value of scalar input"
+                           f"{'s' if len(missing) > 1 else ''} {', '.join(sorted(missing))}, "
+                           "which appear in subscripts or where clauses", fn.span)
+    symbols: dict[str, hl.Expr] = {s: hl.Expr(hl.Var(s)) for s in fn.size_vars}
+    bounds: dict[str, TensorBounds] = {}
+    for t in fn.tensors.values():
+        if t.kind == "input" or t.inout:
+            symbols.update({d: hl.Expr(hl.Var(d)) for d in t.dims if not d.isdigit()})
+            bounds[t.name] = TensorBounds((ZERO,) * t.rank, tuple(
+                ("int", int(d)) if d.isdigit() else ("var", d) for d in t.dims))
+    for s in fn.scalar_inputs:
+        t = fn.tensors[s]
+        symbols[s] = constant(scalars[s], t.type) if s in scalars else hl.Expr(hl.Var(s))
+    preconditions: list[Precondition] = []
+    statements = []
+    for st in fn.statements:
+        sr = _StatementInference(fn, st, symbols, bounds, preconditions).run()
+        statements.append(sr)
+        if st.tensor not in bounds:
+            lhs = [sr.ranges[v] for v in st.indices]
+            bounds[st.tensor] = TensorBounds(
+                tuple(r.lo for r in lhs),
+                tuple(simplify_tree(("add", ("sub", r.hi, r.lo), ONE)) for r in lhs))
+    return FunctionRanges(tuple(statements), bounds, tuple(preconditions),
+                          tuple(sorted((k, v) for k, v in scalars.items())))
+
+
+class _StatementInference:
+    def __init__(self, fn, st: C.Statement, symbols, bounds, preconditions):
+        self.fn, self.st, self.bounds, self.preconditions = fn, st, bounds, preconditions
+        self.env = dict(symbols)
+        self.env.update({v: hl.Expr(hl.Var(v)) for v in st.variables})
+
+    def dim(self, e: C.DimOf) -> hl.Expr:
+        return tree_to_expr(self.bounds[e.tensor].extents[e.dim], self.env)
+
+    def tree(self, e: hl.Expr) -> Tree:
+        return solver.simplify(e)
+
+    def expr(self, tree: Tree) -> hl.Expr:
+        return tree_to_expr(tree, self.env)
+
+    def accesses(self) -> list[_Access]:
+        st = self.st
+        reads = [n for n in C.walk(st.rhs) if isinstance(n, C.Read) and n.args]
+        if st.tensor in self.bounds:  # the write, once the tensor has a shape
+            lhs_args = tuple(C.IndexVar(v, span=st.var_spans.get(v)) for v in st.indices)
+            reads.append(C.Read(st.tensor, lhs_args, self.fn.tensors[st.tensor].type, span=st.span))
+        out = []
+        for r in reads:
+            b = self.bounds[r.tensor]
+            for k, arg in enumerate(r.args):
+                try:
+                    x = to_halide(arg, self.env, dim=self.dim)
+                except DataDependent:
+                    out.append(_Access(r.tensor, k, arg, r.span, frozenset(C.free_vars(arg)), None))
+                    continue
+                lo = self.expr(b.mins[k])
+                hi = self.expr(b.mins[k]) + self.expr(b.extents[k]) - 1
+                out.append(_Access(r.tensor, k, arg, r.span, frozenset(C.free_vars(arg)),
+                                   (lo <= x) & (x <= hi)))
+        return out
+
+    def run(self) -> StatementRanges:
+        st = self.st
+        known: dict[str, Range] = {}
+        for w in st.where:
+            lo = self.tree(to_halide(w.lo, self.env, dim=self.dim))
+            hi = self.tree(to_halide(w.hi, self.env, dim=self.dim) - 1)
+            known[w.var] = Range(lo, hi)
+        accesses = self.accesses()
+        used: set[int] = set()
+        unresolved = [v for v in st.variables if v not in known]
+        while unresolved:
+            found: dict[str, list] = {}
+            for n, a in enumerate(accesses):
+                free = [v for v in a.variables if v not in known]
+                if a.cond is None or len(free) != 1:
+                    continue
+                v = free[0]
+                cond = a.cond
+                domain = {x: (self.expr(known[x].lo), self.expr(known[x].hi))
+                          for x in a.variables if x in known}
+                if domain:
+                    cond = self.expr(solver.and_over_domain(cond, domain))
+                solution = solver.solve_inner_interval(cond, v)
+                if (solution.lo, solution.hi) == (ONE, ZERO):  # the solver's "no interval"
+                    raise TCRangeError(
+                        f"range inference cannot solve the subscript '{_text(a.arg)}' of "
+                        f"{a.tensor} for '{v}' (it is not linear in '{v}', or never in bounds)",
+                        a.arg.span or a.span, (f"add a where clause such as 'where {v} in 0:N'",))
+                found.setdefault(v, []).append((solution, a))
+                used.add(n)
+            if not found:
+                raise self.unresolvable(unresolved, accesses, known)
+            for v, solutions in found.items():
+                known[v] = self.intersect(v, solutions)
+            unresolved = [v for v in unresolved if v not in known]
+        self.check_preconditions(accesses, used, known)
+        order = [v for v in st.variables]
+        return StatementRanges(st.tensor, {v: known[v] for v in order}, span=st.span)
+
+    def intersect(self, v: str, solutions) -> Range:
+        los = [s.lo for s, _ in solutions if s.lo is not None]
+        his = [s.hi for s, _ in solutions if s.hi is not None]
+        if not his:
+            _, a = solutions[0]
+            raise TCRangeError(
+                f"range inference found no upper bound for '{v}' from the subscript "
+                f"'{_text(a.arg)}' of {a.tensor}", a.arg.span or a.span,
+                (f"add a where clause such as 'where {v} in 0:N'",))
+        lo = los[0] if los else ZERO  # index variables start at 0 unless told otherwise
+        for x in los[1:]:
+            lo = ("max", lo, x)
+        hi = his[0]
+        for x in his[1:]:
+            hi = ("min", hi, x)
+        return Range(self.tree(self.expr(lo)), self.tree(self.expr(hi)))
+
+    def unresolvable(self, unresolved, accesses, known) -> TCRangeError:
+        v = unresolved[0]
+        span = self.st.var_spans.get(v, self.st.span)
+        mentions = [a for a in accesses if v in a.variables]
+        where = f"add a where clause such as 'where {v} in 0:N'"
+        if not mentions:
+            notes = [where]
+            if self.st.first_definition and v in self.st.indices:
+                notes.append(f"'{self.st.tensor}' takes its shape from its first statement, so "
+                             "that statement must bound every left-hand index; start with the "
+                             "statement that does (for example the reduction, with '+=!')")
+            return TCRangeError(f"cannot infer the range of '{v}': it does not index any tensor "
+                                "whose shape is known", span, tuple(notes))
+        affine = [a for a in mentions if a.cond is not None]
+        if not affine:
+            a = mentions[0]
+            return TCRangeError(
+                f"cannot infer the range of '{v}': its subscript '{_text(a.arg)}' of {a.tensor} "
+                "depends on tensor values, which are unknown until run time", span, (where,))
+        others = sorted({x for a in affine for x in a.variables if x not in known and x != v})
+        names = ", ".join(f"'{x}'" for x in unresolved)
+        return TCRangeError(
+            f"cannot infer the ranges of {names}: every subscript using "
+            f"'{v}' (such as '{_text(affine[0].arg)}') also uses unresolved "
+            f"{', '.join(repr(o) for o in others)}, so the range is ambiguous", span,
+            (f"add a where clause for one of them, such as 'where {unresolved[-1]} in 0:N'",))
+
+    def check_preconditions(self, accesses, used, known) -> None:
+        domain = {v: (self.expr(r.lo), self.expr(r.hi)) for v, r in known.items()}
+        for n, a in enumerate(accesses):
+            if n in used:
+                continue
+            b = self.bounds[a.tensor]
+            lo, ext = tree_to_str(b.mins[a.dim]), b.extents[a.dim]
+            hi = tree_to_str(simplify_tree(("add", b.mins[a.dim], ext)))
+            if a.cond is None:
+                self.preconditions.append(Precondition(
+                    f"in '{self.fn.name}', the subscript '{_text(a.arg)}' of {a.tensor} depends on "
+                    f"tensor values, which must lie in [{lo}, {hi}); this is not checked", a.span))
+                continue
+            remaining = solver.and_over_domain(a.cond, {v: domain[v] for v in a.variables})
+            if remaining in (ONE, ("int", True)):
+                continue
+            self.preconditions.append(Precondition(
+                f"in '{self.fn.name}', the read of {a.tensor} at subscript '{_text(a.arg)}' stays "
+                f"within [{lo}, {hi}) only if {tree_to_str(remaining)}; this is not checked "
+                "at compile time", a.span))
+
+
+def _text(e: C.Expr) -> str:
+    return e.span.text() if e.span is not None else repr(e)

@@ -1,0 +1,129 @@
+"""The syntax tree the parser builds: exactly what was written, with a span on every node.
+
+Names are not resolved here: `Ident` may later turn out to be an index variable, a size
+variable or a scalar input, and `Apply` a tensor read or a builtin call. `sema` decides.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import attrs
+
+from tcstage.errors import Source, Span
+
+
+@attrs.frozen
+class Number:
+    text: str
+    span: Span
+
+
+@attrs.frozen
+class Ident:
+    name: str
+    span: Span
+
+
+@attrs.frozen
+class Apply:
+    """`name(args)`: a tensor read or a builtin call."""
+
+    name: Ident
+    args: tuple["Expr", ...]
+    span: Span
+
+
+@attrs.frozen
+class DimRef:
+    """`T.n`: the size of dimension n of tensor T."""
+
+    tensor: Ident
+    dim: int
+    span: Span
+
+
+@attrs.frozen
+class Unary:
+    op: str  # '-' or '!'
+    operand: "Expr"
+    span: Span
+
+
+@attrs.frozen
+class Binary:
+    op: str
+    lhs: "Expr"
+    rhs: "Expr"
+    span: Span
+
+
+@attrs.frozen
+class Ternary:
+    cond: "Expr"
+    then: "Expr"
+    other: "Expr"
+    span: Span
+
+
+Expr = Union[Number, Ident, Apply, DimRef, Unary, Binary, Ternary]
+
+
+@attrs.frozen
+class RangeConstraint:
+    """`var in lo:hi` (also written `var = [lo, hi[`): lo <= var < hi."""
+
+    var: Ident
+    lo: Expr
+    hi: Expr
+    span: Span
+
+
+@attrs.frozen
+class Statement:
+    """`tensor(indices) op rhs where ...` with op one of '=', '+=', '*=', 'min=', 'max='.
+
+    `init` is the '!' suffix: initialise with the operator's identity before reducing.
+    """
+
+    tensor: Ident
+    indices: tuple[Ident, ...]
+    op: str
+    init: bool
+    rhs: Expr
+    where: tuple[RangeConstraint, ...]
+    span: Span
+
+    @property
+    def reduction(self) -> str | None:
+        """'+', '*', 'min' or 'max', or None for a plain assignment."""
+        return None if self.op == "=" else self.op[:-1]
+
+
+@attrs.frozen
+class TensorType:
+    scalar: Ident  # the spelling, e.g. 'float'
+    dims: tuple[Ident, ...]  # size variables; empty for a 0-rank scalar
+    span: Span
+
+
+@attrs.frozen
+class Param:
+    type: TensorType
+    name: Ident
+    span: Span
+
+
+@attrs.frozen
+class Def:
+    name: Ident
+    params: tuple[Param, ...]
+    returns: tuple[Ident, ...]
+    statements: tuple[Statement, ...]
+    span: Span
+
+
+@attrs.frozen
+class Module:
+    defs: tuple[Def, ...]
+    source: Source

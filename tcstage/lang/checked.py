@@ -1,0 +1,197 @@
+"""The checked, typed form of a TC function that the rest of the compiler consumes.
+
+Every name is resolved and every node carries its scalar type; implicit conversions are
+explicit `Cast` nodes, so later passes never re-derive a type.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import attrs
+
+from tcstage.errors import Span
+from tcstage.lang.types import INT32, ScalarType
+
+_span = attrs.field(eq=False, repr=False, default=None)
+
+
+@attrs.frozen
+class Const:
+    value: int | float | bool
+    type: ScalarType
+    span: Span | None = _span
+
+
+@attrs.frozen
+class IndexVar:
+    name: str
+    span: Span | None = _span
+    type: ScalarType = INT32
+
+
+@attrs.frozen
+class SizeVar:
+    """A size variable of the signature (or `T.n` of an input), evaluating to that size."""
+
+    name: str
+    span: Span | None = _span
+    type: ScalarType = INT32
+
+
+@attrs.frozen
+class ScalarParam:
+    """A read of a 0-rank input such as `float a`."""
+
+    name: str
+    type: ScalarType
+    span: Span | None = _span
+
+
+@attrs.frozen
+class Read:
+    """`T(args)`: a read of an input, an earlier-defined tensor, or the tensor being written."""
+
+    tensor: str
+    args: tuple["Expr", ...]
+    type: ScalarType
+    span: Span | None = _span
+
+
+@attrs.frozen
+class DimOf:
+    """`T.n` of a tensor defined in the function: its inferred extent along dimension n."""
+
+    tensor: str
+    dim: int
+    span: Span | None = _span
+    type: ScalarType = INT32
+
+
+@attrs.frozen
+class Unary:
+    op: str  # '-' or '!'
+    operand: "Expr"
+    type: ScalarType
+    span: Span | None = _span
+
+
+@attrs.frozen
+class Binary:
+    op: str  # + - * / % == != < <= > >= && ||
+    lhs: "Expr"
+    rhs: "Expr"
+    type: ScalarType
+    span: Span | None = _span
+
+
+@attrs.frozen
+class Select:
+    cond: "Expr"
+    then: "Expr"
+    other: "Expr"
+    type: ScalarType
+    span: Span | None = _span
+
+
+@attrs.frozen
+class Call:
+    """A builtin math function, by its canonical name (see `builtins.BUILTINS`)."""
+
+    fn: str
+    args: tuple["Expr", ...]
+    type: ScalarType
+    span: Span | None = _span
+
+
+@attrs.frozen
+class Cast:
+    type: ScalarType
+    operand: "Expr"
+    span: Span | None = _span
+
+
+Expr = Union[Const, IndexVar, SizeVar, ScalarParam, Read, DimOf, Unary, Binary, Select, Call, Cast]
+
+
+@attrs.frozen
+class Tensor:
+    name: str
+    kind: str  # 'input', 'output' or 'temp'
+    type: ScalarType
+    dims: tuple[str, ...]  # size variables for inputs; for in/out outputs their `T.n` names
+    inout: bool = False  # an output whose initial values come from the caller (see sema)
+    span: Span | None = _span
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+
+@attrs.frozen
+class RangeConstraint:
+    var: str
+    lo: Expr  # inclusive
+    hi: Expr  # exclusive
+    span: Span | None = _span
+
+
+@attrs.frozen
+class Statement:
+    tensor: str
+    indices: tuple[str, ...]  # the left-hand side's index variables
+    reduction_vars: tuple[str, ...]  # right-only index variables, in order of first use
+    reduction: str | None  # '+', '*', 'min', 'max' or None for '='
+    init: bool  # '!': start from the reduction's identity
+    rhs: Expr
+    where: tuple[RangeConstraint, ...]
+    first_definition: bool
+    span: Span | None = _span
+    var_spans: dict = attrs.field(eq=False, repr=False, factory=dict)  # var -> first use
+
+    @property
+    def variables(self) -> tuple[str, ...]:
+        return self.indices + self.reduction_vars
+
+
+@attrs.frozen
+class Function:
+    name: str
+    inputs: tuple[Tensor, ...]  # in signature order, 0-rank scalars included
+    outputs: tuple[str, ...]
+    tensors: dict  # name -> Tensor (inputs, outputs and temporaries)
+    size_vars: dict  # size variable -> (input tensor, dimension) of its first occurrence
+    statements: tuple[Statement, ...]
+    span: Span | None = _span
+    source_text: str = attrs.field(default="", eq=False, repr=False)
+
+    @property
+    def scalar_inputs(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.inputs if t.rank == 0)
+
+
+def children(e: Expr) -> tuple[Expr, ...]:
+    if isinstance(e, (Read, Call)):
+        return e.args
+    if isinstance(e, (Unary, Cast)):
+        return (e.operand,)
+    if isinstance(e, Binary):
+        return (e.lhs, e.rhs)
+    if isinstance(e, Select):
+        return (e.cond, e.then, e.other)
+    return ()
+
+
+def walk(e: Expr):
+    """Every node of e, parents before children."""
+    yield e
+    for c in children(e):
+        yield from walk(c)
+
+
+def free_vars(e: Expr) -> set[str]:
+    return {n.name for n in walk(e) if isinstance(n, IndexVar)}
+
+
+def has_read(e: Expr) -> bool:
+    return any(isinstance(n, Read) for n in walk(e))

@@ -1,0 +1,452 @@
+"""Semantic checks: from `ast.Def` to the typed `checked.Function`, or a `TCSemanticError`.
+
+The rules (spec 000 and the paper, Section 3):
+- Size variables, tensors and index variables share one namespace. An identifier not otherwise
+  in scope is an index variable local to its statement.
+- Index variables only on the right are reduction variables and need a reduction operator.
+- Inputs are never written. A statement may read the tensor it writes only at the point it
+  writes (`A(i,j) = fmax(A(i,j), 0)`), and only in a plain assignment: inside a reduction the
+  result would depend on evaluation order.
+- An output whose first statement reads its old values (`C(i,j) = b * C(i,j)`) or accumulates
+  without '!' (`C(i) += ...`) is *in/out*: the caller supplies its initial values (`out=`), and
+  its shape is that of the supplied tensor, written `C.0`, `C.1`, ... as TC's dimension syntax.
+- Output types are inferred from the right-hand side of their first statement; later statements
+  convert to that type.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+import attrs
+
+from tcstage.errors import Span, TCSemanticError
+from tcstage.lang import ast
+from tcstage.lang import checked as C
+from tcstage.lang.builtins import BUILTINS
+from tcstage.lang.types import BOOL, FLOAT32, INT32, INT64, SCALAR_TYPES, ScalarType, promote
+
+REDUCTIONS = ("+", "*", "min", "max")
+
+
+def check_module(module: ast.Module) -> dict[str, C.Function]:
+    functions: dict[str, C.Function] = {}
+    for d in module.defs:
+        if d.name.name in functions:
+            raise TCSemanticError(f"redefinition of TC function '{d.name.name}'", d.name.span)
+        functions[d.name.name] = check_def(d, module.source.text)
+    return functions
+
+
+def _suggest(name: str, candidates) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def check_def(d: ast.Def, source_text: str = "") -> C.Function:
+    tensors: dict[str, C.Tensor] = {}
+    size_vars: dict[str, tuple[str, int]] = {}
+    inputs = []
+    for p in d.params:
+        name = p.name.name
+        scalar = SCALAR_TYPES.get(p.type.scalar.name)
+        if scalar is None:
+            raise TCSemanticError(
+                f"unknown type '{p.type.scalar.name}'{_suggest(p.type.scalar.name, SCALAR_TYPES)}",
+                p.type.scalar.span, ("known types: " + ", ".join(sorted(SCALAR_TYPES)),))
+        if name in size_vars:
+            owner, k = size_vars[name]
+            raise TCSemanticError(f"tensor '{name}' has the name of a size variable (dimension {k} "
+                                  f"of '{owner}'); size variables and tensors share one namespace",
+                                  p.name.span, ("rename the tensor or the size variable",))
+        if name in tensors:
+            raise TCSemanticError(f"'{name}' is declared twice in the signature of '{d.name.name}'",
+                                  p.name.span)
+        for k, dim in enumerate(p.type.dims):
+            if dim.name.isdigit():  # a constant size
+                continue
+            if dim.name in tensors:
+                raise TCSemanticError(f"size variable '{dim.name}' has the name of tensor "
+                                      f"'{dim.name}'; size variables and tensors share one namespace",
+                                      dim.span)
+            size_vars.setdefault(dim.name, (name, k))
+        if name in size_vars:
+            raise TCSemanticError(f"tensor '{name}' has the name of a size variable", p.name.span,
+                                  ("size variables and tensors share one namespace",))
+        t = C.Tensor(name, "input", scalar, tuple(x.name for x in p.type.dims), span=p.span)
+        tensors[name] = t
+        inputs.append(t)
+
+    outputs = []
+    for r in d.returns:
+        if r.name in tensors and tensors[r.name].kind == "input":
+            raise TCSemanticError(f"output '{r.name}' is also an input; TC never writes its inputs",
+                                  r.span, ("return a new tensor, e.g. 'B(i) = A(i)'",))
+        if r.name in size_vars:
+            raise TCSemanticError(f"output '{r.name}' has the name of a size variable", r.span)
+        if r.name in outputs:
+            raise TCSemanticError(f"output '{r.name}' is listed twice", r.span)
+        outputs.append(r.name)
+
+    # A tensor first set to a bare literal (`C(i) = 0`) takes its type from the first later
+    # statement with a typed right-hand side (`C(i) += A(i,k) * x(k)` makes C float): check once
+    # to learn those types, then again with them.
+    hints: dict[str, ScalarType] = {}
+    while True:
+        defined, statements, weak_origin, learned = dict(tensors), [], set(), {}
+        for s in d.statements:
+            checker = _StatementChecker(defined, size_vars, outputs, s, hints)
+            stmt, tensor = checker.check()
+            if checker.weak and stmt.first_definition:
+                weak_origin.add(tensor.name)
+            elif not checker.weak and tensor.name in weak_origin and tensor.name not in hints:
+                learned.setdefault(tensor.name, checker.rhs_type)
+            defined[tensor.name] = tensor
+            statements.append(stmt)
+        if not learned:
+            break
+        hints.update(learned)
+    tensors = defined
+
+    for r in d.returns:
+        if r.name not in tensors:
+            raise TCSemanticError(f"output '{r.name}' is never defined by a statement", r.span)
+    return C.Function(d.name.name, tuple(inputs), tuple(outputs), tensors, size_vars,
+                      tuple(statements), span=d.span, source_text=source_text)
+
+
+class _StatementChecker:
+    """Checks one statement against the tensors defined so far."""
+
+    def __init__(self, tensors, size_vars, outputs, s: ast.Statement, hints):
+        self.tensors, self.size_vars, self.outputs, self.s = tensors, size_vars, outputs, s
+        self.hints = hints
+        self.var_spans: dict[str, Span] = {}
+        self.self_reads: list[Span] = []
+
+    def error(self, message: str, span: Span, *notes: str) -> TCSemanticError:
+        return TCSemanticError(message, span, notes)
+
+    def check(self) -> tuple[C.Statement, C.Tensor]:
+        s = self.s
+        name = s.tensor.name
+        existing = self.tensors.get(name)
+        if existing is not None and existing.kind == "input":
+            raise self.error(f"cannot write input '{name}'; TC never writes its inputs", s.tensor.span,
+                             "write the result into a new tensor and return it")
+        if name in self.size_vars:
+            raise self.error(f"cannot write size variable '{name}'", s.tensor.span)
+        if name in BUILTINS:
+            raise self.error(f"cannot define a tensor named '{name}': it is a builtin function",
+                             s.tensor.span)
+        rank = len(s.indices)
+        if existing is not None and existing.rank != rank:
+            raise self.error(f"'{name}' has rank {existing.rank} but is written with {rank} "
+                             f"ind{'ex' if rank == 1 else 'ices'}", s.tensor.span)
+        self.first = existing is None
+        self.lhs = []
+        for idx in s.indices:
+            if idx.name in self.tensors or idx.name in self.size_vars or idx.name == name:
+                what = "size variable" if idx.name in self.size_vars else "tensor"
+                raise self.error(f"left-hand index '{idx.name}' is a {what}, not an index variable",
+                                 idx.span, "use a fresh name such as 'i'")
+            if idx.name in self.lhs:
+                raise self.error(f"index variable '{idx.name}' appears twice on the left-hand side",
+                                 idx.span, "TC writes each element at most once per statement point; "
+                                 "index the diagonal on the right-hand side instead")
+            self.lhs.append(idx.name)
+            self.var_spans.setdefault(idx.name, idx.span)
+        self.rank = rank
+        if self.first and name not in self.outputs:
+            # a temporary: declared by its first statement
+            pass
+        rhs, weak = self.expr(s.rhs)
+        self.weak, self.rhs_type = weak, rhs.type
+        where = tuple(self.range_constraint(w) for w in s.where)
+        seen = set()
+        for w in s.where:
+            if w.var.name in seen:
+                raise self.error(f"'{w.var.name}' is constrained twice in the where clause", w.var.span)
+            seen.add(w.var.name)
+        rhs_vars = [v for v in self.var_spans if v not in self.lhs]
+        unused_where = [w for w in s.where if w.var.name not in self.var_spans]
+        if unused_where:
+            w = unused_where[0]
+            raise self.error(f"the where clause constrains '{w.var.name}', which the statement "
+                             "does not use", w.var.span)
+        reduction = s.reduction
+        if reduction is None and rhs_vars:
+            v = rhs_vars[0]
+            raise self.error(
+                f"index variable '{v}' appears only on the right-hand side, so the statement reduces "
+                "over it, but '=' is not a reduction", self.var_spans[v],
+                f"use a reduction operator such as '+=!' (or put '{v}' on the left-hand side)")
+        if self.self_reads and rhs_vars:
+            raise self.error(
+                f"'{name}' is read inside a reduction into '{name}'; the result would depend on the "
+                "order of evaluation", self.self_reads[0],
+                f"compute the reduction into a new tensor, then combine it with '{name}'")
+
+        inout = False
+        if existing is None:
+            accumulates = reduction is not None and not s.init
+            if self.self_reads or accumulates:
+                if name not in self.outputs:
+                    why = "reads its own values" if self.self_reads else f"accumulates with '{s.op}'"
+                    raise self.error(
+                        f"temporary '{name}' {why} before any statement has defined it",
+                        self.self_reads[0] if self.self_reads else s.tensor.span,
+                        f"initialise it first, or use '{s.op}!' to start from the identity")
+                inout = True
+            ttype = self.hints.get(name, rhs.type) if weak else rhs.type
+            if ttype == _SELF_WEAK:
+                ttype = FLOAT32
+            if reduction in ("+", "*") and ttype == BOOL:
+                ttype = INT32
+            dims = tuple(f"{name}.{k}" for k in range(rank)) if inout else ("",) * rank
+            tensor = C.Tensor(name, "output" if name in self.outputs else "temp", ttype, dims,
+                              inout=inout, span=s.tensor.span)
+        else:
+            tensor = existing
+        rhs = _convert(_retype_self(rhs, name, tensor.type), tensor.type)
+        stmt = C.Statement(name, tuple(self.lhs), tuple(rhs_vars), reduction, s.init, rhs, where,
+                           first_definition=existing is None, span=s.span, var_spans=self.var_spans)
+        return stmt, tensor
+
+    # -- where clauses: size expressions -------------------------------------------------------
+    def range_constraint(self, w: ast.RangeConstraint) -> C.RangeConstraint:
+        v = w.var.name
+        if v in self.tensors or v in self.size_vars:
+            raise self.error(f"the where clause constrains '{v}', which is not an index variable",
+                             w.var.span)
+        lo = self.size_expr(w.lo)
+        hi = self.size_expr(w.hi)
+        return C.RangeConstraint(v, lo, hi, span=w.span)
+
+    def size_expr(self, e: ast.Expr) -> C.Expr:
+        """A bound in a where clause: integers, size variables, scalar inputs and `T.n` only."""
+        for node in _ast_nodes(e):
+            if isinstance(node, ast.Apply) and node.name.name not in BUILTINS:
+                raise self.error("a range bound may not read a tensor; only sizes, constants and "
+                                 "scalar inputs", node.span)
+            if isinstance(node, ast.Ident) and node.name not in self.size_vars \
+                    and node.name not in self.tensors:
+                raise self.error(f"range bound uses '{node.name}', which is neither a size variable "
+                                 "nor a scalar input", node.span)
+        saved = dict(self.var_spans)
+        out, _ = self.expr(e)
+        self.var_spans = saved
+        if not out.type.is_int:
+            raise self.error(f"a range bound must be an integer, not {out.type}", e.span)
+        return _convert(out, INT32)
+
+    # -- expressions ---------------------------------------------------------------------------
+    def expr(self, e: ast.Expr) -> tuple[C.Expr, bool]:
+        """The typed expression and whether it is weakly typed (a literal)."""
+        if isinstance(e, ast.Number):
+            return _number(e), True
+        if isinstance(e, ast.Ident):
+            return self.ident(e), False
+        if isinstance(e, ast.DimRef):
+            return self.dimref(e), False
+        if isinstance(e, ast.Apply):
+            return self.apply(e), False
+        if isinstance(e, ast.Unary):
+            x, weak = self.expr(e.operand)
+            if e.op == "!":
+                return C.Unary("!", _to_bool(x), BOOL, span=e.span), weak
+            if x.type == BOOL:
+                x = _convert(x, INT32)
+            return C.Unary("-", x, x.type, span=e.span), weak
+        if isinstance(e, ast.Binary):
+            return self.binary(e)
+        if isinstance(e, ast.Ternary):
+            cond, _ = self.expr(e.cond)
+            (a, b), weak = self.unify(e.then, e.other)
+            return C.Select(_to_bool(cond), a, b, a.type, span=e.span), weak
+        raise AssertionError(e)
+
+    def ident(self, e: ast.Ident) -> C.Expr:
+        n = e.name
+        if n in self.size_vars:
+            return C.SizeVar(n, span=e.span)
+        t = self.tensors.get(n)
+        if t is not None or n == self.s.tensor.name:
+            if (t.rank if t is not None else self.rank) != 0:
+                rank = t.rank if t is not None else self.rank
+                raise self.error(f"tensor '{n}' has rank {rank}; read it with {rank} subscript"
+                                 f"{'s' if rank > 1 else ''}, as in {n}({', '.join('ijkl'[:rank])})"
+                                 if rank <= 4 else f"tensor '{n}' has rank {rank}", e.span)
+            if t is not None and t.kind == "input":
+                return C.ScalarParam(n, t.type, span=e.span)
+            return self.read(e.name, (), e.span)
+        if n in BUILTINS:
+            raise self.error(f"'{n}' is a builtin function; call it as {n}(...)", e.span)
+        self.var_spans.setdefault(n, e.span)
+        return C.IndexVar(n, span=e.span)
+
+    def dimref(self, e: ast.DimRef) -> C.Expr:
+        t = self.tensors.get(e.tensor.name)
+        if t is None:
+            raise self.error(f"unknown tensor '{e.tensor.name}' in '{e.span.text()}'"
+                             f"{_suggest(e.tensor.name, self.tensors)}", e.tensor.span)
+        if not 0 <= e.dim < t.rank:
+            raise self.error(f"'{t.name}' has rank {t.rank}, so it has no dimension {e.dim}",
+                             e.span, f"dimensions count from 0 to {t.rank - 1}" if t.rank else
+                             f"'{t.name}' is a scalar")
+        if t.kind == "input":
+            return C.SizeVar(t.dims[e.dim], span=e.span)
+        return C.DimOf(t.name, e.dim, span=e.span)
+
+    def apply(self, e: ast.Apply) -> C.Expr:
+        n = e.name.name
+        if n in self.tensors or n == self.s.tensor.name:
+            rank = self.tensors[n].rank if n in self.tensors else self.rank
+            if len(e.args) != rank:
+                raise self.error(f"tensor '{n}' has rank {rank} but is read with {len(e.args)} "
+                                 f"subscript{'s' if len(e.args) != 1 else ''}", e.span)
+            args = []
+            for a in e.args:
+                x, _ = self.expr(a)
+                if not x.type.is_int:
+                    raise self.error(f"a subscript must be an integer, not {x.type}", a.span)
+                args.append(_convert(x, INT32) if x.type != INT32 else x)
+            return self.read(n, tuple(args), e.span)
+        b = BUILTINS.get(n)
+        if b is None:
+            raise self.error(f"unknown tensor or function '{n}'"
+                             f"{_suggest(n, [*self.tensors, *BUILTINS])}", e.name.span)
+        if len(e.args) != b.arity:
+            raise self.error(f"'{n}' takes {b.arity} argument{'s' if b.arity > 1 else ''}, "
+                             f"not {len(e.args)}", e.span)
+        if b.arity == 2:
+            (x, y), _ = self.unify(*e.args)
+            args = [x, y]
+        else:
+            args = [self.expr(e.args[0])[0]]
+        if b.kind == "float":
+            ftype = FLOAT32 if b.force_float32 or not args[0].type.is_float else args[0].type
+            args = [_convert(a, ftype) for a in args]
+        elif args[0].type == BOOL:
+            args = [_convert(a, INT32) for a in args]
+        return C.Call(b.canonical, tuple(args), args[0].type, span=e.span)
+
+    def read(self, name: str, args: tuple, span: Span) -> C.Expr:
+        t = self.tensors.get(name)
+        if name == self.s.tensor.name:
+            if args and tuple(a.name if isinstance(a, C.IndexVar) else None for a in args) \
+                    != tuple(self.lhs):
+                written = ", ".join(self.lhs)
+                raise self.error(
+                    f"'{name}' is read at a different point than it is written ({name}({written})); "
+                    "an in-place statement may only read the element it writes", span,
+                    "write the result into a new tensor instead")
+            self.self_reads.append(span)
+            if t is None:  # the tensor's type is what this statement infers: weak for now
+                return C.Read(name, args, _SELF_WEAK, span=span)
+        return C.Read(name, args, t.type, span=span)
+
+    def binary(self, e: ast.Binary) -> tuple[C.Expr, bool]:
+        (a, b), weak = self.unify(e.lhs, e.rhs)
+        op = e.op
+        if op in ("&&", "||"):
+            return C.Binary(op, _to_bool(a), _to_bool(b), BOOL, span=e.span), weak
+        if op in ("==", "!=", "<", "<=", ">", ">="):
+            return C.Binary(op, a, b, BOOL, span=e.span), weak
+        if op == "%" and a.type.is_float:
+            raise self.error(f"'%' needs integer operands, not {a.type}", e.span,
+                             "use fmod(a, b) for floating-point remainders")
+        if a.type == BOOL:
+            a, b = _convert(a, INT32), _convert(b, INT32)
+        return C.Binary(op, a, b, a.type, span=e.span), weak
+
+    def unify(self, x: ast.Expr, y: ast.Expr) -> tuple[tuple[C.Expr, C.Expr], bool]:
+        """Both operands converted to their common type (literals adapt to the other side)."""
+        a, wa = self.expr(x)
+        b, wb = self.expr(y)
+        if a.type == _SELF_WEAK or b.type == _SELF_WEAK:
+            t = b.type if a.type == _SELF_WEAK else a.type
+            if t == _SELF_WEAK:
+                t = FLOAT32
+            return (_retype_weak(a, t), _retype_weak(b, t)), False
+        if wa and wb:
+            t = promote(a.type, b.type)
+        elif wa:
+            t = b.type if b.type.is_float or not a.type.is_float else FLOAT32
+        elif wb:
+            t = a.type if a.type.is_float or not b.type.is_float else FLOAT32
+        else:
+            t = promote(a.type, b.type)
+        return (_convert(a, t), _convert(b, t)), wa and wb
+
+
+# The provisional type of a read of the tensor being defined by its first statement.
+_SELF_WEAK = ScalarType("weak", 0)
+
+
+def _retype_weak(e: C.Expr, t: ScalarType) -> C.Expr:
+    if isinstance(e, C.Read) and e.type == _SELF_WEAK:
+        return C.Read(e.tensor, e.args, t, span=e.span)
+    return _convert(e, t)
+
+
+def _retype_self(e: C.Expr, name: str, t: ScalarType) -> C.Expr:
+    """Gives reads of the tensor being defined their final type."""
+    if isinstance(e, C.Read) and e.tensor == name and e.type == _SELF_WEAK:
+        return attrs.evolve(e, type=t)
+    kids = C.children(e)
+    if not kids:
+        return e
+    new = tuple(_retype_self(k, name, t) for k in kids)
+    if isinstance(e, (C.Read, C.Call)):
+        return attrs.evolve(e, args=new)
+    if isinstance(e, (C.Unary, C.Cast)):
+        return attrs.evolve(e, operand=new[0])
+    if isinstance(e, C.Binary):
+        return attrs.evolve(e, lhs=new[0], rhs=new[1])
+    return attrs.evolve(e, cond=new[0], then=new[1], other=new[2])
+
+
+def _number(n: ast.Number) -> C.Const:
+    text = n.text.rstrip("uUlL") if not n.text.lower().startswith("0x") else n.text
+    try:
+        if text.lower().startswith("0x"):
+            value = int(text.rstrip("uUlL"), 16)
+        elif any(c in text for c in ".eE") or text[-1] in "fF":
+            return C.Const(float(text.rstrip("fF")), FLOAT32, span=n.span)
+        else:
+            value = int(text, 10) if not (len(text) > 1 and text[0] == "0") else int(text, 8)
+    except ValueError:
+        raise TCSemanticError(f"malformed number '{n.text}'", n.span) from None
+    return C.Const(value, INT32 if -2**31 <= value < 2**31 else INT64, span=n.span)
+
+
+def _convert(e: C.Expr, t: ScalarType) -> C.Expr:
+    if e.type == t:
+        return e
+    if isinstance(e, C.Const):
+        value = bool(e.value) if t == BOOL else float(e.value) if t.is_float else int(e.value)
+        return C.Const(value, t, span=e.span)
+    return C.Cast(t, e, span=e.span)
+
+
+def _to_bool(e: C.Expr) -> C.Expr:
+    if e.type == BOOL:
+        return e
+    zero = C.Const(0.0 if e.type.is_float else 0, e.type)
+    return C.Binary("!=", e, zero, BOOL, span=e.span)
+
+
+def _ast_nodes(e: ast.Expr):
+    yield e
+    if isinstance(e, ast.Apply):
+        for a in e.args:
+            yield from _ast_nodes(a)
+    elif isinstance(e, ast.Unary):
+        yield from _ast_nodes(e.operand)
+    elif isinstance(e, ast.Binary):
+        yield from _ast_nodes(e.lhs)
+        yield from _ast_nodes(e.rhs)
+    elif isinstance(e, ast.Ternary):
+        for x in (e.cond, e.then, e.other):
+            yield from _ast_nodes(x)

@@ -1,0 +1,82 @@
+"""TC's scalar types, their spellings, and the promotion rule for mixed arithmetic.
+
+Promotion follows Halide's (tcstage lowers to Halide, so both agree): a float beats an integer;
+the wider of two floats or two same-signedness integers wins; a signed/unsigned mix becomes a
+signed integer of the larger width. Literals are *weak*: they take the type of the operand beside
+them, so `0.5 * X(i)` stays `half` when X is half, and `X(i) + 1` stays `uint8` for uint8 X.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+
+@attrs.frozen
+class ScalarType:
+    kind: str  # 'float', 'int', 'uint' or 'bool'
+    bits: int
+
+    @property
+    def name(self) -> str:
+        return "bool" if self.kind == "bool" else f"{self.kind}{self.bits}"
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    @property
+    def is_int(self) -> bool:
+        """Integer-valued (bool included): usable as a subscript."""
+        return self.kind in ("int", "uint", "bool")
+
+    @property
+    def numpy(self) -> np.dtype:
+        return np.dtype(np.bool_ if self.kind == "bool" else self.name)
+
+    @property
+    def c_name(self) -> str:
+        """The C/CUDA spelling."""
+        return {"float16": "half", "float32": "float", "float64": "double", "bool": "bool"}.get(
+            self.name, f"{self.name}_t")
+
+    def __str__(self) -> str:
+        return self.name
+
+
+FLOAT16, FLOAT32, FLOAT64 = ScalarType("float", 16), ScalarType("float", 32), ScalarType("float", 64)
+INT32, INT64 = ScalarType("int", 32), ScalarType("int", 64)
+BOOL = ScalarType("bool", 1)
+
+#: Every spelling TC accepts for a scalar type.
+SCALAR_TYPES: dict[str, ScalarType] = {
+    "float": FLOAT32, "float32": FLOAT32, "double": FLOAT64, "float64": FLOAT64,
+    "half": FLOAT16, "float16": FLOAT16,
+    **{f"int{b}": ScalarType("int", b) for b in (8, 16, 32, 64)},
+    **{f"uint{b}": ScalarType("uint", b) for b in (8, 16, 32, 64)},
+    "int": INT32, "byte": ScalarType("uint", 8), "bool": BOOL,
+}
+
+
+def from_numpy(dtype: np.dtype) -> ScalarType | None:
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return BOOL
+    kind = {"f": "float", "i": "int", "u": "uint"}.get(dtype.kind)
+    return ScalarType(kind, dtype.itemsize * 8) if kind else None
+
+
+def promote(a: ScalarType, b: ScalarType) -> ScalarType:
+    """The common type of a binary arithmetic operation on strongly typed operands."""
+    if a == b:
+        return a
+    if a.is_float or b.is_float:
+        if a.is_float and b.is_float:
+            return a if a.bits >= b.bits else b
+        return a if a.is_float else b
+    if a.kind == "bool":
+        return b
+    if b.kind == "bool":
+        return a
+    bits = max(a.bits, b.bits)
+    return ScalarType(a.kind if a.kind == b.kind else "int", bits)

@@ -1,0 +1,297 @@
+"""The public face of the CPU flow: `define(source)` -> `Program` of `TCFunction`s.
+
+A `TCFunction` checks its arguments against the signature, infers ranges (symbolically once, or
+per value of the scalar inputs it specialises on), lowers to Halide and runs the JIT-compiled
+pipeline, caching one compiled kernel per (shapes, dtypes, specialised scalars, schedule).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+
+from tcstage.errors import TCArgumentError, TCError, TCWarning
+from tcstage.halide import ranges as R
+from tcstage.halide.jit import DEFAULT_SCHEDULE, CpuKernel
+from tcstage.halide.lower import Lowered, lower
+from tcstage.halide.solver import evaluate
+from tcstage.lang import checked as C
+from tcstage.lang.parser import parse
+from tcstage.lang.sema import check_module
+from tcstage.lang.types import from_numpy
+
+_DEFAULT = object()
+
+
+def define(source: str, filename: str = "<string>") -> "Program":
+    """Parses and checks every TC function in `source`; raises `TCError` on any mistake."""
+    module = parse(source, filename)
+    return Program({name: TCFunction(fn) for name, fn in check_module(module).items()})
+
+
+class Program:
+    """The functions of one TC source, by name: `prog.matmul` or `prog["matmul"]`."""
+
+    def __init__(self, functions: dict[str, "TCFunction"]):
+        self._functions = functions
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._functions)
+
+    def __getitem__(self, name: str) -> "TCFunction":
+        try:
+            return self._functions[name]
+        except KeyError:
+            raise TCError(f"no TC function named '{name}'; defined: {', '.join(self.names)}") \
+                from None
+
+    def __getattr__(self, name: str) -> "TCFunction":
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self[name]
+
+    def __iter__(self):
+        return iter(self._functions.values())
+
+    def __repr__(self) -> str:
+        return f"<tcstage.Program: {', '.join(self.names)}>"
+
+
+@attrs.frozen
+class Binding:
+    """A call's arguments checked against the signature."""
+
+    sizes: dict  # size variable (and in/out `T.n`) -> int
+    scalars: dict  # scalar input -> value
+    arrays: dict  # tensor input -> array (None when only shapes were given)
+    inout: dict  # in/out output -> array
+
+    def specialization(self, fn: "TCFunction") -> tuple:
+        return tuple(sorted((s, int(self.scalars[s])) for s in fn.specialized_scalars))
+
+
+@attrs.frozen
+class StatementReport:
+    """Inferred ranges of one statement, symbolic and (for a call's sizes) concrete."""
+
+    tensor: str
+    source: str
+    symbolic: dict  # var -> 'lo <= var < hi'
+    concrete: dict  # var -> (begin, end), half-open; empty without sizes
+
+    def __str__(self) -> str:
+        parts = [f"{self.source}"]
+        for v, text in self.symbolic.items():
+            extra = f"   = [{self.concrete[v][0]}, {self.concrete[v][1]})" if v in self.concrete else ""
+            parts.append(f"    {text}{extra}")
+        return "\n".join(parts)
+
+
+class TCFunction:
+    """One TC function: call it on numpy arrays, or ask for its shapes and ranges."""
+
+    def __init__(self, fn: C.Function):
+        self.checked = fn
+        self.name = fn.name
+        self.specialized_scalars = R.needs_specialization(fn)
+        self._ranges: dict[tuple, R.FunctionRanges] = {}
+        self._kernels: dict[tuple, CpuKernel] = {}
+        if not self.specialized_scalars:
+            self._infer(())  # errors and warnings surface at definition time
+
+    def __repr__(self) -> str:
+        sig = ", ".join(f"{t.type}({', '.join(t.dims)}) {t.name}" if t.rank else f"{t.type} {t.name}"
+                        for t in self.checked.inputs)
+        return f"<TC function {self.name}({sig}) -> ({', '.join(self.checked.outputs)})>"
+
+    # -- inference ---------------------------------------------------------------------------
+    def _infer(self, spec: tuple) -> R.FunctionRanges:
+        cached = self._ranges.get(spec)
+        if cached is None:
+            cached = R.infer_ranges(self.checked, dict(spec))
+            for p in cached.preconditions:
+                warnings.warn(p.message, TCWarning, stacklevel=4)
+            self._ranges[spec] = cached
+        return cached
+
+    def bind(self, args: Sequence, out=None, shapes_only: bool = False) -> Binding:
+        return _bind(self.checked, args, out, shapes_only)
+
+    # -- user API ------------------------------------------------------------------------------
+    def output_shapes(self, *args, out=None) -> list[tuple[int, ...]]:
+        """Output shapes for inputs given as arrays or shapes (scalars as values)."""
+        b = self.bind(args, out, shapes_only=True)
+        return [shape for shape, _ in self._output_layout(b)]
+
+    def output_mins(self, *args, out=None) -> list[tuple[int, ...]]:
+        """The index of each output's first element (0 unless a range starts elsewhere)."""
+        b = self.bind(args, out, shapes_only=True)
+        return [mins for _, mins in self._output_layout(b)]
+
+    def ranges(self, *args, out=None) -> list[StatementReport]:
+        """Inferred index ranges per statement. Without arguments they are symbolic only
+        (functions that specialise on scalar inputs need the arguments)."""
+        if args:
+            b = self.bind(args, out, shapes_only=True)
+            fr, values = self._infer(b.specialization(self)), {**b.sizes, **_int_scalars(b)}
+        else:
+            if self.specialized_scalars:
+                raise TCArgumentError(
+                    f"'{self.name}' specialises on scalar input(s) "
+                    f"{', '.join(sorted(self.specialized_scalars))}; pass the arguments to ranges()")
+            fr, values = self._infer(()), None
+        reports = []
+        for st, sr in zip(self.checked.statements, fr.statements):
+            concrete = {v: r.evaluate(values) for v, r in sr.ranges.items()} if values else {}
+            reports.append(StatementReport(
+                sr.tensor, st.span.text() if st.span else sr.tensor,
+                {v: r.text(v) for v, r in sr.ranges.items()}, concrete))
+        return reports
+
+    def lower(self, *args, out=None) -> Lowered:
+        """The Halide Funcs of this function (for the call's scalar specialisation)."""
+        spec = self.bind(args, out, shapes_only=True).specialization(self) if args else ()
+        return lower(self.checked, self._infer(spec), dict(spec))
+
+    def __call__(self, *args, out=None, schedule=_DEFAULT):
+        """Runs on the CPU. Tensors are numpy arrays, scalars Python or numpy numbers.
+        `out` supplies in/out outputs (those that accumulate into the caller's values), as one
+        array or a tuple in output order. Returns an array, or a tuple for several outputs."""
+        schedule = DEFAULT_SCHEDULE if schedule is _DEFAULT else schedule
+        b = self.bind(args, out)
+        spec = b.specialization(self)
+        layout = self._output_layout(b)
+        key = (spec, tuple(sorted(b.sizes.items())), schedule)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            lowered = lower(self.checked, self._infer(spec), dict(spec))
+            kernel = CpuKernel(lowered, b.sizes, schedule)
+            self._kernels[key] = kernel
+        results = kernel(b.arrays, b.scalars, b.inout)
+        for name, res, (shape, _) in zip(self.checked.outputs, results, layout):
+            if name in b.inout:  # in/out outputs are updated in place, like numpy's out=
+                b.inout[name][...] = res
+        final = [b.inout.get(n, r) for n, r in zip(self.checked.outputs, results)]
+        return final[0] if len(final) == 1 else tuple(final)
+
+    def _output_layout(self, b: Binding) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        fr = self._infer(b.specialization(self))
+        values = {**b.sizes, **_int_scalars(b)}
+        layout = []
+        for name in self.checked.outputs:
+            tb = fr.tensors[name]
+            extents = tuple(evaluate(e, values) for e in tb.extents)
+            mins = tuple(evaluate(m, values) for m in tb.mins)
+            bad = [k for k, e in enumerate(extents) if e < 0]
+            if bad:
+                k = bad[0]
+                raise TCArgumentError(
+                    f"output '{name}' would have a negative extent {extents[k]} in dimension {k} "
+                    f"(inferred as {R.tree_to_str(tb.extents[k])}) for these inputs")
+            layout.append((extents, mins))
+        return layout
+
+
+def _int_scalars(b: Binding) -> dict:
+    return {k: int(v) for k, v in b.scalars.items() if isinstance(v, (int, np.integer))}
+
+
+def _bind(fn: C.Function, args: Sequence, out, shapes_only: bool) -> Binding:
+    if len(args) != len(fn.inputs):
+        names = ", ".join(t.name for t in fn.inputs)
+        raise TCArgumentError(f"'{fn.name}' takes {len(fn.inputs)} input"
+                              f"{'s' if len(fn.inputs) != 1 else ''} ({names}), got {len(args)}")
+    sizes: dict[str, int] = {}
+    origin: dict[str, str] = {}
+    scalars, arrays = {}, {}
+    for t, a in zip(fn.inputs, args):
+        if t.rank == 0:
+            scalars[t.name] = _scalar(fn, t, a)
+            continue
+        shape = _shape_of(fn, t, a, shapes_only)
+        if not shapes_only or isinstance(a, np.ndarray):
+            arrays[t.name] = a if isinstance(a, np.ndarray) else None
+        for k, (d, n) in enumerate(zip(t.dims, shape)):
+            where = f"{t.name} dimension {k}"
+            if d.isdigit():
+                if n != int(d):
+                    raise TCArgumentError(f"{where} must have size {d}, got {n}")
+            elif d in sizes and sizes[d] != n:
+                raise TCArgumentError(
+                    f"size variable {d} is {sizes[d]} from {origin[d]} but {n} from {where}")
+            else:
+                sizes.setdefault(d, n)
+                origin.setdefault(d, where)
+    inout = _bind_inout(fn, out, sizes, shapes_only)
+    return Binding(sizes, scalars, arrays, inout)
+
+
+def _bind_inout(fn: C.Function, out, sizes: dict, shapes_only: bool) -> dict:
+    inouts = [fn.tensors[n] for n in fn.outputs if fn.tensors[n].inout]
+    if out is None:
+        if inouts:
+            t = inouts[0]
+            raise TCArgumentError(
+                f"output '{t.name}' of '{fn.name}' starts from the caller's values (its first "
+                "statement reads it or accumulates without '!'); pass them with out=")
+        return {}
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    if len(outs) != len(inouts):
+        raise TCArgumentError(f"out= takes {len(inouts)} array(s), for "
+                              f"{', '.join(t.name for t in inouts) or 'no in/out output'}; "
+                              f"got {len(outs)}")
+    bound = {}
+    for t, a in zip(inouts, outs):
+        shape = _shape_of(fn, t, a, shapes_only)
+        if isinstance(a, np.ndarray):
+            if not a.flags.writeable:
+                raise TCArgumentError(f"out= array for '{t.name}' is read-only")
+            bound[t.name] = a
+        sizes.update({d: n for d, n in zip(t.dims, shape)})
+    return bound
+
+
+def _shape_of(fn: C.Function, t: C.Tensor, a, shapes_only: bool) -> tuple[int, ...]:
+    if isinstance(a, np.ndarray):
+        if a.ndim != t.rank:
+            raise TCArgumentError(f"'{fn.name}' expects {t.name} of rank {t.rank} "
+                                  f"({t.type}({', '.join(t.dims)})), got an array of shape "
+                                  f"{a.shape}")
+        got = from_numpy(a.dtype)
+        if got != t.type:
+            raise TCArgumentError(f"'{fn.name}' expects {t.name} of type {t.type} "
+                                  f"(numpy {t.type.numpy}), got {a.dtype}",
+                                  notes=(f"convert with {t.name}.astype(numpy.{t.type.numpy})",))
+        return a.shape
+    if shapes_only and isinstance(a, (tuple, list)) and all(
+            isinstance(n, (int, np.integer)) for n in a):
+        if len(a) != t.rank:
+            raise TCArgumentError(f"'{fn.name}' expects {t.name} of rank {t.rank}, got shape "
+                                  f"{tuple(a)}")
+        if any(n < 0 for n in a):
+            raise TCArgumentError(f"shape {tuple(a)} of {t.name} has a negative size")
+        return tuple(int(n) for n in a)
+    what = "a numpy array or a shape tuple" if shapes_only else "a numpy array"
+    raise TCArgumentError(f"'{fn.name}' expects {t.name} as {what}, got {type(a).__name__}")
+
+
+def _scalar(fn: C.Function, t: C.Tensor, a):
+    if isinstance(a, np.ndarray) and a.ndim == 0:
+        a = a[()]
+    if isinstance(a, (bool, np.bool_)) and t.type.kind != "bool":
+        raise TCArgumentError(f"scalar input {t.name} is {t.type}, got a bool")
+    if t.type.is_float and isinstance(a, (int, float, np.integer, np.floating)):
+        return float(a)
+    if t.type.kind in ("int", "uint") and isinstance(a, (int, np.integer)):
+        info = np.iinfo(t.type.numpy)
+        if not info.min <= int(a) <= info.max:
+            raise TCArgumentError(f"scalar input {t.name} is {t.type}; {a} is out of its range")
+        return int(a)
+    if t.type.kind == "bool" and isinstance(a, (bool, np.bool_)):
+        return bool(a)
+    raise TCArgumentError(f"scalar input {t.name} of '{fn.name}' is {t.type}, got "
+                          f"{type(a).__name__} {a!r}")
