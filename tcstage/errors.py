@@ -105,3 +105,16 @@ class TCArgumentError(TCError):
 
 class TCWarning(UserWarning):
     """A precondition tcstage cannot check, such as reads that range inference did not bound."""
+
+
+def warn(message: str) -> None:
+    """Issues a TCWarning attributed to the first caller outside tcstage."""
+    import os
+    import sys
+    import warnings
+
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, TCWarning, stacklevel=level)

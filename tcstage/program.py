@@ -7,13 +7,12 @@ pipeline, caching one compiled kernel per (shapes, dtypes, specialised scalars, 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import attrs
 import numpy as np
 
-from tcstage.errors import TCArgumentError, TCError, TCWarning
+from tcstage.errors import TCArgumentError, TCError, warn
 from tcstage.halide import ranges as R
 from tcstage.halide.jit import DEFAULT_SCHEDULE, CpuKernel
 from tcstage.halide.lower import Lowered, lower
@@ -114,7 +113,7 @@ class TCFunction:
         if cached is None:
             cached = R.infer_ranges(self.checked, dict(spec))
             for p in cached.preconditions:
-                warnings.warn(p.message, TCWarning, stacklevel=4)
+                warn(p.message)
             self._ranges[spec] = cached
         return cached
 

@@ -23,7 +23,8 @@ import halide as hl
 
 from tcstage.halide.exprs import constant, halide_type, to_halide
 from tcstage.halide.ranges import FunctionRanges, Range, simplify_tree
-from tcstage.halide.solver import Tree, tree_to_expr
+from tcstage.halide import solver
+from tcstage.halide.solver import Tree, tree_to_expr, tree_to_str
 from tcstage.lang import checked as C
 from tcstage.lang.types import INT64, ScalarType
 
@@ -50,16 +51,18 @@ class Lowered:
 
     def describe(self) -> str:
         """Human-readable definitions of every Func, in statement order."""
+        def text(e) -> str:
+            return tree_to_str(solver.to_tree(e))
+
         lines = []
         for name, f in self.funcs.items():
             t = self.fn.tensors[name]
-            lines.append(f"Func {name} ({t.kind}, {t.type}):")
+            lines.append(f"Func {name} ({t.kind}, {t.type}), arguments innermost first:")
             args = ", ".join(a.name() for a in f.args())
-            lines.append(f"  {name}({args}) = {f.value()}")
+            lines.append(f"  {name}({args}) = {text(f.value())}")
             for k in range(f.num_update_definitions()):
-                upd = f.update_args(k)
-                rhs = f.update_value(k)
-                lines.append(f"  {name}({', '.join(str(a) for a in upd)}) = {rhs}")
+                upd = ", ".join(text(a) for a in f.update_args(k))
+                lines.append(f"  {name}({upd}) = {text(f.update_value(k))}")
         return "\n".join(lines)
 
 

@@ -16,8 +16,9 @@ For each statement, in order:
    subscripts that depend on tensor values (`B(C(i))`) are preconditions: checked statically
    when Halide can prove them, otherwise reported as a `TCWarning`.
 
-A tensor's shape comes from the ranges of the left-hand variables of its first statement; a
-range need not start at 0 (`A(i) = B(10 - i)` gives `11 - I <= i < 11`), and the tensor is then
+A tensor's shape comes from the ranges of the left-hand variables of its first statement (or,
+where that statement cannot bound them, of the first later statement of the tensor that can:
+see `_shape_of`); a range need not start at 0 (`A(i) = B(10 - i)` gives `11 - I <= i < 11`), and the tensor is then
 stored from its minimum. Ranges are symbolic in the size variables. Scalar inputs that appear in
 subscripts or where clauses are *specialised*: their values are substituted before solving (see
 `needs_specialization`), since the solver cannot divide by an unknown stride.
@@ -128,21 +129,53 @@ def infer_ranges(fn: C.Function, scalars: Mapping[str, int] | None = None) -> Fu
         symbols[s] = constant(scalars[s], t.type) if s in scalars else hl.Expr(hl.Var(s))
     preconditions: list[Precondition] = []
     statements = []
-    for st in fn.statements:
-        sr = _StatementInference(fn, st, symbols, bounds, preconditions).run()
-        statements.append(sr)
+    shaped_by: dict[str, int] = {}  # tensor -> the statement its shape comes from
+    for n, st in enumerate(fn.statements):
         if st.tensor not in bounds:
-            lhs = [sr.ranges[v] for v in st.indices]
-            bounds[st.tensor] = TensorBounds(
-                tuple(r.lo for r in lhs),
-                tuple(simplify_tree(("add", ("sub", r.hi, r.lo), ONE)) for r in lhs))
+            shaped_by[st.tensor], bounds[st.tensor] = _shape_of(fn, n, symbols, bounds)
+        # The statement a shape comes from is not constrained by that shape again.
+        write_constrains = shaped_by.get(st.tensor) != n
+        statements.append(_StatementInference(fn, st, symbols, bounds, preconditions,
+                                              write_constrains).run())
     return FunctionRanges(tuple(statements), bounds, tuple(preconditions),
                           tuple(sorted((k, v) for k, v in scalars.items())))
 
 
+def _lhs_bounds(st: C.Statement, sr: StatementRanges) -> TensorBounds:
+    lhs = [sr.ranges[v] for v in st.indices]
+    return TensorBounds(tuple(r.lo for r in lhs),
+                        tuple(simplify_tree(("add", ("sub", r.hi, r.lo), ONE)) for r in lhs))
+
+
+def _shape_of(fn: C.Function, first: int, symbols, bounds) -> tuple[int, TensorBounds]:
+    """The shape of the tensor that statement `first` defines first.
+
+    It comes from the ranges of that statement's left-hand variables. Where that statement
+    cannot bound them (the paper's `O1(b,n) = B1(n)` before `O1(b,n) += I(b,m) * W1(n,m)`),
+    the first later statement of the same tensor that can gives the shape, and the earlier
+    statements are inferred against it. This only accepts programs the per-statement rule
+    rejects; it never changes a range that rule infers.
+    """
+    st = fn.statements[first]
+    try:
+        return first, _lhs_bounds(st, _StatementInference(fn, st, symbols, bounds, []).run())
+    except TCRangeError as error:
+        for n, later in enumerate(fn.statements[first + 1:], start=first + 1):
+            if later.tensor != st.tensor:
+                continue
+            try:
+                sr = _StatementInference(fn, later, symbols, bounds, []).run()
+            except TCRangeError:
+                continue
+            return n, _lhs_bounds(later, sr)
+        raise error
+
+
 class _StatementInference:
-    def __init__(self, fn, st: C.Statement, symbols, bounds, preconditions):
+    def __init__(self, fn, st: C.Statement, symbols, bounds, preconditions,
+                 write_constrains: bool = True):
         self.fn, self.st, self.bounds, self.preconditions = fn, st, bounds, preconditions
+        self.write_constrains = write_constrains
         self.env = dict(symbols)
         self.env.update({v: hl.Expr(hl.Var(v)) for v in st.variables})
 
@@ -157,8 +190,10 @@ class _StatementInference:
 
     def accesses(self) -> list[_Access]:
         st = self.st
-        reads = [n for n in C.walk(st.rhs) if isinstance(n, C.Read) and n.args]
-        if st.tensor in self.bounds:  # the write, once the tensor has a shape
+        # Reads of a tensor still without a shape (the one being shaped) constrain nothing.
+        reads = [n for n in C.walk(st.rhs)
+                 if isinstance(n, C.Read) and n.args and n.tensor in self.bounds]
+        if st.tensor in self.bounds and self.write_constrains:  # the write, given a shape
             lhs_args = tuple(C.IndexVar(v, span=st.var_spans.get(v)) for v in st.indices)
             reads.append(C.Read(st.tensor, lhs_args, self.fn.tensors[st.tensor].type, span=st.span))
         out = []

@@ -98,6 +98,11 @@ def and_over_domain(cond: hl.Expr, domain: Mapping[str, tuple[Any, Any]]) -> Tre
     return _native.and_condition_over_domain(cond, {k: tuple(v) for k, v in domain.items()})
 
 
+def to_tree(e: hl.Expr) -> Tree:
+    """The tree of ``e``, unsimplified."""
+    return _native.to_tree(e)
+
+
 def simplify(e: hl.Expr) -> Tree:
     """Simplify ``e`` with Halide's simplifier and return its tree."""
     return _native.simplify(e)
