@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -43,6 +44,10 @@ except ImportError:  # the table still comes out, with the torch columns empty
     F = None
 
 import tcstage as tc
+
+# lut1/lut2 warn (once per definition) that their data-dependent subscripts are not bounds
+# checked; the inputs here are in range, and the repeated definitions would repeat the warning.
+warnings.filterwarnings("ignore", category=tc.TCWarning)
 
 # ---------------------------------------------------------------------------------------------
 # TC sources (exactly those of the issue)
@@ -218,7 +223,10 @@ def _maxpool_case(B, C, H, W):
     return Case(
         "maxpool", f"B={B} C={C} H={H} W={W} (2x2/2)",
         lambda r: (_f32(r, B, C, H, W),),
-        lambda I: (I.reshape(B, C, H // 2, 2, W // 2, 2).max(axis=(3, 5)),),
+        # the maximum of the four strided 2x2 corners: much faster in numpy than
+        # I.reshape(B, C, H // 2, 2, W // 2, 2).max(axis=(3, 5)), and the same values
+        lambda I: (np.maximum(np.maximum(I[:, :, 0::2, 0::2], I[:, :, 0::2, 1::2]),
+                              np.maximum(I[:, :, 1::2, 0::2], I[:, :, 1::2, 1::2])),),
         _t,
         lambda I: (F.max_pool2d(I, 2),),
     )
@@ -249,25 +257,68 @@ def _as_tuple(x):
     return x if isinstance(x, tuple) else (x,)
 
 
-def time_median(fn: Callable[[], object], budget_s: float, min_reps: int, max_reps: int,
-                warmup: bool = True) -> tuple[float, int]:
-    """Median wall time of `fn()` in seconds, and the number of timed repetitions.
+def time_interleaved(fns: dict[str, Callable[[], object]], budget_s: float, min_reps: int,
+                     max_reps: int, rounds: int = 10) -> dict[str, tuple[float, float, int]]:
+    """Times several implementations of one computation: {name: (median s, min s, calls)}.
 
-    One untimed warm-up call, then as many timed calls as fit in `budget_s` (judged from the
-    first timed call), at least `min_reps` and at most `max_reps`."""
-    if warmup:
+    Each function gets one untimed warm-up call and a timed call that sets its repetition count
+    (as many calls as fit in `budget_s`, within [min_reps, max_reps]).  The timed calls are then
+    made in up to `rounds` rounds that visit every implementation in turn, so that a burst of
+    load from other processes on the machine hits all of them alike instead of one of them."""
+    times: dict[str, list[float]] = {}
+    reps: dict[str, int] = {}
+    for name, fn in fns.items():
         fn()
-    t0 = time.perf_counter()
-    fn()
-    first = time.perf_counter() - t0
-    reps = int(budget_s / max(first, 1e-7))
-    reps = max(min_reps, min(max_reps, reps))
-    times = [first]
-    for _ in range(reps - 1):
         t0 = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), len(times)
+        first = time.perf_counter() - t0
+        times[name] = [first]
+        reps[name] = max(min_reps, min(max_reps, int(budget_s / max(first, 1e-7))))
+    n_rounds = max(1, min(rounds, min(reps.values())))
+    for r in range(n_rounds):
+        for name, fn in fns.items():
+            # this round's share of the calls still to be made
+            todo = (reps[name] - 1) * (r + 1) // n_rounds - (reps[name] - 1) * r // n_rounds
+            for _ in range(todo):
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+    return {k: (statistics.median(v), min(v), len(v)) for k, v in times.items()}
+
+
+class ForeignLoad:
+    """CPU time used by *other* processes while a block runs, as a fraction of all cores
+    (busy time of the whole machine from /proc/stat, less this process's own CPU time).  Other
+    work on a small machine disturbs the multi-threaded timings; the table reports it."""
+
+    def __init__(self):
+        self.fraction: float | None = None
+
+    @staticmethod
+    def _machine_busy_s() -> float | None:
+        try:
+            with open("/proc/stat") as fh:
+                fields = [int(x) for x in fh.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _own_s() -> float:
+        t = os.times()
+        return t.user + t.system
+
+    def __enter__(self):
+        self._busy0, self._own0, self._t0 = self._machine_busy_s(), self._own_s(), time.time()
+        return self
+
+    def __exit__(self, *exc):
+        busy1, own1, wall = self._machine_busy_s(), self._own_s(), time.time() - self._t0
+        if self._busy0 is not None and busy1 is not None and wall > 0.05:
+            foreign = (busy1 - self._busy0) - (own1 - self._own0)
+            self.fraction = max(0.0, foreign / (wall * (os.cpu_count() or 1)))
+        return False
 
 
 def front_end_ms(kernel: str, args: tuple, runs: int) -> tuple[float, float, float]:
@@ -323,6 +374,11 @@ class Row:
     tc_ms: float | None = None
     np_ms: float | None = None
     torch_ms: float | None = None
+    tc_min_ms: float | None = None
+    np_min_ms: float | None = None
+    torch_min_ms: float | None = None
+    tc_calls: int | None = None
+    foreign_load: float | None = None  # CPU share used by other processes while timing
     max_rel_err: float | None = None
     error: str = ""
     notes: list[str] = field(default_factory=list)
@@ -358,19 +414,27 @@ def run_case(case: Case, schedule, budget_s: float, min_reps: int, max_reps: int
         row.error = f"WRONG RESULT: {msg}"
         return row
 
-    # 3. timings (each after its own warm-up call)
-    row.tc_ms = 1e3 * time_median(lambda: f(*args, **kw), budget_s, min_reps, max_reps)[0]
-    row.np_ms = 1e3 * time_median(lambda: case.numpy_fn(*args), budget_s, min_reps, max_reps)[0]
+    # 3. timings, interleaved (each implementation after its own warm-up call)
+    fns = {"tc": lambda: f(*args, **kw), "np": lambda: case.numpy_fn(*args)}
     if torch is not None and case.torch_fn is not None:
         targs = case.torch_prep(*args)
         with torch.inference_mode():
             tout = tuple(t.numpy() for t in _as_tuple(case.torch_fn(*targs)))
-            tok, _, tmsg = check("torch", tout, ref)
-            if not tok:  # a baseline that disagrees is not a baseline: keep tcstage's numbers
-                row.notes.append(f"torch baseline disagrees with numpy ({tmsg}); not timed")
-            else:
-                row.torch_ms = 1e3 * time_median(lambda: case.torch_fn(*targs), budget_s,
-                                                 min_reps, max_reps)[0]
+        tok, _, tmsg = check("torch", tout, ref)
+        if tok:
+            def run_torch():
+                with torch.inference_mode():
+                    return case.torch_fn(*targs)
+            fns["torch"] = run_torch
+        else:  # a baseline that disagrees is not a baseline: keep tcstage's numbers
+            row.notes.append(f"torch baseline disagrees with numpy ({tmsg}); not timed")
+    with ForeignLoad() as load:
+        res = time_interleaved(fns, budget_s, min_reps, max_reps)
+    row.foreign_load = load.fraction
+    row.tc_ms, row.tc_min_ms, row.tc_calls = res["tc"][0] * 1e3, res["tc"][1] * 1e3, res["tc"][2]
+    row.np_ms, row.np_min_ms = res["np"][0] * 1e3, res["np"][1] * 1e3
+    if "torch" in res:
+        row.torch_ms, row.torch_min_ms = res["torch"][0] * 1e3, res["torch"][1] * 1e3
     return row
 
 
@@ -394,10 +458,10 @@ def machine_description() -> list[str]:
     except AttributeError:
         usable = os.cpu_count()
     try:
-        import halide
-        hl_ver = getattr(halide, "__version__", "?")
-    except ImportError:
-        hl_ver = "not installed"
+        from importlib.metadata import version
+        hl_ver = version("halide")
+    except Exception:  # noqa: BLE001 - only for the header
+        hl_ver = "?"
     lines = [
         f"- CPU: `lscpu` model name: {model or 'unknown'}; `platform.processor()`: "
         f"{platform.processor() or 'unknown'}; machine: {platform.machine()}",
@@ -443,6 +507,23 @@ def render(rows: list[Row], header: list[str], schedule_label: str) -> str:
             out.append(f"| {r.kernel} | {r.sizes} | {fe} | {_fmt(r.compile_s)} | "
                        f"{_fmt(r.tc_ms)} | {_fmt(r.np_ms)} | {_fmt(r.torch_ms)} | "
                        f"{_ratio(r.tc_ms, r.np_ms)} | {_ratio(r.tc_ms, r.torch_ms)} |")
+    out.append("")
+    out.append("Best-of times (the minimum instead of the median: less sensitive to other work on "
+               "the machine), the CPU share other processes used while the row was timed, and the "
+               "largest error of tcstage against numpy relative to the output's magnitude:")
+    out.append("")
+    out.append("| kernel | sizes | tcstage min ms | numpy min ms | torch min ms | "
+               "tcstage/numpy (min) | tcstage/torch (min) | other load | tcstage calls | "
+               "max rel err |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r.error:
+            continue
+        load = "-" if r.foreign_load is None else f"{100 * r.foreign_load:.0f}%"
+        err = "-" if r.max_rel_err is None else f"{r.max_rel_err:.1e}"
+        out.append(f"| {r.kernel} | {r.sizes} | {_fmt(r.tc_min_ms)} | {_fmt(r.np_min_ms)} | "
+                   f"{_fmt(r.torch_min_ms)} | {_ratio(r.tc_min_ms, r.np_min_ms)} | "
+                   f"{_ratio(r.tc_min_ms, r.torch_min_ms)} | {load} | {r.tc_calls} | {err} |")
     problems = [r for r in rows if r.error or r.notes]
     if problems:
         out.append("")

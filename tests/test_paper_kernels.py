@@ -87,7 +87,7 @@ def kernel(name):
         warnings.simplefilter("ignore", tc.TCWarning)
         return tc.define(SOURCES[name])[name]
 
-SETTINGS = settings(max_examples=10, deadline=None,
+SETTINGS = settings(max_examples=12, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 dim = st.integers(1, 12)

@@ -123,6 +123,10 @@ class _Parser:
         return self.ident("a size variable or a constant size")
 
     def statement(self) -> ast.Statement:
+        if self.at("(") or (self.tok.kind == "ident" and self.peek().text == "="):
+            raise TCSyntaxError(
+                "calling a TC function from another TC ('(A, B) = f(...)') is not supported",
+                self.tok.span, ("call the functions one after the other from Python",))
         tensor = self.ident("a statement such as 'O(i) = ...'")
         if not self.at("("):
             raise self.error(f"'(' and the index list after '{tensor.name}'")
