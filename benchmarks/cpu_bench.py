@@ -286,6 +286,17 @@ def time_interleaved(fns: dict[str, Callable[[], object]], budget_s: float, min_
     return {k: (statistics.median(v), min(v), len(v)) for k, v in times.items()}
 
 
+def wait_for_quiet(max_load: float, max_wait_s: float, window_s: float = 0.5) -> float | None:
+    """Waits until other processes use at most `max_load` of the CPU over a `window_s` window,
+    or `max_wait_s` has passed; returns the last window's load."""
+    deadline = time.time() + max_wait_s
+    while True:
+        with ForeignLoad() as load:
+            time.sleep(window_s)
+        if load.fraction is None or load.fraction <= max_load or time.time() >= deadline:
+            return load.fraction
+
+
 class ForeignLoad:
     """CPU time used by *other* processes while a block runs, as a fraction of all cores
     (busy time of the whole machine from /proc/stat, less this process's own CPU time).  Other
@@ -379,13 +390,18 @@ class Row:
     torch_min_ms: float | None = None
     tc_calls: int | None = None
     foreign_load: float | None = None  # CPU share used by other processes while timing
+    retries: int = 0  # timings redone because other processes loaded the machine
     max_rel_err: float | None = None
     error: str = ""
     notes: list[str] = field(default_factory=list)
 
 
 def run_case(case: Case, schedule, budget_s: float, min_reps: int, max_reps: int,
-             fe_runs: int, seed: int = 0) -> Row:
+             fe_runs: int, max_load: float = 1.0, retries: int = 0, quiet_wait_s: float = 0.0,
+             seed: int = 0) -> Row:
+    """One table row.  With `max_load` < 1 the timings wait (up to `quiet_wait_s`) for the other
+    processes' CPU share to drop to `max_load`, and are redone up to `retries` times when that
+    share was higher while they ran."""
     row = Row(case.kernel, case.sizes)
     rng = np.random.default_rng(seed)
     args = case.make_inputs(rng)
@@ -428,9 +444,19 @@ def run_case(case: Case, schedule, budget_s: float, min_reps: int, max_reps: int
             fns["torch"] = run_torch
         else:  # a baseline that disagrees is not a baseline: keep tcstage's numbers
             row.notes.append(f"torch baseline disagrees with numpy ({tmsg}); not timed")
-    with ForeignLoad() as load:
-        res = time_interleaved(fns, budget_s, min_reps, max_reps)
-    row.foreign_load = load.fraction
+    for attempt in range(retries + 1):
+        if max_load < 1:
+            wait_for_quiet(max_load, quiet_wait_s)
+        with ForeignLoad() as load:
+            res = time_interleaved(fns, budget_s, min_reps, max_reps)
+        row.foreign_load = load.fraction
+        if load.fraction is None or load.fraction <= max_load:
+            break
+        if attempt < retries:
+            row.retries += 1
+    if row.foreign_load is not None and row.foreign_load > max_load and max_load < 1:
+        row.notes.append(f"other processes used {100 * row.foreign_load:.0f}% of the CPU while "
+                         f"this row was timed (after {row.retries} retries): its times are noisy")
     row.tc_ms, row.tc_min_ms, row.tc_calls = res["tc"][0] * 1e3, res["tc"][1] * 1e3, res["tc"][2]
     row.np_ms, row.np_min_ms = res["np"][0] * 1e3, res["np"][1] * 1e3
     if "torch" in res:
@@ -520,6 +546,8 @@ def render(rows: list[Row], header: list[str], schedule_label: str) -> str:
         if r.error:
             continue
         load = "-" if r.foreign_load is None else f"{100 * r.foreign_load:.0f}%"
+        if r.retries:
+            load += f" ({r.retries} retr{'y' if r.retries == 1 else 'ies'})"
         err = "-" if r.max_rel_err is None else f"{r.max_rel_err:.1e}"
         out.append(f"| {r.kernel} | {r.sizes} | {_fmt(r.tc_min_ms)} | {_fmt(r.np_min_ms)} | "
                    f"{_fmt(r.torch_min_ms)} | {_ratio(r.tc_min_ms, r.np_min_ms)} | "
@@ -555,6 +583,15 @@ def main(argv=None) -> int:
                     help="run only these kernels (comma-separated TC function names)")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds per measurement (default 0.5, or 0.1 with --quick)")
+    ap.add_argument("--max-load", type=float, default=0.10,
+                    help="largest CPU share (0-1) other processes may use while a row is timed; "
+                         "above it the timing waits for quiet and is redone (default 0.10; "
+                         "1 disables the check)")
+    ap.add_argument("--retries", type=int, default=3,
+                    help="how often a row's timing is redone under load (default 3)")
+    ap.add_argument("--quiet-wait", type=float, default=30.0,
+                    help="seconds to wait at most for the machine to become quiet before "
+                         "timing a row (default 30)")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
     opts = ap.parse_args(argv)
 
@@ -576,7 +613,9 @@ def main(argv=None) -> int:
     header += machine_description()
     header.append(f"- run: {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}, "
                   f"{'quick' if opts.quick else 'full'} mode, {budget:g} s per measurement "
-                  f"({min_reps}-{max_reps} repetitions), front end median of {fe_runs} runs")
+                  f"({min_reps}-{max_reps} repetitions, interleaved), front end median of {fe_runs} "
+                  f"runs; rows timed again (up to {opts.retries}x) when other processes used "
+                  f"more than {100 * opts.max_load:.0f}% of the CPU")
     label = ("library default (" + _default_schedule() + ")") if schedule == "default" \
         else str(schedule)
 
@@ -586,7 +625,8 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         print(f"[{time.perf_counter() - start:7.1f}s] {case.kernel} {case.sizes} ...",
               file=sys.stderr, flush=True)
-        row = run_case(case, schedule, budget, min_reps, max_reps, fe_runs)
+        row = run_case(case, schedule, budget, min_reps, max_reps, fe_runs,
+                       opts.max_load, opts.retries, opts.quiet_wait)
         rows.append(row)
         status = row.error or (f"tcstage {_fmt(row.tc_ms)} ms, numpy {_fmt(row.np_ms)} ms, "
                                f"torch {_fmt(row.torch_ms)} ms")

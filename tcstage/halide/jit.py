@@ -81,15 +81,18 @@ class CpuKernel:
     def __call__(self, arrays: Mapping[str, np.ndarray], scalars: Mapping[str, object],
                  inout: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         low = self.lowered
+        keep = []  # the buffers' memory must outlive the run: storage views may be copies
         for name, p in low.params.items():
             t = low.fn.tensors[name]
             if t.rank == 0:
                 value = scalars[name]
                 p.set(int(np.int64(np.uint64(value))) if t.type.name == "uint64" else value)
             else:
-                p.set(hl.Buffer(_storage_view(arrays[name], t.type)))
+                keep.append(_storage_view(arrays[name], t.type))
+                p.set(hl.Buffer(keep[-1]))
         for name, p in low.inout_params.items():
-            p.set(hl.Buffer(_storage_view(inout[name], low.fn.tensors[name].type)))
+            keep.append(_storage_view(inout[name], low.fn.tensors[name].type))
+            p.set(hl.Buffer(keep[-1]))
         outs, buffers = [], []
         for name, (mins, extents) in zip(low.fn.outputs, self.output_bounds):
             dtype = storage_type(low.fn.tensors[name].type).numpy
@@ -103,6 +106,8 @@ class CpuKernel:
             self.pipeline.realize(buffers)
         except Exception as e:  # Halide reports a failed runtime check (e.g. a read out of bounds)
             raise TCArgumentError(f"running '{low.fn.name}' failed: {e}") from None
+        finally:
+            del keep
         return [o.view(low.fn.tensors[n].type.numpy) if o.dtype != low.fn.tensors[n].type.numpy
                 else o for n, o in zip(low.fn.outputs, outs)]
 

@@ -90,8 +90,10 @@ def lower(fn: C.Function, ranges: FunctionRanges, scalars: Mapping[str, int] | N
             for k, d in enumerate(t.dims):
                 symbols[d] = p.dim(t.rank - 1 - k).extent()
     funcs: dict[str, hl.Func] = {}
-    for st, sr in zip(fn.statements, ranges.statements):
-        _lower_statement(fn, st, sr, ranges, params, inout_params, funcs, symbols)
+    for n, (st, sr) in enumerate(zip(fn.statements, ranges.statements)):
+        shapes_tensor = ranges.shaped_by.get(st.tensor) == n or fn.tensors[st.tensor].inout \
+            and st.first_definition
+        _lower_statement(fn, st, sr, ranges, params, inout_params, funcs, symbols, shapes_tensor)
     outputs = []
     for name in fn.outputs:
         f = funcs[name]
@@ -124,7 +126,7 @@ def _combine(op: str, a: hl.Expr, b: hl.Expr) -> hl.Expr:
 
 
 def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, inout_params,
-                     funcs, symbols):
+                     funcs, symbols, shapes_tensor: bool):
     tensor = fn.tensors[st.tensor]
     bounds = ranges.tensors[st.tensor]
 
@@ -141,8 +143,9 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
     # Left-hand variables that cover the whole tensor stay pure (parallel) Vars; others are
     # RDom variables limited to the statement's range.
     names: dict[str, hl.Expr] = dict(symbols)
-    partial = [v for k, v in enumerate(st.indices)
-               if not _covers(sr.ranges[v], bounds.mins[k], bounds.extents[k])]
+    partial = [] if shapes_tensor else [
+        v for k, v in enumerate(st.indices)
+        if not _covers(sr.ranges[v], bounds.mins[k], bounds.extents[k])]
     lhs_rdom = _rdom([sr.ranges[v] for v in partial], tree, f"{st.tensor}_lhs") if partial else None
     rvars = [v for v in st.reduction_vars]
     full_rdom = _rdom([sr.ranges[v] for v in partial + rvars], tree, f"{st.tensor}_r") \
@@ -192,7 +195,10 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
 
 
 def _covers(r: Range, lo: Tree, extent: Tree) -> bool:
-    return r.lo == lo and r.hi == simplify_tree(("sub", ("add", lo, extent), ("int", 1)))
+    """Whether the statement's range is provably the whole extent of the tensor."""
+    hi = ("sub", ("add", lo, extent), ("int", 1))
+    return simplify_tree(("sub", r.lo, lo)) == ("int", 0) \
+        and simplify_tree(("sub", r.hi, hi)) == ("int", 0)
 
 
 def _rdom(rs: list[Range], tree, name: str) -> hl.RDom:

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 
 import attrs
 import halide as hl
+import islpy as isl
 
 from tcstage.errors import Span, TCRangeError
 from tcstage.halide import solver
@@ -80,6 +81,7 @@ class FunctionRanges:
     tensors: dict  # name -> TensorBounds, inputs included
     preconditions: tuple[Precondition, ...]
     scalars: tuple  # (name, value) pairs the ranges were specialised on
+    shaped_by: dict = attrs.field(factory=dict)  # tensor -> index of the statement shaping it
 
 
 def needs_specialization(fn: C.Function) -> frozenset[str]:
@@ -138,7 +140,7 @@ def infer_ranges(fn: C.Function, scalars: Mapping[str, int] | None = None) -> Fu
         statements.append(_StatementInference(fn, st, symbols, bounds, preconditions,
                                               write_constrains).run())
     return FunctionRanges(tuple(statements), bounds, tuple(preconditions),
-                          tuple(sorted((k, v) for k, v in scalars.items())))
+                          tuple(sorted((k, v) for k, v in scalars.items())), shaped_by)
 
 
 def _lhs_bounds(st: C.Statement, sr: StatementRanges) -> TensorBounds:
@@ -294,6 +296,21 @@ class _StatementInference:
             f"{', '.join(repr(o) for o in others)}, so the range is ambiguous", span,
             (f"add a where clause for one of them, such as 'where {unresolved[-1]} in 0:N'",))
 
+    def holds_for_all_sizes(self, condition: Tree) -> bool:
+        """Whether condition holds for all non-negative sizes (Halide's interval reasoning
+        cannot show N/2 <= N; isl decides such Presburger facts exactly)."""
+        if condition in (ONE, ("int", True)):
+            return True
+        names = sorted(solver.tree_vars(condition))
+        try:
+            text = _isl(condition)
+        except ValueError:  # not affine: leave it to the warning
+            return False
+        params = ", ".join(_isl_name(v) for v in names)
+        nonneg = " and ".join(f"{_isl_name(v)} >= 0" for v in names) or "true"
+        violations = isl.Set(f"[{params}] -> {{ [] : {nonneg} and not ({text}) }}")
+        return violations.is_empty()
+
     def check_preconditions(self, accesses, used, known) -> None:
         domain = {v: (self.expr(r.lo), self.expr(r.hi)) for v, r in known.items()}
         for n, a in enumerate(accesses):
@@ -308,12 +325,42 @@ class _StatementInference:
                     f"tensor values, which must lie in [{lo}, {hi}); this is not checked", a.span))
                 continue
             remaining = solver.and_over_domain(a.cond, {v: domain[v] for v in a.variables})
-            if remaining in (ONE, ("int", True)):
+            if self.holds_for_all_sizes(remaining):
                 continue
             self.preconditions.append(Precondition(
                 f"in '{self.fn.name}', the read of {a.tensor} at subscript '{_text(a.arg)}' stays "
                 f"within [{lo}, {hi}) only if {tree_to_str(remaining)}; this is not checked "
                 "at compile time", a.span))
+
+
+def _isl_name(v: str) -> str:
+    return "_" + v.replace(".", "_")
+
+
+_ISL_OPS = {"add": "+", "sub": "-", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=",
+            "ne": "!=", "and": "and", "or": "or"}
+
+
+def _isl(t: Tree) -> str:
+    """A tree as isl syntax; ValueError where it is not Presburger."""
+    tag = t[0]
+    if tag == "int":
+        return str(int(t[1]))
+    if tag == "var":
+        return _isl_name(t[1])
+    if tag in _ISL_OPS:
+        return f"({_isl(t[1])} {_ISL_OPS[tag]} {_isl(t[2])})"
+    if tag == "not":
+        return f"(not {_isl(t[1])})"
+    if tag in ("min", "max"):
+        return f"{tag}({_isl(t[1])}, {_isl(t[2])})"
+    if tag == "mul" and (t[1][0] == "int" or t[2][0] == "int"):
+        return f"({_isl(t[1])} * {_isl(t[2])})"
+    if tag == "div" and t[2][0] == "int" and t[2][1] > 0:
+        return f"floor({_isl(t[1])} / {t[2][1]})"
+    if tag == "mod" and t[2][0] == "int" and t[2][1] > 0:
+        return f"({_isl(t[1])} mod {t[2][1]})"
+    raise ValueError(t)
 
 
 def _text(e: C.Expr) -> str:

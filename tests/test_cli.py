@@ -1,0 +1,63 @@
+"""`tcstage run` and `tcstage show`, driven through main() as a user would call them."""
+
+from pathlib import Path
+
+import pytest
+
+from tcstage.cli import main
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def test_run_prints_shapes_and_times(capsys):
+    assert main(["run", str(EXAMPLES / "tmm.tc"), "--sizes", "M=16,K=8,N=12", "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "output:  C(16, 12) float32" in out
+    assert "run: median" in out
+
+
+def test_run_every_example(capsys):
+    for path in sorted(EXAMPLES.glob("*.tc")):
+        sizes = "sh=2,sw=2,H=9,W=9,KH=3,KW=3,N=2,C=3,F=4" if "sconv" in path.name else \
+            "N=2,G=2,F=3,C=2,H=6,W=6,KH=3,KW=3,B=2,IP=2,OP=3" if "conv" in path.name else "B=4"
+        assert main(["run", str(path), "--sizes", sizes, "--repeat", "1"]) == 0, path
+    assert "output:" in capsys.readouterr().out
+
+
+def test_show_ranges_and_halide(capsys):
+    assert main(["show", str(EXAMPLES / "conv.tc"), "--fn", "maxpool2x2", "--ranges",
+                 "--halide", "--sizes", "B=1,C=2,H=9,W=8"]) == 0
+    out = capsys.readouterr().out
+    assert "0 <= i < H/2   = [0, 4)" in out
+    assert "output out: shape (1, 2, 4, 4)" in out
+    assert "Func out (output, float32)" in out
+
+
+def test_errors_are_compiler_messages_not_tracebacks(tmp_path, capsys):
+    bad = tmp_path / "bad.tc"
+    bad.write_text("def f(float(N) A) -> (B) {\n  B(i) = A(i) + x(i)\n}\n")
+    assert main(["run", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"{bad}:2:17: error: unknown tensor or function 'x'")
+    assert "Traceback" not in err
+    assert main(["run", str(tmp_path / "missing.tc")]) == 1
+    assert "No such file" in capsys.readouterr().err
+    assert main(["run", str(EXAMPLES / "tmm.tc"), "--sizes", "M16"]) == 1
+    assert "NAME=VALUE" in capsys.readouterr().err
+    assert main(["run", str(EXAMPLES / "tmm.tc"), "--fn", "nope"]) == 1
+    assert "no TC function named 'nope'" in capsys.readouterr().err
+
+
+def test_in_out_outputs_need_their_shape(tmp_path, capsys):
+    src = tmp_path / "acc.tc"
+    src.write_text("def acc(float(N) X) -> (Y) { Y(i) += X(i) }\n")
+    assert main(["run", str(src)]) == 1
+    assert "--sizes Y.0=..." in capsys.readouterr().err
+    assert main(["run", str(src), "--sizes", "N=5,Y.0=5", "--repeat", "0"]) == 0
+
+
+@pytest.mark.parametrize("argv", [["run"], ["frobnicate", "x.tc"]])
+def test_usage_errors(argv):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
