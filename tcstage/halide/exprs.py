@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 
 import halide as hl
 
+from tcstage.halide.solver import HALIDE_BINARY
 from tcstage.lang import checked as C
 from tcstage.lang.types import ScalarType
 
@@ -99,20 +100,10 @@ def to_halide(e: C.Expr, names: Mapping[str, hl.Expr],
     return go(e)
 
 
+# TC's binary operators, as the tags of `solver.HALIDE_BINARY`.
+_TAGS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "%": "mod", "==": "eq", "!=": "ne",
+         "<": "lt", "<=": "le", ">": "gt", ">=": "ge", "&&": "and", "||": "or"}
+
+
 def _binary(op: str, a: hl.Expr, b: hl.Expr) -> hl.Expr:
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    if op == "*":
-        return a * b
-    if op == "/":
-        return a / b
-    if op == "%":
-        return a % b
-    if op == "&&":
-        return a & b
-    if op == "||":
-        return a | b
-    return {"==": hl.Expr.__eq__, "!=": hl.Expr.__ne__, "<": hl.Expr.__lt__,
-            "<=": hl.Expr.__le__, ">": hl.Expr.__gt__, ">=": hl.Expr.__ge__}[op](a, b)
+    return HALIDE_BINARY[_TAGS[op]](a, b)

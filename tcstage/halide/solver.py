@@ -31,6 +31,7 @@ integers (:func:`evaluate`) and list its free variables (:func:`tree_vars`).
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping
 from typing import Any, Union
 
@@ -159,6 +160,16 @@ def _call_to_expr(name: str, args: list[hl.Expr], env: Mapping[str, Any]) -> hl.
     raise ValueError(f"cannot rebuild a halide.Expr for call {name!r}: unknown function")
 
 
+#: Halide's operator for each binary tag (int `div`/`mod` are Halide's floor forms).
+HALIDE_BINARY = {
+    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv,
+    "mod": operator.mod, "min": hl.min, "max": hl.max, "eq": operator.eq, "ne": operator.ne,
+    "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge,
+    "and": lambda a, b: _as_bool_expr(a) & _as_bool_expr(b),
+    "or": lambda a, b: _as_bool_expr(a) | _as_bool_expr(b),
+}
+
+
 def tree_to_expr(tree: Tree, env: Mapping[str, Any]) -> hl.Expr:
     """Rebuild a ``halide.Expr`` from ``tree``.
 
@@ -187,37 +198,7 @@ def tree_to_expr(tree: Tree, env: Mapping[str, Any]) -> hl.Expr:
             ) from None
         return _to_expr(value)
     if tag in BINARY_TAGS:
-        a = tree_to_expr(tree[1], env)
-        b = tree_to_expr(tree[2], env)
-        if tag == "add":
-            return a + b
-        if tag == "sub":
-            return a - b
-        if tag == "mul":
-            return a * b
-        if tag == "div":
-            return a / b  # Halide Div: floor/Euclidean for ints
-        if tag == "mod":
-            return a % b
-        if tag == "min":
-            return hl.min(a, b)
-        if tag == "max":
-            return hl.max(a, b)
-        if tag == "eq":
-            return a == b
-        if tag == "ne":
-            return a != b
-        if tag == "lt":
-            return a < b
-        if tag == "le":
-            return a <= b
-        if tag == "gt":
-            return a > b
-        if tag == "ge":
-            return a >= b
-        if tag == "and":
-            return _as_bool_expr(a) & _as_bool_expr(b)
-        return _as_bool_expr(a) | _as_bool_expr(b)  # "or"
+        return HALIDE_BINARY[tag](tree_to_expr(tree[1], env), tree_to_expr(tree[2], env))
     if tag == "not":
         return hl.logical_not(_as_bool_expr(tree_to_expr(tree[1], env)))
     if tag == "select":
