@@ -257,28 +257,38 @@ def _as_tuple(x):
     return x if isinstance(x, tuple) else (x,)
 
 
-def time_interleaved(fns: dict[str, Callable[[], object]], budget_s: float, min_reps: int,
-                     max_reps: int, rounds: int = 10) -> dict[str, tuple[float, float, int]]:
+def time_phased(fns: dict[str, Callable[[], object]], budget_s: float, min_reps: int,
+                max_reps: int, rounds: int = 3, gap_s: float = 0.2
+                ) -> dict[str, tuple[float, float, int]]:
     """Times several implementations of one computation: {name: (median s, min s, calls)}.
 
-    Each function gets one untimed warm-up call and a timed call that sets its repetition count
-    (as many calls as fit in `budget_s`, within [min_reps, max_reps]).  The timed calls are then
-    made in up to `rounds` rounds that visit every implementation in turn, so that a burst of
-    load from other processes on the machine hits all of them alike instead of one of them."""
+    Each function first gets one untimed warm-up call and one timed call that sets its
+    repetition count (as many calls as fit in `budget_s`, within [min_reps, max_reps]).  The
+    calls are then made in `rounds` rounds; in each round every implementation runs its share
+    of calls as one block, after a pause of `gap_s` and an untimed warm-up call.
+
+    Blocks rather than call-by-call interleaving, and the pause, because the libraries' thread
+    pools get in each other's way: OpenBLAS's workers keep spinning for a while after a numpy
+    call, and a Halide kernel run during that time got only one core (mlp1: 2.7 ms instead of
+    1.45 ms on 2 cores).  Several rounds, so that a spell of interference from outside hits
+    more than one implementation."""
     times: dict[str, list[float]] = {}
     reps: dict[str, int] = {}
     for name, fn in fns.items():
+        time.sleep(gap_s)
         fn()
         t0 = time.perf_counter()
         fn()
         first = time.perf_counter() - t0
         times[name] = [first]
         reps[name] = max(min_reps, min(max_reps, int(budget_s / max(first, 1e-7))))
-    n_rounds = max(1, min(rounds, min(reps.values())))
+    n_rounds = max(1, min(rounds, min(reps.values()) - 1))
     for r in range(n_rounds):
         for name, fn in fns.items():
             # this round's share of the calls still to be made
             todo = (reps[name] - 1) * (r + 1) // n_rounds - (reps[name] - 1) * r // n_rounds
+            time.sleep(gap_s)
+            fn()
             for _ in range(todo):
                 t0 = time.perf_counter()
                 fn()
@@ -398,10 +408,11 @@ class Row:
 
 def run_case(case: Case, schedule, budget_s: float, min_reps: int, max_reps: int,
              fe_runs: int, max_load: float = 1.0, retries: int = 0, quiet_wait_s: float = 0.0,
-             seed: int = 0) -> Row:
+             max_spread: float = 2.0, seed: int = 0) -> Row:
     """One table row.  With `max_load` < 1 the timings wait (up to `quiet_wait_s`) for the other
     processes' CPU share to drop to `max_load`, and are redone up to `retries` times when that
-    share was higher while they ran."""
+    share was higher while they ran, or when some implementation's median was more than
+    `max_spread` times its best time."""
     row = Row(case.kernel, case.sizes)
     rng = np.random.default_rng(seed)
     args = case.make_inputs(rng)
@@ -430,7 +441,7 @@ def run_case(case: Case, schedule, budget_s: float, min_reps: int, max_reps: int
         row.error = f"WRONG RESULT: {msg}"
         return row
 
-    # 3. timings, interleaved (each implementation after its own warm-up call)
+    # 3. timings: blocks of calls per implementation, in rounds (see time_phased)
     fns = {"tc": lambda: f(*args, **kw), "np": lambda: case.numpy_fn(*args)}
     if torch is not None and case.torch_fn is not None:
         targs = case.torch_prep(*args)
@@ -448,15 +459,24 @@ def run_case(case: Case, schedule, budget_s: float, min_reps: int, max_reps: int
         if max_load < 1:
             wait_for_quiet(max_load, quiet_wait_s)
         with ForeignLoad() as load:
-            res = time_interleaved(fns, budget_s, min_reps, max_reps)
+            res = time_phased(fns, budget_s, min_reps, max_reps)
         row.foreign_load = load.fraction
-        if load.fraction is None or load.fraction <= max_load:
+        # a median far above the best time means the calls were stalled for part of the
+        # measurement (seen on small VMs even without other processes: a virtual CPU that is
+        # not running holds up every multi-threaded call for several milliseconds)
+        spread = max(med / best for med, best, _ in res.values())
+        loaded = load.fraction is not None and load.fraction > max_load
+        if not loaded and spread <= max_spread:
             break
         if attempt < retries:
             row.retries += 1
     if row.foreign_load is not None and row.foreign_load > max_load and max_load < 1:
         row.notes.append(f"other processes used {100 * row.foreign_load:.0f}% of the CPU while "
                          f"this row was timed (after {row.retries} retries): its times are noisy")
+    if spread > max_spread:
+        worst = max(res, key=lambda k: res[k][0] / res[k][1])
+        row.notes.append(f"unstable timing after {row.retries} retries: the {worst} median is "
+                         f"{spread:.1f}x its best time; compare the best-of table")
     row.tc_ms, row.tc_min_ms, row.tc_calls = res["tc"][0] * 1e3, res["tc"][1] * 1e3, res["tc"][2]
     row.np_ms, row.np_min_ms = res["np"][0] * 1e3, res["np"][1] * 1e3
     if "torch" in res:
@@ -495,9 +515,22 @@ def machine_description() -> list[str]:
         f"- OS: {platform.platform()}; Python {platform.python_version()}",
         f"- numpy {np.__version__}; torch {torch.__version__ if torch else 'not installed'}"
         f" (threads: {torch.get_num_threads() if torch else '-'}); halide {hl_ver}; "
-        f"tcstage {tc.__version__}",
+        f"tcstage {tc.__version__}{_git_revision()}",
     ]
     return lines
+
+
+def _git_revision() -> str:
+    """' (git abc1234)', with '+changes' when tcstage's sources differ from that commit."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(tc.__file__)))
+    try:
+        rev = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "tcstage"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return f" (git {rev}{'+changes' if dirty else ''})" if rev else ""
 
 
 def _fmt(x, digits=3):
@@ -571,6 +604,22 @@ def render(rows: list[Row], header: list[str], schedule_label: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def warm_up_libraries(seconds: float = 1.0) -> None:
+    """Runs numpy's and torch's thread pools for a while before the first row.
+
+    On a 2-core VM the first torch calls of a process, made while OpenBLAS's worker threads
+    still spin after a numpy call, were seen to take ~16 ms each for a few hundred ms (the
+    OpenMP worker waits for a core); the first table row then measured that instead of torch."""
+    a = np.ones((256, 256), dtype=np.float32)
+    end = time.perf_counter() + seconds
+    ta = torch.from_numpy(a) if torch is not None else None
+    while time.perf_counter() < end:
+        a @ a
+        if ta is not None:
+            with torch.inference_mode():
+                torch.matmul(ta, ta)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true",
@@ -613,12 +662,14 @@ def main(argv=None) -> int:
     header += machine_description()
     header.append(f"- run: {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}, "
                   f"{'quick' if opts.quick else 'full'} mode, {budget:g} s per measurement "
-                  f"({min_reps}-{max_reps} repetitions, interleaved), front end median of {fe_runs} "
-                  f"runs; rows timed again (up to {opts.retries}x) when other processes used "
-                  f"more than {100 * opts.max_load:.0f}% of the CPU")
+                  f"({min_reps}-{max_reps} repetitions, in 3 rounds of blocks), front end median "
+                  f"of {fe_runs} runs; rows timed again (up to {opts.retries}x) when other processes used "
+                  f"more than {100 * opts.max_load:.0f}% of the CPU or a median was over 2x "
+                  f"its best time")
     label = ("library default (" + _default_schedule() + ")") if schedule == "default" \
         else str(schedule)
 
+    warm_up_libraries()
     rows = []
     start = time.perf_counter()
     for case in cases:
