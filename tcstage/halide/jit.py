@@ -73,8 +73,9 @@ class CpuKernel:
                     f.compute_root()
         else:
             _load_autoscheduler(schedule)
-            params = {"parallelism": str(os.cpu_count() or 1)} if schedule == "Mullapudi2016" \
-                else {}
+            # All three take 'parallelism' (Adams2019 and Li2018 assume 16 cores otherwise).
+            # Never pass a parameter a plugin does not define: Halide aborts the process.
+            params = {"parallelism": str(os.cpu_count() or 1)}
             self.pipeline.apply_autoscheduler(target, hl.AutoschedulerParams(schedule, params))
         self.pipeline.compile_jit(target)
 
