@@ -28,8 +28,11 @@
 //   ('cast', type_str, a)      conversion; type_str like 'int32', 'uint8',
 //                              'float32', 'bool' ('<type>x<lanes>' for a
 //                              vector type).
-//   ('call', name, (args...))  any Call node (intrinsics, extern calls,
-//                              function calls); args is a tuple of trees.
+//   ('read', name, (args...))  a read of a Func or an input buffer (Call of
+//                              type Halide or Image); name is the Func's or
+//                              the buffer's name, args innermost first.
+//   ('call', name, (args...))  any other Call node (intrinsics, math, extern
+//                              calls); args is a tuple of trees.
 //   ('let', name, value, body) Let expression.
 //
 // Any other node (StringImm, Broadcast, Ramp, Load, Shuffle, Reinterpret,
@@ -204,7 +207,8 @@ py::object to_tree(const Expr &e) {
         for (size_t i = 0; i < n->args.size(); i++) {
             args[i] = to_tree(n->args[i]);
         }
-        return py::make_tuple("call", n->name, args);
+        bool is_read = n->call_type == HI::Call::Halide || n->call_type == HI::Call::Image;
+        return py::make_tuple(is_read ? "read" : "call", n->name, args);
     }
     case HI::IRNodeType::Let: {
         const HI::Let *n = e.as<HI::Let>();
@@ -330,6 +334,56 @@ py::object py_and_condition_over_domain(const py::object &cond_obj, const py::di
     return to_tree(r);
 }
 
+// ---------------------------------------------------------------------------
+// Func definitions -> Python data (what the polyhedral middle end reads)
+
+py::tuple trees(const std::vector<Expr> &exprs) {
+    py::tuple out(exprs.size());
+    for (size_t i = 0; i < exprs.size(); i++) {
+        out[i] = to_tree(exprs[i]);
+    }
+    return out;
+}
+
+py::dict definition_to_py(const HI::Definition &d, bool pure) {
+    py::dict out;
+    out["kind"] = pure ? "pure" : "update";
+    out["args"] = trees(d.args());
+    out["values"] = trees(d.values());
+    out["predicate"] = to_tree(d.predicate());
+    const std::vector<HI::ReductionVariable> &rvars = d.schedule().rvars();
+    py::tuple rv(rvars.size());
+    for (size_t i = 0; i < rvars.size(); i++) {
+        rv[i] = py::make_tuple(rvars[i].var, to_tree(rvars[i].min), to_tree(rvars[i].extent));
+    }
+    out["rvars"] = rv;  // innermost first, as Halide loops over them
+    return out;
+}
+
+py::dict py_func_definitions(const py::object &func_obj) {
+    Halide::Func *f = pybind11_conduit_v1::get_type_pointer_ephemeral<Halide::Func>(func_obj.ptr());
+    if (f == nullptr) {
+        PyErr_Clear();
+        std::string tname = py::str(py::type::handle_of(func_obj).attr("__name__"));
+        throw py::type_error("func_definitions: expected a halide.Func, got an object of type '" +
+                             tname + "'");
+    }
+    if (!f->defined()) {
+        throw py::value_error("func_definitions: the halide.Func '" + f->name() + "' has no definition");
+    }
+    HI::Function fn = f->function();
+    py::list defs;
+    defs.append(definition_to_py(fn.definition(), true));
+    for (const HI::Definition &u : fn.updates()) {
+        defs.append(definition_to_py(u, false));
+    }
+    py::dict out;
+    out["name"] = fn.name();
+    out["args"] = py::cast(fn.args());  // pure argument names, innermost first
+    out["definitions"] = defs;
+    return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
@@ -348,7 +402,8 @@ of nested tuples whose first element is a tag:
   ('not', a)
   ('select', cond, t, f)
   ('cast', type_str, a)       type_str like 'int32', 'float32', 'uint8', 'bool'
-  ('call', name, (args...))
+  ('read', name, (args...))   read of a Func or input buffer (args innermost first)
+  ('call', name, (args...))   any other call
   ('let', name, value, body)
 
 Other Halide node types raise ValueError naming the node type.
@@ -356,6 +411,10 @@ Other Halide node types raise ValueError naming the node type.
 
     m.def("to_tree", &py_to_tree, py::arg("expr"),
           "Convert a halide.Expr (unchanged) into a tuple tree.");
+    m.def("func_definitions", &py_func_definitions, py::arg("func"),
+          "A halide.Func's definitions as plain data: {'name', 'args' (pure argument\n"
+          "names, innermost first), 'definitions': [{'kind': 'pure'|'update', 'args',\n"
+          "'values', 'predicate' (trees), 'rvars': ((name, min, extent), ...)}]}.");
     m.def("simplify", &py_simplify, py::arg("expr"),
           "Simplify a halide.Expr with Halide's simplifier and return the tree.");
     m.def("solve_for_inner_interval", &py_solve_for_inner_interval, py::arg("cond"),

@@ -48,6 +48,24 @@ class Lowered:
     inout_params: dict  # in/out output name -> hl.ImageParam holding the caller's values
     funcs: dict  # defined tensor name -> hl.Func
     outputs: list  # one hl.Func per output, in return order, in storage types
+    order: list  # (tensor, definition index, TC statement index) in program order
+
+    def halide_names(self) -> dict[str, str]:
+        """Tensor name for each Func or buffer name that Halide expressions read."""
+        names = {f.name(): t for t, f in self.funcs.items()}
+        for t, p in [*self.params.items(), *self.inout_params.items()]:
+            if isinstance(p, hl.ImageParam):  # reads name its internal, uniquified Func
+                names[hl.Func(p).name()] = t
+        return names
+
+    def size_symbols(self) -> dict[str, str]:
+        """TC size symbol (`N`, or `C.0` for an in/out output) for each Halide extent symbol."""
+        symbols = {}
+        for t, p in [*self.params.items(), *self.inout_params.items()]:
+            dims = self.fn.tensors[t].dims
+            for k, d in enumerate(dims):
+                symbols[f"{p.name()}.extent.{len(dims) - 1 - k}"] = d
+        return symbols
 
     def describe(self) -> str:
         """Human-readable definitions of every Func, in statement order."""
@@ -90,10 +108,14 @@ def lower(fn: C.Function, ranges: FunctionRanges, scalars: Mapping[str, int] | N
             for k, d in enumerate(t.dims):
                 symbols[d] = p.dim(t.rank - 1 - k).extent()
     funcs: dict[str, hl.Func] = {}
+    order: list[tuple[str, int, int]] = []
     for n, (st, sr) in enumerate(zip(fn.statements, ranges.statements)):
         shapes_tensor = ranges.shaped_by.get(st.tensor) == n or fn.tensors[st.tensor].inout \
             and st.first_definition
+        before = funcs[st.tensor].num_update_definitions() + 1 if st.tensor in funcs else 0
         _lower_statement(fn, st, sr, ranges, params, inout_params, funcs, symbols, shapes_tensor)
+        after = funcs[st.tensor].num_update_definitions() + 1
+        order += [(st.tensor, k, n) for k in range(before, after)]
     outputs = []
     for name in fn.outputs:
         f = funcs[name]
@@ -102,7 +124,7 @@ def lower(fn: C.Function, ranges: FunctionRanges, scalars: Mapping[str, int] | N
             view[f.args()] = hl.reinterpret(hl.Int(64), f[f.args()])
             f = view
         outputs.append(f)
-    return Lowered(fn, ranges, params, inout_params, funcs, outputs)
+    return Lowered(fn, ranges, params, inout_params, funcs, outputs, order)
 
 
 def _load(value: hl.Expr | hl.Param, t: ScalarType) -> hl.Expr:

@@ -35,7 +35,7 @@ import islpy as isl
 from tcstage.errors import Span, TCRangeError
 from tcstage.halide import solver
 from tcstage.halide.exprs import DataDependent, constant, to_halide
-from tcstage.halide.solver import Tree, evaluate, tree_to_expr, tree_to_str
+from tcstage.halide.solver import Tree, evaluate, isl_name, tree_to_expr, tree_to_isl, tree_to_str
 from tcstage.lang import checked as C
 
 ZERO, ONE = ("int", 0), ("int", 1)
@@ -299,16 +299,19 @@ class _StatementInference:
     def holds_for_all_sizes(self, condition: Tree) -> bool:
         """Whether condition holds for all non-negative sizes (Halide's interval reasoning
         cannot show N/2 <= N; isl decides such Presburger facts exactly)."""
-        if condition in (ONE, ("int", True)):
-            return True
-        names = sorted(solver.tree_vars(condition))
+        if condition[0] == "int":  # a constant: true or false
+            return bool(condition[1])
+        names = {v: isl_name(v) for v in solver.tree_vars(condition)}
         try:
-            text = _isl(condition)
+            text = tree_to_isl(condition, names)
         except ValueError:  # not affine: leave it to the warning
             return False
-        params = ", ".join(_isl_name(v) for v in names)
-        nonneg = " and ".join(f"{_isl_name(v)} >= 0" for v in names) or "true"
-        violations = isl.Set(f"[{params}] -> {{ [] : {nonneg} and not ({text}) }}")
+        params = ", ".join(names.values())
+        nonneg = " and ".join(f"{n} >= 0" for n in names.values()) or "true"
+        try:
+            violations = isl.Set(f"[{params}] -> {{ [] : {nonneg} and not ({text}) }}")
+        except isl.Error:  # a form isl does not read: leave it to the warning
+            return False
         return violations.is_empty()
 
     def check_preconditions(self, accesses, used, known) -> None:
@@ -331,36 +334,6 @@ class _StatementInference:
                 f"in '{self.fn.name}', the read of {a.tensor} at subscript '{_text(a.arg)}' stays "
                 f"within [{lo}, {hi}) only if {tree_to_str(remaining)}; this is not checked "
                 "at compile time", a.span))
-
-
-def _isl_name(v: str) -> str:
-    return "_" + v.replace(".", "_")
-
-
-_ISL_OPS = {"add": "+", "sub": "-", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=",
-            "ne": "!=", "and": "and", "or": "or"}
-
-
-def _isl(t: Tree) -> str:
-    """A tree as isl syntax; ValueError where it is not Presburger."""
-    tag = t[0]
-    if tag == "int":
-        return str(int(t[1]))
-    if tag == "var":
-        return _isl_name(t[1])
-    if tag in _ISL_OPS:
-        return f"({_isl(t[1])} {_ISL_OPS[tag]} {_isl(t[2])})"
-    if tag == "not":
-        return f"(not {_isl(t[1])})"
-    if tag in ("min", "max"):
-        return f"{tag}({_isl(t[1])}, {_isl(t[2])})"
-    if tag == "mul" and (t[1][0] == "int" or t[2][0] == "int"):
-        return f"({_isl(t[1])} * {_isl(t[2])})"
-    if tag == "div" and t[2][0] == "int" and t[2][1] > 0:
-        return f"floor({_isl(t[1])} / {t[2][1]})"
-    if tag == "mod" and t[2][0] == "int" and t[2][1] > 0:
-        return f"({_isl(t[1])} mod {t[2][1]})"
-    raise ValueError(t)
 
 
 def _text(e: C.Expr) -> str:

@@ -14,6 +14,8 @@ is a tag.  The tag set (a contract shared with the rest of tcstage):
 ``('select', c, t, f)``        ``c ? t : f``
 ``('cast', type_str, a)``      conversion, ``type_str`` like ``'int32'``,
                                ``'uint8'``, ``'float32'``, ``'bool'``
+``('read', name, (args...))``  read of a Func or input buffer (args innermost
+                               first); never rebuilt or evaluated here
 ``('call', name, (args...))``  any other call (``abs``, ``likely``, math...)
 ``('let', name, value, body)`` local binding
 =============================  ==============================================
@@ -290,7 +292,7 @@ def _fmt(tree: Tree) -> tuple[str, int]:
         return "select(" + ", ".join(tree_to_str(t) for t in tree[1:4]) + ")", _ATOM_PREC
     if tag == "cast":
         return f"{tree[1]}({tree_to_str(tree[2])})", _ATOM_PREC
-    if tag == "call":
+    if tag in ("call", "read"):
         return f"{tree[1]}(" + ", ".join(tree_to_str(t) for t in tree[2]) + ")", _ATOM_PREC
     if tag == "let":
         return f"(let {tree[1]} = {tree_to_str(tree[2])} in {tree_to_str(tree[3])})", _ATOM_PREC
@@ -453,7 +455,7 @@ def tree_vars(tree: Tree) -> frozenset[str]:
         return frozenset([tree[1]])
     if tag == "cast":
         return tree_vars(tree[2])
-    if tag == "call":
+    if tag in ("call", "read"):
         out: frozenset[str] = frozenset()
         for a in tree[2]:
             out |= tree_vars(a)
@@ -466,3 +468,44 @@ def tree_vars(tree: Tree) -> frozenset[str]:
             out |= tree_vars(a)
         return out
     raise ValueError(f"unknown tree tag {tag!r}")
+
+
+# ---------------------------------------------------------------------------
+# Tree -> isl syntax (for Presburger questions and polyhedral extraction)
+
+_ISL_OPS = {"add": "+", "sub": "-", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=",
+            "ne": "!=", "and": "and", "or": "or"}
+
+
+def isl_name(name: str) -> str:
+    """A name isl accepts for a variable (Halide's names carry '.' and '$')."""
+    return "_" + "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+
+
+def tree_to_isl(tree: Tree, names: Mapping[str, str]) -> str:
+    """``tree`` in isl's affine syntax, variables renamed by ``names``.
+
+    Raises ValueError where the tree is not quasi-affine (a product of variables, a division by
+    a non-constant, a read or a call).
+    """
+    tag = tree[0]
+    if tag == "int":
+        return str(int(tree[1]))
+    if tag == "var":
+        if tree[1] not in names:
+            raise ValueError(f"variable {tree[1]!r} has no isl name")
+        return names[tree[1]]
+    if tag in _ISL_OPS:
+        return f"({tree_to_isl(tree[1], names)} {_ISL_OPS[tag]} {tree_to_isl(tree[2], names)})"
+    if tag == "not":
+        return f"(not {tree_to_isl(tree[1], names)})"
+    if tag in ("min", "max"):
+        return f"{tag}({tree_to_isl(tree[1], names)}, {tree_to_isl(tree[2], names)})"
+    if tag == "mul" and (tree[1][0] == "int" or tree[2][0] == "int"):
+        return f"({tree_to_isl(tree[1], names)} * {tree_to_isl(tree[2], names)})"
+    if tag in ("div", "mod") and tree[2][0] == "int" and tree[2][1] > 0:
+        a = tree_to_isl(tree[1], names)
+        return f"floor({a} / {tree[2][1]})" if tag == "div" else f"({a} mod {tree[2][1]})"
+    if tag == "cast" and tree[1].startswith("int"):
+        return tree_to_isl(tree[2], names)
+    raise ValueError(f"not affine: {tree_to_str(tree)}")

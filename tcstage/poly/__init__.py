@@ -1,0 +1,1 @@
+"""The polyhedral middle end: scop extraction, scheduling, mapping (issue 3)."""

@@ -1,0 +1,256 @@
+"""Scop extraction: the polyhedral model of a TC function, read from its Halide Funcs.
+
+Each Func definition (a pure definition or an update) is one statement `S<k>`, in program order.
+Its iteration domain is the box its loops cover: the tensor's inferred extent for pure Vars, the
+RDom bounds for reduction variables. Reads and writes become isl maps from the domain to the
+tensor's index space (row-major, TC's order). A subscript that is not quasi-affine (an indirect
+`X(I(i,j))`, a product of variables) becomes a *may* access over that whole dimension.
+
+Sizes are isl parameters (TC's size variable names), constrained in the context to be
+non-negative, or fixed to a call's values when `sizes` are given (the paper injects them before
+scheduling). Dependences are exact dataflow computed by isl over the program order.
+
+Reading this from the Funcs, not from the TC AST, is deliberate: a Halide pipeline written by
+hand in Python enters the same flow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+import islpy as isl
+
+from tcstage.errors import TCError
+from tcstage.halide import _native
+from tcstage.halide.lower import Lowered
+from tcstage.halide.solver import Tree, isl_name, tree_to_isl, tree_to_str
+
+
+@attrs.frozen
+class Access:
+    tensor: str
+    relation: isl.Map  # statement domain -> tensor[...]
+    exact: bool  # False: a may-access (some subscript is not affine)
+    text: str  # the access as written in Halide terms, for messages
+
+
+@attrs.frozen
+class Statement:
+    name: str  # the isl tuple name, S0, S1, ...
+    tensor: str  # the tensor it writes
+    definition: int  # index among the Func's definitions (0: pure)
+    tc_statement: int  # index of the TC statement it comes from
+    iterators: tuple[str, ...]  # isl names of its loop variables, outermost first
+    halide_iterators: tuple[str, ...]  # the same, as Halide names them
+    domain: isl.Set
+    write: Access
+    reads: tuple[Access, ...]
+    lhs: tuple[Tree, ...]  # the Func definition's arguments (Halide order, innermost first)
+    value: Tree  # its value
+    reduction_vars: tuple[str, ...]  # isl names of the iterators that are RDom variables
+
+
+@attrs.frozen
+class Scop:
+    name: str
+    params: tuple[str, ...]  # isl parameter names
+    param_sizes: dict  # isl parameter name -> TC size symbol
+    context: isl.Set
+    statements: tuple[Statement, ...]
+    tensor_extents: dict  # tensor -> isl.Set of its valid indices
+    schedule: isl.Schedule  # the canonical one: a sequence with one band per statement
+
+    @property
+    def domain(self) -> isl.UnionSet:
+        return _union([s.domain for s in self.statements], isl.UnionSet, self.context)
+
+    def reads(self, exact_only: bool = False) -> isl.UnionMap:
+        return _union([a.relation for s in self.statements for a in s.reads
+                       if a.exact or not exact_only], isl.UnionMap, self.context)
+
+    def writes(self) -> isl.UnionMap:
+        return _union([s.write.relation for s in self.statements], isl.UnionMap, self.context)
+
+    def dependences(self) -> "Dependences":
+        return compute_dependences(self)
+
+
+@attrs.frozen
+class Dependences:
+    flow: isl.UnionMap  # read after write
+    anti: isl.UnionMap  # write after read
+    output: isl.UnionMap  # write after write
+
+    @property
+    def all(self) -> isl.UnionMap:
+        return self.flow.union(self.anti).union(self.output)
+
+
+def _union(parts, kind, context: isl.Set):
+    """The union of isl sets (kind UnionSet) or maps (kind UnionMap); empty in the context's
+    parameter space when there are none."""
+    lift = kind.from_set if kind is isl.UnionSet else kind.from_map
+    out = kind.empty(context.get_space()) if kind is isl.UnionSet else \
+        isl.UnionMap.empty(context.get_space())
+    for p in parts:
+        out = out.union(lift(p))
+    return out
+
+
+def extract_scop(lowered: Lowered, sizes: Mapping[str, int] | None = None) -> Scop:
+    """The scop of a lowered TC function; `sizes` (TC size symbols) fixes the parameters."""
+    fn, ranges = lowered.fn, lowered.ranges
+    size_symbols = lowered.size_symbols()  # Halide extent symbol -> TC size
+    tc_sizes = sorted({d for t in fn.tensors.values() for d in t.dims if d and not d.isdigit()})
+    params = tuple(isl_name(s) for s in tc_sizes)
+    names = {s: isl_name(s) for s in tc_sizes}
+    names.update({h: isl_name(t) for h, t in size_symbols.items()})
+    param_text = f"[{', '.join(params)}]"
+    constraints = [f"{p} >= 0" for p in params]
+    for s, v in (sizes or {}).items():
+        if isl_name(s) in params:
+            constraints.append(f"{isl_name(s)} = {int(v)}")
+    context = isl.Set(f"{param_text} -> {{ : {' and '.join(constraints) or 'true'} }}")
+
+    def isl_text(tree: Tree, local: Mapping[str, str]) -> str:
+        return tree_to_isl(tree, {**names, **local})
+
+    extents: dict[str, isl.Set] = {}
+    bounds_text: dict[str, list[tuple[str, str]]] = {}
+    for t, tb in ranges.tensors.items():
+        lohi = [(isl_text(m, {}), f"{isl_text(m, {})} + {isl_text(e, {})}")
+                for m, e in zip(tb.mins, tb.extents)]
+        bounds_text[t] = lohi
+        idx = [f"a{k}" for k in range(len(lohi))]
+        cond = " and ".join(f"{lo} <= {a} < {hi}" for a, (lo, hi) in zip(idx, lohi)) or "true"
+        extents[t] = isl.Set(f"{param_text} -> {{ {t}[{', '.join(idx)}] : {cond} }}") \
+            .intersect_params(context)
+
+    halide_names = lowered.halide_names()
+    definitions = {t: _native.func_definitions(f)["definitions"] for t, f in lowered.funcs.items()}
+    statements = []
+    for k, (tensor, index, tc_index) in enumerate(lowered.order):
+        d = definitions[tensor][index]
+        statements.append(_statement(f"S{k}", tensor, index, tc_index, d, bounds_text[tensor],
+                                     halide_names, isl_text, param_text, context, extents))
+    schedule = _canonical_schedule(statements, context)
+    return Scop(fn.name, params, {isl_name(s): s for s in tc_sizes}, context,
+                tuple(statements), extents, schedule)
+
+
+def _statement(name, tensor, index, tc_index, d, tensor_bounds, halide_names, isl_text,
+               param_text, context, extents) -> Statement:
+    lhs = d["args"]
+    rvars = {rv[0]: rv for rv in d["rvars"]}
+    # Loop variables: the left-hand ones in TC order (outermost first), then the remaining RDom
+    # variables, outermost first (Halide lists them innermost first).
+    lhs_vars = [a[1] for a in reversed(lhs) if a[0] == "var"]
+    iterators = lhs_vars + [v for v in reversed(list(rvars)) if v not in lhs_vars]
+    local = {v: isl_name(v) for v in iterators}
+    conds = []
+    rank = len(lhs)
+    for pos, a in enumerate(lhs):  # Halide position pos is TC dimension rank - 1 - pos
+        if a[0] == "var" and a[1] not in rvars:
+            lo, hi = tensor_bounds[rank - 1 - pos]
+            conds.append(f"{lo} <= {local[a[1]]} < {hi}")
+    for v, (_, lo, extent) in rvars.items():
+        lo_t = isl_text(lo, {})
+        conds.append(f"{lo_t} <= {local[v]} < {lo_t} + {isl_text(extent, {})}")
+    vec = ", ".join(local[v] for v in iterators)
+    domain = isl.Set(f"{param_text} -> {{ {name}[{vec}] : {' and '.join(conds) or 'true'} }}") \
+        .intersect_params(context)
+
+    def access(t: str, args: tuple) -> Access:
+        subs, exact = [], True
+        for k, a in enumerate(reversed(args)):
+            try:
+                subs.append(isl_text(a, local))
+            except ValueError:
+                subs.append(None)
+                exact = False
+        out = [f"a{k}" for k in range(len(subs))]
+        eqs = [f"{o} = {s}" for o, s in zip(out, subs) if s is not None]
+        rel = isl.Map(f"{param_text} -> {{ {name}[{vec}] -> {t}[{', '.join(out)}] : "
+                      f"{' and '.join(eqs) or 'true'} }}").intersect_domain(domain)
+        if not exact:  # may-access: anywhere within the tensor along the unknown subscripts
+            rel = rel.intersect_range(extents[t])
+        text = f"{t}(" + ", ".join(tree_to_str(a) for a in reversed(args)) + ")"
+        return Access(t, rel, exact, text)
+
+    reads = []
+    for node in _reads_in(d["values"]):
+        t = halide_names.get(node[1])
+        if t is None:
+            raise TCError(f"statement {name} reads '{node[1]}', which is neither a tensor of the "
+                          "function nor one of its inputs")
+        reads.append(access(t, node[2]))
+    return Statement(name, tensor, index, tc_index, tuple(local[v] for v in iterators),
+                     tuple(iterators), domain, access(tensor, lhs), tuple(reads), lhs,
+                     d["values"][0], tuple(local[v] for v in iterators if v in rvars))
+
+
+def _reads_in(trees):
+    for t in trees:
+        if not isinstance(t, tuple):
+            continue
+        if t and t[0] == "read":
+            yield t
+            yield from _reads_in(t[2])
+        elif t and t[0] == "call":
+            yield from _reads_in(t[2])
+        else:
+            yield from _reads_in(t[1:])
+
+
+def _canonical_schedule(statements, context: isl.Set) -> isl.Schedule:
+    """A sequence of one filter per statement, each with a band over its loops (outermost
+    first): the program order of the TC."""
+    schedule = None
+    for s in statements:
+        part = isl.Schedule.from_domain(isl.UnionSet(s.domain))
+        if s.iterators:
+            vec = ", ".join(s.iterators)
+            band = isl.MultiUnionPwAff.from_union_map(
+                isl.UnionMap(f"{{ {s.name}[{vec}] -> [{vec}] }}"))
+            part = part.insert_partial_schedule(band)
+        schedule = part if schedule is None else schedule.sequence(part)
+    return schedule
+
+
+def compute_dependences(scop: Scop) -> Dependences:
+    """Exact dataflow under the canonical schedule (may-accesses make may-dependences)."""
+    reads, writes = scop.reads(), scop.writes()
+    must_writes = _union([s.write.relation for s in scop.statements if s.write.exact],
+                         isl.UnionMap, scop.context)
+    schedule = scop.schedule
+
+    def flow(sink, must_source, may_source) -> isl.UnionMap:
+        info = isl.UnionAccessInfo.from_sink(sink)
+        info = info.set_must_source(must_source).set_may_source(may_source)
+        info = info.set_schedule(schedule)
+        return info.compute_flow().get_may_dependence()
+
+    return Dependences(flow=flow(reads, must_writes, writes),
+                       anti=flow(writes, isl.UnionMap.empty(writes.get_space()), reads),
+                       output=flow(writes, must_writes, writes))
+
+
+def check_bounds(scop: Scop) -> None:
+    """The paper's (D.A) \\ T = empty: an exact access that the model shows to leave its tensor
+    for every size at which its statement runs is an error, reported before any code is
+    generated. (An access that leaves it only for some sizes is a precondition: range
+    inference warns about it, and fixed sizes turn it into this error.)"""
+    for s in scop.statements:
+        for a in (*s.reads, s.write):
+            if not a.exact:
+                continue
+            outside = a.relation.range().subtract(scop.tensor_extents[a.tensor])
+            if outside.is_empty():
+                continue
+            runs = scop.context.intersect(s.domain.params())
+            if not runs.is_empty() and runs.is_subset(outside.params()):
+                sample = outside.sample_point()
+                raise TCError(
+                    f"in '{scop.name}', statement {s.name} (TC statement {s.tc_statement + 1}) "
+                    f"accesses {a.text} outside {a.tensor}: for example at {sample}")
