@@ -1,0 +1,134 @@
+"""Scheduling a scop with the isl scheduler and TC's fusion strategies (paper, Section 5.2).
+
+Constraints: validity is every dependence (flow, anti, output); proximity is the same, so that
+producers and consumers are scheduled close; coincidence is validity without the dependences a
+reduction carries along its own reduction variables (TC treats those as permutable, not as
+parallelism-breaking: the mapper keeps a reduction sequential per thread).
+
+Fusion strategies map onto the options of mainline isl:
+- `Max`: `schedule_whole_component`, fuse every statement of a component as far as validity
+  allows;
+- `Min`: `schedule_serialize_sccs`, keep strongly connected components apart;
+- `Preserve3Coincident`: fuse like Max, but only where the outer band keeps as many coincident
+  (parallel) members as the statements have, up to 3; otherwise schedule with isl's default
+  clustering. TC's own version ran a callback inside isl's clustering (a patched isl); here
+  the decision is taken on the whole result, which gives the same answer on the paper's
+  kernels but can fuse less in programs where only some components would lose parallelism.
+
+Without `allow_skewing`, schedule coefficients are limited to 1, which rules out skewing
+(`i + j`) on the kernels TC targets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import islpy as isl
+
+from tcstage.errors import TCError
+from tcstage.poly.scop import Scop
+
+STRATEGIES = ("Max", "Preserve3Coincident", "Min")
+
+
+def _strategy_name(strategy) -> str:
+    name = getattr(strategy, "name", strategy)
+    for s in STRATEGIES:
+        if str(name).lower() == s.lower():
+            return s
+    raise TCError(f"unknown fusion strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+
+
+@contextlib.contextmanager
+def _isl_options(**values):
+    """Sets isl scheduler options on the default context, restoring them afterwards."""
+    ctx = isl.DEFAULT_CONTEXT
+    saved = {k: getattr(ctx, f"get_schedule_{k}")() for k in values}
+    try:
+        for k, v in values.items():
+            getattr(ctx, f"set_schedule_{k}")(v)
+        yield
+    finally:
+        for k, v in saved.items():
+            getattr(ctx, f"set_schedule_{k}")(v)
+
+
+def reduction_dependences(scop: Scop) -> isl.UnionMap:
+    """Pairs of instances of one reduction statement that differ only in reduction variables."""
+    out = isl.UnionMap.empty(scop.context.get_space())
+    for s in scop.statements:
+        if not s.reduction_vars:
+            continue
+        src = ", ".join(s.iterators)
+        dst = ", ".join(v if v not in s.reduction_vars else v + "_" for v in s.iterators)
+        params = ", ".join(scop.params)
+        out = out.union(isl.UnionMap(f"[{params}] -> {{ {s.name}[{src}] -> {s.name}[{dst}] }}"))
+    return out
+
+
+def compute_schedule(scop: Scop, fusion="Preserve3Coincident", allow_skewing: bool = False
+                     ) -> isl.Schedule:
+    """An isl schedule tree for the scop under the given fusion strategy."""
+    strategy = _strategy_name(fusion)
+    deps = scop.dependences().all
+    coincidence = deps.subtract(reduction_dependences(scop))
+    constraints = (isl.ScheduleConstraints.on_domain(scop.domain)
+                   .set_context(scop.context)
+                   .set_validity(deps)
+                   .set_proximity(deps)
+                   .set_coincidence(coincidence))
+    limits = {} if allow_skewing else {"max_coefficient": 1}
+
+    def run(**options) -> isl.Schedule:
+        with _isl_options(**limits, **options):
+            return constraints.compute_schedule()
+
+    if strategy == "Min":
+        return run(serialize_sccs=1, whole_component=0)
+    fused = run(serialize_sccs=0, whole_component=1)
+    if strategy == "Max" or _keeps_parallelism(fused, scop):
+        return fused
+    return run(serialize_sccs=0, whole_component=0)
+
+
+def outer_band(schedule: isl.Schedule) -> isl.ScheduleNode | None:
+    node = schedule.get_root().child(0)
+    while node.get_type() != isl.schedule_node_type.band:
+        if node.n_children() != 1:
+            return None
+        node = node.child(0)
+    return node
+
+
+def coincident_members(band: isl.ScheduleNode) -> int:
+    """How many leading members of the band are coincident (parallel)."""
+    count = 0
+    for k in range(band.band_n_member()):
+        if not band.band_member_get_coincident(k):
+            break
+        count += 1
+    return count
+
+
+def _keeps_parallelism(schedule: isl.Schedule, scop: Scop) -> bool:
+    wanted = min(3, min(len(s.iterators) - len(s.reduction_vars) for s in scop.statements))
+    band = outer_band(schedule)
+    if band is None:  # nothing fused at all: no parallelism was traded for fusion
+        return True
+    return coincident_members(band) >= wanted
+
+
+def respects(schedule: isl.Schedule, dependences: isl.UnionMap) -> bool:
+    """Whether every dependence goes forward in the schedule's order."""
+    order = schedule.get_map()
+    before = dependences.apply_domain(order).apply_range(order)
+    return before.is_subset(_lex_lt(before)) if not before.is_empty() else True
+
+
+def _lex_lt(relation: isl.UnionMap) -> isl.UnionMap:
+    out = isl.UnionMap.empty(relation.get_space())
+    maps = []
+    relation.foreach_map(maps.append)
+    for m in maps:
+        out = out.union(isl.UnionMap.from_map(isl.Map.lex_lt(m.get_space().domain())))
+    return out
