@@ -8,8 +8,9 @@
 
 from tcstage.errors import (TCArgumentError, TCError, TCRangeError, TCSemanticError,
                             TCSyntaxError, TCWarning)
+from tcstage.options import FusionStrategy, MappingOptions
 from tcstage.program import Program, TCFunction, define
 
 __all__ = ["define", "Program", "TCFunction", "TCError", "TCSyntaxError", "TCSemanticError",
-           "TCRangeError", "TCArgumentError", "TCWarning"]
+           "TCRangeError", "TCArgumentError", "TCWarning", "MappingOptions", "FusionStrategy"]
 __version__ = "0.1.0"
