@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     except TCError as e:
         print(e, file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader went away (e.g. `| head`): not an error
+        sys.stderr.close()
+        return 0
     except OSError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
