@@ -296,3 +296,19 @@ def test_tree_vars():
     assert tree_vars(t) == frozenset({"a", "b"})
     assert tree_vars(("let", "t", ("var", "x"), ("add", ("var", "t"), ("var", "y")))) == {"x", "y"}
     assert tree_vars(("int", 3)) == frozenset()
+
+
+def test_constants_other_than_int32_and_float32_carry_their_type():
+    import halide as hl
+    from tcstage.halide import _native
+    from tcstage.halide.solver import tree_to_expr
+
+    assert _native.to_tree(hl.Expr(3)) == ("int", 3)
+    assert _native.to_tree(hl.f32(1.5)) == ("float", 1.5)
+    assert _native.to_tree(hl.u8(3)) == ("cast", "uint8", ("int", 3))
+    assert _native.to_tree(hl.i64(2**40)) == ("cast", "int64", ("int", 2**40))
+    tree = _native.to_tree(hl.f64(0.1))
+    assert tree == ("cast", "float64", ("float", 0.1))
+    rebuilt = tree_to_expr(tree, {})
+    assert rebuilt.type() == hl.Float(64)
+    assert _native.to_tree(rebuilt) == tree  # no detour through float32

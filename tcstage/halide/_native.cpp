@@ -11,6 +11,8 @@
 //
 // TREE FORMAT (a contract that other modules of tcstage depend on):
 //
+//   Constants whose type is not int32, float32 or bool are wrapped as
+//   ('cast', type_str, ('int' | 'float', v)), v holding the full value.
 //   ('int', v)                 IntImm / UIntImm.  v is a Python int, except
 //                              for boolean (uint1) constants, where v is the
 //                              Python bool True / False (bool is a subclass of
@@ -146,18 +148,25 @@ py::object to_tree(const Expr &e) {
     if (!e.defined()) {
         throw py::value_error("cannot convert an undefined Halide Expr to a tree");
     }
+    // Constants of a type other than int32, float32 or bool come wrapped in a cast to their
+    // type, with the full value inside, so a code generator can type every node.
+    auto typed = [&](py::object constant) -> py::object {
+        const Halide::Type &t = e.type();
+        bool natural = t == Halide::Int(32) || t == Halide::Float(32) || t.is_bool();
+        return natural ? constant : py::make_tuple("cast", type_to_str(t), constant);
+    };
     switch (e->node_type) {
     case HI::IRNodeType::IntImm:
-        return py::make_tuple("int", py::int_(static_cast<long long>(e.as<HI::IntImm>()->value)));
+        return typed(py::make_tuple("int", py::int_(static_cast<long long>(e.as<HI::IntImm>()->value))));
     case HI::IRNodeType::UIntImm: {
         const HI::UIntImm *n = e.as<HI::UIntImm>();
         if (n->type.is_bool()) {
             return py::make_tuple("int", py::bool_(n->value != 0));
         }
-        return py::make_tuple("int", py::int_(static_cast<unsigned long long>(n->value)));
+        return typed(py::make_tuple("int", py::int_(static_cast<unsigned long long>(n->value))));
     }
     case HI::IRNodeType::FloatImm:
-        return py::make_tuple("float", py::float_(e.as<HI::FloatImm>()->value));
+        return typed(py::make_tuple("float", py::float_(e.as<HI::FloatImm>()->value)));
     case HI::IRNodeType::Variable:
         return py::make_tuple("var", e.as<HI::Variable>()->name);
     case HI::IRNodeType::Cast: {

@@ -131,6 +131,14 @@ def _to_expr(value: Any) -> hl.Expr:
     return value if isinstance(value, hl.Expr) else hl.Expr(value)
 
 
+def _constant(t: hl.Type, value) -> hl.Expr:
+    if t.is_float():
+        return hl.f64(value) if t.bits() == 64 else hl.cast(t, hl.f32(value))
+    if t.is_uint() and t.bits() == 64:
+        return hl.u64(int(value))
+    return hl.cast(t, hl.i64(int(value)))
+
+
 def _as_bool_expr(e: hl.Expr) -> hl.Expr:
     # Boolean constants may have been written as plain ints (('int', 1));
     # Halide's logical operators need real booleans.
@@ -207,7 +215,10 @@ def tree_to_expr(tree: Tree, env: Mapping[str, Any]) -> hl.Expr:
         c = _as_bool_expr(tree_to_expr(tree[1], env))
         return hl.select(c, tree_to_expr(tree[2], env), tree_to_expr(tree[3], env))
     if tag == "cast":
-        return hl.cast(_type_from_str(tree[1]), tree_to_expr(tree[2], env))
+        target = _type_from_str(tree[1])
+        if tree[2][0] in ("int", "float"):  # a typed constant: build it in its type, exactly
+            return _constant(target, tree[2][1])
+        return hl.cast(target, tree_to_expr(tree[2], env))
     if tag == "call":
         args = [tree_to_expr(a, env) for a in tree[2]]
         return _call_to_expr(tree[1], args, env)
