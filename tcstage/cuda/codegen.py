@@ -1,0 +1,243 @@
+"""CUDA source from a scheduled scop.
+
+For now this emits the paper's *naive* mapping: one thread of one block runs the whole schedule,
+a readable reference kernel that every mapped kernel can be compared with. isl prints the loops
+(`isl_ast` to C); each statement is a macro built from its Func definition's value tree, so the
+loops and the statements stay independent of each other.
+
+Row-major layout: a read `T(a0, ..., an)` becomes `T[((a0 - min0) * e1 + (a1 - min1)) * e2 + ...]`
+with the tensor's inferred extents `e_k`. Integer `/` and `%` keep Halide's (and TC's) rounding
+toward negative infinity through `tc_div` / `tc_mod`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+import islpy as isl
+
+from tcstage.errors import TCError
+from tcstage.halide.lower import Lowered
+from tcstage.halide.solver import Tree, isl_name
+from tcstage.lang.types import ScalarType
+from tcstage.poly.scop import Scop
+
+PRELUDE = r"""// Integer division and remainder rounding toward negative infinity, as in Halide and TC.
+template <typename T> __device__ __forceinline__ T tc_div(T a, T b) {
+  T q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+template <typename T> __device__ __forceinline__ T tc_mod(T a, T b) {
+  T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+#define floord(n, d) tc_div((n), (d))
+"""
+
+_C_TYPES = {"float16": "half", "float32": "float", "float64": "double", "bool": "bool",
+            **{f"int{b}": f"int{b}_t" for b in (8, 16, 32, 64)},
+            **{f"uint{b}": f"uint{b}_t" for b in (8, 16, 32, 64)}}
+_BINARY = {"add": "+", "sub": "-", "mul": "*", "eq": "==", "ne": "!=", "lt": "<", "le": "<=",
+           "gt": ">", "ge": ">=", "and": "&&", "or": "||"}
+# Halide's float math calls are named <fn>_f32 / <fn>_f64.
+_MATH = {"exp", "log", "sqrt", "tanh", "sin", "cos", "tan", "asin", "acos", "atan", "sinh",
+         "cosh", "atan2", "pow", "floor", "ceil", "round", "trunc", "erf"}
+
+
+@attrs.frozen
+class Parameter:
+    name: str
+    c_decl: str  # e.g. 'float* __restrict__ C'
+    kind: str  # 'output', 'temp', 'input', 'scalar' or 'size'
+    source: str  # tensor, scalar input or TC size symbol it carries
+
+
+@attrs.frozen
+class CudaKernel:
+    name: str
+    source: str
+    parameters: tuple[Parameter, ...]
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+
+
+def c_type(t: str | ScalarType) -> str:
+    return _C_TYPES[t if isinstance(t, str) else t.name]
+
+
+def naive_kernel(lowered: Lowered, scop: Scop, schedule: isl.Schedule) -> CudaKernel:
+    """A single-thread kernel running `schedule` in order."""
+    fn = lowered.fn
+    printer = _ValuePrinter(lowered, scop)
+    macros = []
+    for s in scop.statements:
+        body = printer.statement(s)
+        args = ", ".join(s.iterators)
+        macros.append(f"#define {s.name}({args}) {body}" if body else f"#define {s.name}({args})")
+    ast = isl.AstBuild.from_context(scop.context).node_from_schedule(schedule)
+    loops = ast.to_C_str().rstrip()
+    params = printer.parameters()
+    name = f"{fn.name}_naive".replace("$", "_")
+    name = name if name[0].isalpha() or name[0] == "_" else "tc_" + name
+    header = ", ".join(p.c_decl for p in params)
+    comment = "\n".join(f"// {line}" for line in (fn.source_text or fn.name).strip().splitlines()
+                        if line.strip()) if fn.source_text else f"// {fn.name}"
+    body = "\n".join("    " + line for line in loops.splitlines())
+    undef = "\n".join(f"#undef {s.name}" for s in scop.statements)
+    source = (f"{PRELUDE}\n{comment}\n__global__ void {name}({header}) {{\n"
+              + "\n".join(macros) + "\n  if (threadIdx.x == 0 && blockIdx.x == 0) {\n"
+              + body + "\n  }\n" + undef + "\n}\n")
+    return CudaKernel(name, source, tuple(params), (1, 1, 1), (1, 1, 1))
+
+
+class _ValuePrinter:
+    """Prints statement bodies: Halide value trees as typed C expressions."""
+
+    def __init__(self, lowered: Lowered, scop: Scop):
+        self.lowered, self.scop, self.fn = lowered, scop, lowered.fn
+        self.halide_names = lowered.halide_names()
+        self.size_names = {h: isl_name(t) for h, t in lowered.size_symbols().items()}
+        self.size_names.update({t: isl_name(t) for t in scop.param_sizes.values()})
+        self.scalars = {t.name: t for t in self.fn.inputs if t.rank == 0}
+
+    # -- the kernel's parameters -------------------------------------------------------------
+    def parameters(self) -> list[Parameter]:
+        fn, out = self.fn, []
+        for name in fn.outputs:
+            out.append(Parameter(name, f"{c_type(fn.tensors[name].type)}* __restrict__ {name}",
+                                 "output", name))
+        for name, t in fn.tensors.items():
+            if t.kind == "temp":
+                out.append(Parameter(name, f"{c_type(t.type)}* __restrict__ {name}", "temp", name))
+        for t in fn.inputs:
+            if t.rank:
+                out.append(Parameter(t.name, f"const {c_type(t.type)}* __restrict__ {t.name}",
+                                     "input", t.name))
+            else:
+                out.append(Parameter(t.name, f"{c_type(t.type)} {t.name}", "scalar", t.name))
+        for p, size in self.scop.param_sizes.items():
+            out.append(Parameter(p, f"int {p}", "size", size))
+        return out
+
+    # -- statements ------------------------------------------------------------------------------
+    def statement(self, s) -> str:
+        tensor = self.fn.tensors[s.tensor]
+        value = s.value
+        if tensor.inout and value[0] == "read" and self.halide_names.get(value[1]) == s.tensor:
+            return ""  # `C = C_in`: the kernel updates the caller's C in place
+        local = {h: isl_name(h) for h in s.halide_iterators}
+        target = self.element(s.tensor, s.lhs, local)
+        return f"{target} = {self.expr(value, local)[0]};"
+
+    def element(self, tensor: str, halide_args: tuple, local) -> str:
+        """`T[flat]` for a read or write with Halide-ordered subscripts."""
+        bounds = self.lowered.ranges.tensors[tensor]
+        args = list(reversed(halide_args))
+        if not args:
+            return f"{tensor}[0]"
+        flat = None
+        for a, lo, extent in zip(args, bounds.mins, bounds.extents):
+            index = self.expr(a, local)[0]
+            lo_text = self.size_expr(lo)
+            term = index if lo_text == "0" else f"({index} - {lo_text})"
+            flat = term if flat is None else f"({flat}) * ({self.size_expr(extent)}) + {term}"
+        return f"{tensor}[{flat}]"
+
+    def size_expr(self, tree: Tree) -> str:
+        """A size expression (over TC size symbols) as C."""
+        return self.expr(tree, {})[0]
+
+    # -- typed expressions -----------------------------------------------------------------------
+    def expr(self, t: Tree, local: Mapping[str, str]) -> tuple[str, str]:
+        """(C text, type name)."""
+        tag = t[0]
+        if tag == "int":
+            return (("true" if t[1] else "false"), "bool") if isinstance(t[1], bool) \
+                else (str(int(t[1])), "int32")
+        if tag == "float":
+            return _float_literal(t[1], "float32"), "float32"
+        if tag == "var":
+            name = t[1]
+            if name in local:
+                return local[name], "int32"
+            if name in self.size_names:
+                return self.size_names[name], "int32"
+            if name in self.scalars:
+                return name, self.scalars[name].type.name
+            raise TCError(f"the CUDA printer met an unknown variable '{name}'")
+        if tag == "cast":
+            ty = t[1]
+            if t[2][0] in ("int", "float"):  # a typed constant
+                v = t[2][1]
+                return (_float_literal(v, ty) if ty.startswith("float")
+                        else f"(({c_type(ty)}){int(v)}{'ULL' if ty.startswith('uint') else 'LL'})"), ty
+            inner, _ = self.expr(t[2], local)
+            return f"(({c_type(ty)})({inner}))", ty
+        if tag == "read":
+            tensor = self.halide_names.get(t[1])
+            if tensor is None:
+                raise TCError(f"the CUDA printer met a read of unknown '{t[1]}'")
+            return self.element(tensor, t[2], local), self.fn.tensors[tensor].type.name
+        if tag in _BINARY:
+            (a, ta), (b, _) = self.expr(t[1], local), self.expr(t[2], local)
+            ty = "bool" if tag in ("eq", "ne", "lt", "le", "gt", "ge", "and", "or") else ta
+            return f"({a} {_BINARY[tag]} {b})", ty
+        if tag in ("div", "mod"):
+            (a, ta), (b, _) = self.expr(t[1], local), self.expr(t[2], local)
+            if ta.startswith("float"):
+                return (f"({a} / {b})", ta) if tag == "div" else (f"fmod{'f' if ta == 'float32' else ''}({a}, {b})", ta)
+            return f"tc_{tag}<{c_type(ta)}>({a}, {b})", ta
+        if tag in ("min", "max"):
+            (a, ta), (b, _) = self.expr(t[1], local), self.expr(t[2], local)
+            return f"{tag}({a}, {b})", ta
+        if tag == "not":
+            return f"(!{self.expr(t[1], local)[0]})", "bool"
+        if tag == "select":
+            c = self.expr(t[1], local)[0]
+            (a, ta), (b, _) = self.expr(t[2], local), self.expr(t[3], local)
+            return f"({c} ? {a} : {b})", ta
+        if tag == "call":
+            return self.call(t[1], [self.expr(a, local) for a in t[2]])
+        if tag == "let":  # C has no let-expression: substitute (Halide's lets are small)
+            return self.expr(_substitute(t[3], t[1], t[2]), local)
+        raise TCError(f"the CUDA printer cannot print a '{tag}' node")
+
+    def call(self, name: str, args: list[tuple[str, str]]) -> tuple[str, str]:
+        base, _, suffix = name.rpartition("_")
+        texts = ", ".join(a for a, _ in args)
+        if base in _MATH and suffix in ("f32", "f64"):
+            return f"{base}{'f' if suffix == 'f32' else ''}({texts})", \
+                "float32" if suffix == "f32" else "float64"
+        if name == "abs":
+            text, ty = args[0]
+            return (f"fabs{'f' if ty == 'float32' else ''}({text})" if ty.startswith("float")
+                    else f"abs({text})"), ty
+        if name in ("likely", "likely_if_innermost", "promise_clamped", "unsafe_promise_clamped"):
+            return args[0]
+        raise TCError(f"the CUDA printer does not know Halide's '{name}' call")
+
+
+def _substitute(tree: Tree, name: str, value: Tree) -> Tree:
+    if tree[0] == "var":
+        return value if tree[1] == name else tree
+    if tree[0] in ("int", "float"):
+        return tree
+    if tree[0] in ("read", "call"):
+        return (tree[0], tree[1], tuple(_substitute(a, name, value) for a in tree[2]))
+    if tree[0] == "cast":
+        return ("cast", tree[1], _substitute(tree[2], name, value))
+    if tree[0] == "let":
+        inner = _substitute(tree[2], name, value)
+        body = tree[3] if tree[1] == name else _substitute(tree[3], name, value)
+        return ("let", tree[1], inner, body)
+    return (tree[0], *(_substitute(c, name, value) for c in tree[1:]))
+
+
+def _float_literal(value: float, ty: str) -> str:
+    text = repr(float(value))
+    if text in ("inf", "-inf", "nan"):
+        macro = {"inf": "INFINITY", "-inf": "(-INFINITY)", "nan": "NAN"}[text]
+        return macro if ty != "float16" else f"((half){macro})"
+    if "e" not in text and "." not in text:
+        text += ".0"
+    return {"float32": f"{text}f", "float64": text}.get(ty, f"((half){text}f)")
+
