@@ -163,7 +163,7 @@ class TCFunction:
         schedule = DEFAULT_SCHEDULE if schedule is _DEFAULT else schedule
         b = self.bind(args, out)
         spec = b.specialization(self)
-        layout = self._output_layout(b)
+        self._output_layout(b)  # rejects impossible output shapes before compiling
         key = (spec, tuple(sorted(b.sizes.items())), schedule)
         kernel = self._kernels.get(key)
         if kernel is None:
@@ -171,7 +171,7 @@ class TCFunction:
             kernel = CpuKernel(lowered, b.sizes, schedule)
             self._kernels[key] = kernel
         results = kernel(b.arrays, b.scalars, b.inout)
-        for name, res, (shape, _) in zip(self.checked.outputs, results, layout):
+        for name, res in zip(self.checked.outputs, results):
             if name in b.inout:  # in/out outputs are updated in place, like numpy's out=
                 b.inout[name][...] = res
         final = [b.inout.get(n, r) for n, r in zip(self.checked.outputs, results)]

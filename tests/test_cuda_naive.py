@@ -28,7 +28,7 @@ def define(source):
 
 
 def check(fn, args, expected, out=None, rtol=1e-4):
-    kernel, _ = compile_naive(fn, *args, out=out)
+    kernel, *_ = compile_naive(fn, *args, out=out)
     if shutil.which("nvcc"):
         assert compile_check(kernel.source)
     got = run_emulated(fn, *args, out=out)

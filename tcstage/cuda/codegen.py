@@ -79,8 +79,8 @@ def naive_kernel(lowered: Lowered, scop: Scop, schedule: isl.Schedule) -> CudaKe
     name = f"{fn.name}_naive".replace("$", "_")
     name = name if name[0].isalpha() or name[0] == "_" else "tc_" + name
     header = ", ".join(p.c_decl for p in params)
-    comment = "\n".join(f"// {line}" for line in (fn.source_text or fn.name).strip().splitlines()
-                        if line.strip()) if fn.source_text else f"// {fn.name}"
+    text = fn.span.text() if fn.span is not None else fn.name  # the TC, as a comment
+    comment = "\n".join(f"// {line}" for line in text.splitlines() if line.strip())
     body = "\n".join("    " + line for line in loops.splitlines())
     undef = "\n".join(f"#undef {s.name}" for s in scop.statements)
     source = (f"{PRELUDE}\n{comment}\n__global__ void {name}({header}) {{\n"

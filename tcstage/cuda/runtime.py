@@ -11,6 +11,7 @@ import numpy as np
 
 from tcstage.cuda.codegen import CudaKernel, naive_kernel
 from tcstage.cuda.emulate import emulate
+from tcstage.halide.lower import Lowered
 from tcstage.halide.solver import evaluate
 from tcstage.poly.schedule import compute_schedule
 from tcstage.poly.scop import check_bounds, extract_scop
@@ -18,20 +19,20 @@ from tcstage.program import TCFunction
 
 
 def compile_naive(fn: TCFunction, *args, out=None, fusion="Preserve3Coincident"
-                  ) -> tuple[CudaKernel, dict]:
-    """The naive (single-thread) kernel of fn for this call's shapes, and those sizes."""
+                  ) -> tuple[CudaKernel, Lowered, dict]:
+    """The naive (single-thread) kernel of fn for this call's shapes, the Funcs it came from,
+    and those sizes."""
     binding = fn.bind(args, out, shapes_only=True)
     lowered = fn.lower(*args, out=out)
     scop = extract_scop(lowered, binding.sizes)
     check_bounds(scop)
-    return naive_kernel(lowered, scop, compute_schedule(scop, fusion)), binding.sizes
+    return naive_kernel(lowered, scop, compute_schedule(scop, fusion)), lowered, binding.sizes
 
 
 def run_emulated(fn: TCFunction, *args, out=None, fusion="Preserve3Coincident"):
     """Runs fn's naive CUDA kernel under CPU emulation; returns outputs like fn(...)."""
-    kernel, sizes = compile_naive(fn, *args, out=out, fusion=fusion)
+    kernel, lowered, sizes = compile_naive(fn, *args, out=out, fusion=fusion)
     binding = fn.bind(args, out)
-    lowered_ranges = fn._infer(binding.specialization(fn))
     values = {**sizes, **{k: int(v) for k, v in binding.scalars.items()
                           if isinstance(v, (int, np.integer))}}
     buffers = {}
@@ -41,7 +42,7 @@ def run_emulated(fn: TCFunction, *args, out=None, fusion="Preserve3Coincident"):
         if name in binding.inout:
             buffers[name] = binding.inout[name]
             continue
-        extents = tuple(evaluate(e, values) for e in lowered_ranges.tensors[name].extents)
+        extents = tuple(evaluate(e, values) for e in lowered.ranges.tensors[name].extents)
         buffers[name] = np.zeros(extents, dtype=t.type.numpy)
     launch_args = []
     for p in kernel.parameters:

@@ -249,8 +249,7 @@ class _StatementInference:
                 known[v] = self.intersect(v, solutions)
             unresolved = [v for v in unresolved if v not in known]
         self.check_preconditions(accesses, used, known)
-        order = [v for v in st.variables]
-        return StatementRanges(st.tensor, {v: known[v] for v in order}, span=st.span)
+        return StatementRanges(st.tensor, {v: known[v] for v in st.variables}, span=st.span)
 
     def intersect(self, v: str, solutions) -> Range:
         los = [s.lo for s, _ in solutions if s.lo is not None]

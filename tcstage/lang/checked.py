@@ -163,7 +163,6 @@ class Function:
     size_vars: dict  # size variable -> (input tensor, dimension) of its first occurrence
     statements: tuple[Statement, ...]
     span: Span | None = _span
-    source_text: str = attrs.field(default="", eq=False, repr=False)
 
     @property
     def scalar_inputs(self) -> tuple[str, ...]:

@@ -34,7 +34,7 @@ def check_module(module: ast.Module) -> dict[str, C.Function]:
     for d in module.defs:
         if d.name.name in functions:
             raise TCSemanticError(f"redefinition of TC function '{d.name.name}'", d.name.span)
-        functions[d.name.name] = check_def(d, module.source.text)
+        functions[d.name.name] = check_def(d)
     return functions
 
 
@@ -43,7 +43,7 @@ def _suggest(name: str, candidates) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
-def check_def(d: ast.Def, source_text: str = "") -> C.Function:
+def check_def(d: ast.Def) -> C.Function:
     tensors: dict[str, C.Tensor] = {}
     size_vars: dict[str, tuple[str, int]] = {}
     inputs = []
@@ -112,7 +112,7 @@ def check_def(d: ast.Def, source_text: str = "") -> C.Function:
         if r.name not in tensors:
             raise TCSemanticError(f"output '{r.name}' is never defined by a statement", r.span)
     return C.Function(d.name.name, tuple(inputs), tuple(outputs), tensors, size_vars,
-                      tuple(statements), span=d.span, source_text=source_text)
+                      tuple(statements), span=d.span)
 
 
 class _StatementChecker:
@@ -143,7 +143,6 @@ class _StatementChecker:
         if existing is not None and existing.rank != rank:
             raise self.error(f"'{name}' has rank {existing.rank} but is written with {rank} "
                              f"ind{'ex' if rank == 1 else 'ices'}", s.tensor.span)
-        self.first = existing is None
         self.lhs = []
         for idx in s.indices:
             if idx.name in self.tensors or idx.name in self.size_vars or idx.name == name:
@@ -157,9 +156,6 @@ class _StatementChecker:
             self.lhs.append(idx.name)
             self.var_spans.setdefault(idx.name, idx.span)
         self.rank = rank
-        if self.first and name not in self.outputs:
-            # a temporary: declared by its first statement
-            pass
         rhs, weak = self.expr(s.rhs)
         self.weak, self.rhs_type = weak, rhs.type
         where = tuple(self.range_constraint(w) for w in s.where)

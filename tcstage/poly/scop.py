@@ -91,8 +91,7 @@ def _union(parts, kind, context: isl.Set):
     """The union of isl sets (kind UnionSet) or maps (kind UnionMap); empty in the context's
     parameter space when there are none."""
     lift = kind.from_set if kind is isl.UnionSet else kind.from_map
-    out = kind.empty(context.get_space()) if kind is isl.UnionSet else \
-        isl.UnionMap.empty(context.get_space())
+    out = kind.empty(context.get_space())
     for p in parts:
         out = out.union(lift(p))
     return out
