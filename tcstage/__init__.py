@@ -4,13 +4,16 @@
     prog = tc.define("def mm(float(M,K) A, float(K,N) B) -> (C) { C(i,j) +=! A(i,k) * B(k,j) }")
     C = prog.mm(A, B)                  # runs on the CPU through Halide's JIT
     prog.mm.output_shapes((M, K), (K, N))
+    k = tc.compile(src, "mm", A, B, options=tc.MappingOptions().tile(32, 32).mapToThreads(32, 8))
+    C = k(A, B)                        # one CUDA kernel, launched with pycuda
 """
 
 from tcstage.errors import (TCArgumentError, TCError, TCRangeError, TCSemanticError,
                             TCSyntaxError, TCWarning)
 from tcstage.options import FusionStrategy, MappingOptions
+from tcstage.cuda.runtime import Kernel, compile
 from tcstage.program import Program, TCFunction, define
 
-__all__ = ["define", "Program", "TCFunction", "TCError", "TCSyntaxError", "TCSemanticError",
+__all__ = ["define", "compile", "Kernel", "Program", "TCFunction", "TCError", "TCSyntaxError", "TCSemanticError",
            "TCRangeError", "TCArgumentError", "TCWarning", "MappingOptions", "FusionStrategy"]
 __version__ = "0.1.0"

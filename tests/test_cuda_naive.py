@@ -11,7 +11,6 @@ import pytest
 
 import tcstage as tc
 from tcstage.cuda.nvcc import compile_check
-from tcstage.cuda.runtime import compile_naive, run_emulated
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 rng = np.random.default_rng(3)
@@ -28,10 +27,12 @@ def define(source):
 
 
 def check(fn, args, expected, out=None, rtol=1e-4):
-    kernel, *_ = compile_naive(fn, *args, out=out)
+    program = tc.Program({fn.name: fn})
+    kernel = tc.compile(program, fn.name, *args, out=out, target="cuda-emulated")
+    assert kernel.grid == kernel.block == (1, 1, 1)
     if shutil.which("nvcc"):
-        assert compile_check(kernel.source)
-    got = run_emulated(fn, *args, out=out)
+        assert compile_check(kernel.cuda_source)
+    got = kernel(*args, out=out)
     got = got if isinstance(got, tuple) else (got,)
     expected = expected if isinstance(expected, tuple) else (expected,)
     for g, e in zip(got, expected):

@@ -1,9 +1,10 @@
 """CUDA source from a scheduled scop.
 
-For now this emits the paper's *naive* mapping: one thread of one block runs the whole schedule,
-a readable reference kernel that every mapped kernel can be compared with. isl prints the loops
-(`isl_ast` to C); each statement is a macro built from its Func definition's value tree, so the
-loops and the statements stay independent of each other.
+isl prints the loops of the mapped schedule tree (`isl_ast` to C), with the block and thread ids
+as the parameters `b0..b2`, `t0..t2` bound to `blockIdx` and `threadIdx` at the top of the
+kernel; each statement is a macro built from its Func definition's value tree, so the loops and
+the statements stay independent of each other. With `MappingOptions()` (no tiling, one thread)
+this is the paper's naive kernel: one thread runs the whole schedule in order.
 
 Row-major layout: a read `T(a0, ..., an)` becomes `T[((a0 - min0) * e1 + (a1 - min1)) * e2 + ...]`
 with the tensor's inferred extents `e_k`. Integer `/` and `%` keep Halide's (and TC's) rounding
@@ -12,6 +13,8 @@ toward negative infinity through `tc_div` / `tc_mod`.
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
 
 import attrs
@@ -21,6 +24,7 @@ from tcstage.errors import TCError
 from tcstage.halide.lower import Lowered
 from tcstage.halide.solver import Tree, isl_name
 from tcstage.lang.types import ScalarType
+from tcstage.poly.mapping import BLOCK_IDS, SYNC, THREAD_IDS, Mapped
 from tcstage.poly.scop import Scop
 
 PRELUDE = r"""// Integer division and remainder rounding toward negative infinity, as in Halide and TC.
@@ -64,29 +68,40 @@ def c_type(t: str | ScalarType) -> str:
     return _C_TYPES[t if isinstance(t, str) else t.name]
 
 
-def naive_kernel(lowered: Lowered, scop: Scop, schedule: isl.Schedule) -> CudaKernel:
-    """A single-thread kernel running `schedule` in order."""
+def generate(lowered: Lowered, scop: Scop, mapped: Mapped, options_text: str = "") -> CudaKernel:
+    """The CUDA kernel running `mapped` (a schedule of `scop` mapped to blocks and threads)."""
     fn = lowered.fn
     printer = _ValuePrinter(lowered, scop)
-    macros = []
+    macros = [f"#define {SYNC}() __syncthreads()"]
     for s in scop.statements:
         body = printer.statement(s)
         args = ", ".join(s.iterators)
         macros.append(f"#define {s.name}({args}) {body}" if body else f"#define {s.name}({args})")
-    ast = isl.AstBuild.from_context(scop.context).node_from_schedule(schedule)
+    ast = isl.AstBuild.from_context(mapped.context).node_from_schedule(mapped.schedule)
     loops = ast.to_C_str().rstrip()
     params = printer.parameters()
-    name = f"{fn.name}_naive".replace("$", "_")
+    name = re.sub(r"\W", "_", fn.name)
     name = name if name[0].isalpha() or name[0] == "_" else "tc_" + name
     header = ", ".join(p.c_decl for p in params)
     text = fn.span.text() if fn.span is not None else fn.name  # the TC, as a comment
     comment = "\n".join(f"// {line}" for line in text.splitlines() if line.strip())
-    body = "\n".join("    " + line for line in loops.splitlines())
-    undef = "\n".join(f"#undef {s.name}" for s in scop.statements)
-    source = (f"{PRELUDE}\n{comment}\n__global__ void {name}({header}) {{\n"
-              + "\n".join(macros) + "\n  if (threadIdx.x == 0 && blockIdx.x == 0) {\n"
-              + body + "\n  }\n" + undef + "\n}\n")
-    return CudaKernel(name, source, tuple(params), (1, 1, 1), (1, 1, 1))
+    if options_text:
+        comment += f"\n// options: {options_text}"
+    comment += f"\n// grid {_dim3(mapped.grid)}, block {_dim3(mapped.block)}"
+    ids = [f"const int {b} = blockIdx.{x};" for b, x, g in zip(BLOCK_IDS, "xyz", mapped.grid)
+           if g > 1]
+    ids += [f"const int {t} = threadIdx.{x};" for t, x, n in zip(THREAD_IDS, "xyz", mapped.block)
+            if n > 1]
+    body = "\n".join("  " + line for line in ids + loops.splitlines())
+    undef = "\n".join(f"#undef {m}" for m in [SYNC] + [s.name for s in scop.statements])
+    threads = math.prod(mapped.block)
+    source = (f"{PRELUDE}\n{comment}\nextern \"C\" __global__ void __launch_bounds__({threads}) "
+              f"{name}({header}) {{\n" + "\n".join(macros) + "\n" + body + "\n" + undef + "\n}\n")
+    return CudaKernel(name, source, tuple(params), mapped.grid, mapped.block)
+
+
+def _dim3(d) -> str:
+    return "(" + ", ".join(str(v) for v in d) + ")"
 
 
 class _ValuePrinter:
@@ -124,7 +139,7 @@ class _ValuePrinter:
         value = s.value
         if tensor.inout and value[0] == "read" and self.halide_names.get(value[1]) == s.tensor:
             return ""  # `C = C_in`: the kernel updates the caller's C in place
-        local = {h: isl_name(h) for h in s.halide_iterators}
+        local = {h: f"({isl_name(h)})" for h in s.halide_iterators}  # macro arguments
         target = self.element(s.tensor, s.lhs, local)
         return f"{target} = {self.expr(value, local)[0]};"
 

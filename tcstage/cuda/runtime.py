@@ -1,59 +1,180 @@
-"""Running a TC function as a generated CUDA kernel: binding a call's arguments to the kernel's
-parameters, allocating outputs and temporaries, and launching (for now under CPU emulation).
-
-Sizes are fixed to the call's values before scheduling, as the paper does, so each new shape
-gets its own kernel (cached per shapes and scalar values).
+"""A compiled CUDA kernel as a Python object: its source, launch shape and schedule trees, and
+calls that bind arguments to the kernel's parameters, allocate outputs and temporaries, and
+launch on a GPU through pycuda (`target="cuda"`) or on the CPU under emulation
+(`target="cuda-emulated"`).
 """
 
 from __future__ import annotations
 
+import islpy as isl
 import numpy as np
 
-from tcstage.cuda.codegen import CudaKernel, naive_kernel
+from tcstage.compiler import Compiled
 from tcstage.cuda.emulate import emulate
-from tcstage.halide.lower import Lowered
+from tcstage.errors import TCArgumentError, TCError
 from tcstage.halide.solver import evaluate
-from tcstage.poly.schedule import compute_schedule
-from tcstage.poly.scop import check_bounds, extract_scop
-from tcstage.program import TCFunction
+
+TARGETS = ("cuda", "cuda-emulated")
 
 
-def compile_naive(fn: TCFunction, *args, out=None, fusion="Preserve3Coincident"
-                  ) -> tuple[CudaKernel, Lowered, dict]:
-    """The naive (single-thread) kernel of fn for this call's shapes, the Funcs it came from,
-    and those sizes."""
-    binding = fn.bind(args, out, shapes_only=True)
-    lowered = fn.lower(*args, out=out)
-    scop = extract_scop(lowered, binding.sizes)
-    check_bounds(scop)
-    return naive_kernel(lowered, scop, compute_schedule(scop, fusion)), lowered, binding.sizes
+def schedule_text(schedule: isl.Schedule) -> str:
+    """An isl schedule tree in isl's indented (block) YAML form."""
+    printer = isl.Printer.to_str(isl.DEFAULT_CONTEXT).set_yaml_style(isl.yaml_style.BLOCK)
+    return printer.print_schedule(schedule).get_str()
 
 
-def run_emulated(fn: TCFunction, *args, out=None, fusion="Preserve3Coincident"):
-    """Runs fn's naive CUDA kernel under CPU emulation; returns outputs like fn(...)."""
-    kernel, lowered, sizes = compile_naive(fn, *args, out=out, fusion=fusion)
-    binding = fn.bind(args, out)
-    values = {**sizes, **{k: int(v) for k, v in binding.scalars.items()
-                          if isinstance(v, (int, np.integer))}}
-    buffers = {}
-    for name, t in fn.checked.tensors.items():
-        if t.kind == "input":
-            continue
-        if name in binding.inout:
-            buffers[name] = binding.inout[name]
-            continue
-        extents = tuple(evaluate(e, values) for e in lowered.ranges.tensors[name].extents)
-        buffers[name] = np.zeros(extents, dtype=t.type.numpy)
-    launch_args = []
-    for p in kernel.parameters:
-        if p.kind in ("output", "temp"):
-            launch_args.append(buffers[p.source])
-        elif p.kind == "input":
-            launch_args.append(np.ascontiguousarray(binding.arrays[p.source]))
-        elif p.kind == "scalar":
-            launch_args.append(fn.checked.tensors[p.source].type.numpy.type(binding.scalars[p.source]))
-        else:
-            launch_args.append(np.int32(sizes[p.source]))
-    emulate(kernel.source, kernel.name, kernel.grid, kernel.block, launch_args)
-    results = [buffers[n] for n in fn.checked.outputs]
-    return results[0] if len(results) == 1 else tuple(results)
+class Kernel:
+    """One TC function compiled to one CUDA kernel for fixed shapes.
+
+    `kernel(*inputs, out=...)` runs it (also `kernel.run`); `cuda_source`, `grid`, `block`,
+    `schedule_tree` and `describe()` show what the compiler made of the options.
+    """
+
+    def __init__(self, compiled: Compiled, target: str):
+        if target not in TARGETS:
+            raise TCError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)} "
+                          "(the CPU back end is the TC function itself: prog.f(...))")
+        self.compiled, self.target = compiled, target
+        self._launcher = None
+
+    # -- what was generated -------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.compiled.cuda.name
+
+    @property
+    def cuda_source(self) -> str:
+        return self.compiled.cuda.source
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return self.compiled.cuda.grid
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return self.compiled.cuda.block
+
+    @property
+    def options(self):
+        return self.compiled.options
+
+    @property
+    def sizes(self) -> dict:
+        return dict(self.compiled.binding.sizes)
+
+    @property
+    def schedule_tree(self) -> str:
+        """The mapped schedule tree (filters on b0..b2 / t0..t2 are the block and thread
+        mapping, `_sync` the barriers)."""
+        return schedule_text(self.compiled.mapped.schedule)
+
+    @property
+    def timings(self) -> dict:
+        return dict(self.compiled.timings)
+
+    def describe(self) -> str:
+        """The schedule before and after mapping and a summary of the mapping."""
+        c, m = self.compiled, self.compiled.mapped
+        tiles = ", ".join(f"member {k}: {s}" for k, s in zip(c.tiled.tiled_members,
+                                                              c.tiled.tile_sizes)) or "none"
+        lines = [f"options: {c.options}",
+                 f"sizes: {', '.join(f'{k}={v}' for k, v in sorted(c.binding.sizes.items()))}",
+                 "", "schedule (isl scheduler, before tiling and mapping):",
+                 schedule_text(c.schedule), "", f"tiled: {tiles}",
+                 f"blocks: grid {m.grid} on members {list(m.block_members)} of the outer band",
+                 f"threads: block {m.block} on {m.thread_bands} band(s); "
+                 f"{m.syncs} barrier(s); {m.unrolled} loop(s) unrolled",
+                 "", "mapped schedule:", self.schedule_tree]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"<tcstage.Kernel {self.name} target={self.target} grid={self.grid} "
+                f"block={self.block}>")
+
+    # -- running -----------------------------------------------------------------------------
+    def __call__(self, *inputs, out=None):
+        """Runs the kernel. Returns an array, or a tuple for several outputs."""
+        fn = self.compiled.fn
+        binding = fn.bind(inputs, out)
+        self._check_shapes(binding)
+        if self.target == "cuda-emulated":
+            return self._run_emulated(binding)
+        from tcstage.cuda.launch import run_on_gpu
+        if self._launcher is None:
+            from tcstage.cuda.launch import Launcher
+            self._launcher = Launcher(self.compiled.cuda)
+        return run_on_gpu(self, self._launcher, binding)
+
+    run = __call__
+
+    def _check_shapes(self, binding) -> None:
+        want, fn = self.compiled.binding, self.compiled.fn
+        if binding.sizes != want.sizes or \
+                binding.specialization(fn) != want.specialization(fn):
+            def show(b):
+                items = sorted(b.sizes.items()) + list(b.specialization(fn))
+                return ", ".join(f"{k}={v}" for k, v in items)
+            raise TCArgumentError(
+                f"this kernel of '{fn.name}' was compiled for {show(want)}; the arguments give "
+                f"{show(binding)}", notes=("compile again for these shapes with tc.compile",))
+
+    def buffer_shapes(self) -> dict:
+        """Output and temporary tensor -> shape, for this kernel's sizes."""
+        c = self.compiled
+        values = {**c.binding.sizes, **{k: int(v) for k, v in c.binding.scalars.items()
+                                        if isinstance(v, (int, np.integer))}}
+        return {name: tuple(evaluate(e, values) for e in c.lowered.ranges.tensors[name].extents)
+                for name, t in c.fn.checked.tensors.items() if t.kind != "input"}
+
+    def launch_values(self, binding, buffers: dict, pointer=lambda a: a) -> list:
+        """The kernel's arguments in parameter order; arrays go through `pointer`."""
+        fn, sizes = self.compiled.fn, self.compiled.binding.sizes
+        values = []
+        for p in self.compiled.cuda.parameters:
+            if p.kind in ("output", "temp"):
+                values.append(pointer(buffers[p.source]))
+            elif p.kind == "input":
+                values.append(pointer(binding.arrays[p.source]))
+            elif p.kind == "scalar":
+                values.append(fn.checked.tensors[p.source].type.numpy.type(
+                    binding.scalars[p.source]))
+            else:
+                values.append(np.int32(sizes[p.source]))
+        return values
+
+    def _run_emulated(self, binding):
+        fn = self.compiled.fn
+        for name, a in binding.arrays.items():
+            if not isinstance(a, np.ndarray):
+                raise TCArgumentError(f"target 'cuda-emulated' runs on the CPU and takes numpy "
+                                      f"arrays; {name} is a {type(a).__name__}")
+        buffers = {}
+        for name, shape in self.buffer_shapes().items():
+            start = binding.inout.get(name)
+            buffers[name] = np.zeros(shape, dtype=fn.checked.tensors[name].type.numpy) \
+                if start is None else np.ascontiguousarray(start)
+        args = self.launch_values(binding, buffers, pointer=np.ascontiguousarray)
+        emulate(self.cuda_source, self.name, self.grid, self.block, args)
+        for name, start in binding.inout.items():  # in/out outputs are updated in place
+            if start is not buffers[name]:
+                start[...] = buffers[name]
+        results = [binding.inout.get(n, buffers[n]) for n in fn.checked.outputs]
+        return results[0] if len(results) == 1 else tuple(results)
+
+
+def compile(source, name: str, *inputs, options=None, target: str = "cuda", out=None) -> Kernel:
+    """Compiles TC function `name` of `source` (TC text or a `Program`) to one CUDA kernel for
+    the shapes of `inputs` (arrays, or shape tuples; scalars as values).
+
+    `options`: a `MappingOptions`, its chain text, or a preset name (default: the naive
+    options). `target`: "cuda" (launch with pycuda) or "cuda-emulated" (the same source run on
+    the CPU). `out`: the starting values of in/out outputs, as for calls.
+    """
+    from tcstage.compiler import compile_cuda
+    from tcstage.program import Program, define
+
+    if target not in TARGETS:
+        raise TCError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)} "
+                      "(the CPU back end is the TC function itself: prog.f(...))")
+    program = source if isinstance(source, Program) else define(source)
+    return Kernel(compile_cuda(program[name], inputs, out, options), target)

@@ -66,11 +66,12 @@ def reduction_dependences(scop: Scop) -> isl.UnionMap:
     return out
 
 
-def compute_schedule(scop: Scop, fusion="Preserve3Coincident", allow_skewing: bool = False
-                     ) -> isl.Schedule:
-    """An isl schedule tree for the scop under the given fusion strategy."""
+def compute_schedule(scop: Scop, fusion="Preserve3Coincident", allow_skewing: bool = False,
+                     dependences: isl.UnionMap | None = None) -> isl.Schedule:
+    """An isl schedule tree for the scop under the given fusion strategy; `dependences` (all
+    of them) saves recomputing the scop's."""
     strategy = _strategy_name(fusion)
-    deps = scop.dependences().all
+    deps = scop.dependences().all if dependences is None else dependences
     coincidence = deps.subtract(reduction_dependences(scop))
     constraints = (isl.ScheduleConstraints.on_domain(scop.domain)
                    .set_context(scop.context)

@@ -138,6 +138,28 @@ def extract_scop(lowered: Lowered, sizes: Mapping[str, int] | None = None) -> Sc
                 tuple(statements), extents, schedule)
 
 
+def specialize(scop: Scop, sizes: Mapping[str, int]) -> Scop:
+    """The scop with its size parameters fixed to `sizes` (TC size symbol -> value): the paper
+    injects the sizes of a call just in time, after a parametric schedule was computed."""
+    fixed = [f"{p} = {int(sizes[t])}" for p, t in scop.param_sizes.items() if t in sizes]
+    if not fixed:
+        return scop
+    context = scop.context.intersect(
+        isl.Set(f"[{', '.join(scop.params)}] -> {{ : {' and '.join(fixed)} }}"))
+
+    def access(a: Access) -> Access:
+        return attrs.evolve(a, relation=a.relation.intersect_params(context))
+
+    statements = tuple(attrs.evolve(s, domain=s.domain.intersect_params(context),
+                                    write=access(s.write), reads=tuple(map(access, s.reads)))
+                       for s in scop.statements)
+    extents = {t: e.intersect_params(context) for t, e in scop.tensor_extents.items()}
+    schedule = scop.schedule.intersect_domain(
+        _union([s.domain for s in statements], isl.UnionSet, context))
+    return attrs.evolve(scop, context=context, statements=statements, tensor_extents=extents,
+                        schedule=schedule)
+
+
 def _statement(name, tensor, index, tc_index, d, tensor_bounds, halide_names, isl_text,
                param_text, context, extents) -> Statement:
     lhs = d["args"]

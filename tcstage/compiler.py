@@ -1,0 +1,102 @@
+"""A TC function and a call's shapes -> one CUDA kernel: the passes in order (the paper's
+Figure 2), each a function of its own module.
+
+    bind        check the call against the signature: sizes, scalar values
+    lower       range inference and Halide Funcs                 (halide/ranges.py, lower.py)
+    extract     the polyhedral model from the Funcs              (poly/scop.py)
+    dependences exact dataflow                                   (poly/scop.py)
+    schedule    the isl scheduler with a fusion strategy         (poly/schedule.py)
+    tile        the outermost band                               (poly/tiling.py)
+    map         blocks, threads, barriers, unrolling             (poly/mapping.py)
+    codegen     CUDA source from the isl AST                     (cuda/codegen.py)
+
+Sizes: the scop is extracted once with symbolic sizes. The scheduler sees them symbolic, as in
+TC, unless `fixParametersBeforeScheduling` or `scheduleSpecialize` asks for the call's values;
+tiling, mapping and code generation always know them (the paper inserts them "just in time"),
+so a kernel serves one set of shapes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import attrs
+import islpy as isl
+
+from tcstage.cuda.codegen import CudaKernel, generate
+from tcstage.errors import TCError
+from tcstage.halide.lower import Lowered
+from tcstage.options import MappingOptions
+from tcstage.poly.mapping import Mapped, map_to_gpu
+from tcstage.poly.schedule import compute_schedule
+from tcstage.poly.scop import Scop, check_bounds, compute_dependences, extract_scop, specialize
+from tcstage.poly.tiling import Tiled, tile_outer_band
+from tcstage.program import Binding, TCFunction
+
+STAGES = ("lower", "extract", "dependences", "schedule", "tile", "map", "codegen")
+
+
+@attrs.frozen
+class Compiled:
+    """Every intermediate of one compilation, for running, printing and testing."""
+
+    fn: TCFunction
+    options: MappingOptions
+    binding: Binding  # the shapes (and specialised scalar values) it was compiled for
+    lowered: Lowered
+    scop: Scop  # with the sizes fixed
+    schedule: isl.Schedule  # from the isl scheduler, before tiling
+    tiled: Tiled
+    mapped: Mapped
+    cuda: CudaKernel
+    timings: dict  # stage -> seconds
+
+
+def as_options(options) -> MappingOptions:
+    """MappingOptions from an object, a chain text or a preset name (None: the naive ones)."""
+    if options is None:
+        return MappingOptions()
+    if isinstance(options, MappingOptions):
+        return options
+    if isinstance(options, str):
+        text = options.strip()
+        return MappingOptions.parse(text) if "(" in text else MappingOptions.named(text)
+    raise TCError(f"options must be a tcstage.MappingOptions, a chain such as "
+                  f"'MappingOptions().tile(32, 32)' or a preset name; got {type(options).__name__}")
+
+
+def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None) -> Compiled:
+    """Compiles fn for the shapes of `args` (arrays or shape tuples, scalars as values)."""
+    options = as_options(options)
+    timings: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        timings[stage] = now - clock
+        clock = now
+
+    binding = fn.bind(args, out, shapes_only=True)
+    lowered = fn.lower(*args, out=out)
+    lap("lower")
+    symbolic = extract_scop(lowered)
+    scop = specialize(symbolic, binding.sizes)
+    check_bounds(scop)
+    lap("extract")
+    fix_first = options.fix_parameters_before_scheduling or options.schedule_specialize
+    to_schedule = scop if fix_first else symbolic
+    dependences = compute_dependences(to_schedule).all
+    lap("dependences")
+    schedule = compute_schedule(to_schedule, options.outer_schedule_fusion_strategy,
+                                options.outer_schedule_allow_skewing, dependences)
+    lap("schedule")
+    tiled = tile_outer_band(schedule, options.tile_sizes)
+    lap("tile")
+    mapped = map_to_gpu(tiled.schedule, dependences.intersect_params(scop.context), scop.context,
+                        options)
+    lap("map")
+    cuda = generate(lowered, scop, mapped, str(options))
+    lap("codegen")
+    return Compiled(fn, options, binding, lowered, scop, schedule, tiled, mapped, cuda, timings)

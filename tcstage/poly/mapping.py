@@ -1,0 +1,306 @@
+"""Mapping a (tiled) schedule tree to CUDA blocks and threads (paper, Section 5.4), with the
+`__syncthreads()` and the unrolling the mapping calls for.
+
+The mapping is written into the tree the way the paper's Figure 3.e shows it: block and thread
+indices are isl parameters (`b0, b1, b2` for `blockIdx.x, .y, .z`, `t0, t1, t2` for
+`threadIdx`), and a filter node above a mapped band keeps the instances whose member value
+`v` satisfies `v mod size = id`. isl's AST generator then turns the band's loop into a strided
+loop starting at the id, or into no loop at all when the size covers the range.
+
+Blocks: the leading members of the outermost band (the tile band after tiling) that no
+dependence crosses, `blockIdx.x` on the first. Blocks cannot synchronise with each other, so a
+member is mapped only if every dependence keeps its value.
+
+Threads: in each branch of the tree, the innermost band with a member that can be split across
+threads, `threadIdx.x` on its innermost such member (the paper's rule). A member can be mapped if
+no dependence between two instances of the band's subtree that run in the same block (equal
+block-mapped values) changes its value: reductions stay sequential per thread, and no
+synchronisation is needed inside a mapped band. Every branch uses the same thread dimensions;
+statements under no mapped band run on thread (0, 0, 0).
+
+Synchronisation: a sequence above mapped bands gets `__syncthreads()` between two children when a
+dependence goes from the first to a later one, and after its last child when it sits inside a
+loop (the next iteration may read what this one wrote). All threads of a block reach these
+barriers: only loops and sequences that do not depend on the thread ids lie above them.
+
+Sizes are tightened to what the iteration space needs: a dimension with 10 tiles gets 10 blocks,
+not 64; a member with 26 values gets 26 threads, not 32.
+
+Unrolling (`unroll(n)`): from the innermost loops outwards, a loop is unrolled while the product
+of the unrolled trip counts along any path stays at most n.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import attrs
+import islpy as isl
+
+from tcstage.options import MappingOptions
+from tcstage.poly.schedule import outer_band
+
+BLOCK_IDS = ("b0", "b1", "b2")  # blockIdx.x, .y, .z
+THREAD_IDS = ("t0", "t1", "t2")  # threadIdx.x, .y, .z
+SYNC = "_sync"  # the extension statement that prints as __syncthreads()
+
+_T = isl.schedule_node_type
+
+
+@attrs.frozen
+class Mapped:
+    schedule: isl.Schedule  # with mapping filters, barriers and unroll marks
+    context: isl.Set  # the sizes and the ranges of the block and thread ids
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    block_members: tuple[int, ...]  # members of the outermost band on blocks x, y, z
+    thread_bands: int  # bands mapped to threads
+    syncs: int  # barriers inserted
+    unrolled: int  # loops marked for unrolling
+
+
+@attrs.frozen
+class _ThreadBand:
+    members: tuple[int, ...]  # band members, the one on threadIdx.x first
+    sizes: tuple[int, ...]  # threads along each
+
+
+def map_to_gpu(schedule: isl.Schedule, dependences: isl.UnionMap, context: isl.Set,
+               options: MappingOptions) -> Mapped:
+    """The schedule mapped to blocks and threads as `options` ask (sizes fixed in `context`)."""
+    schedule = schedule.intersect_domain(schedule.get_domain().intersect_params(context))
+    schedule, block_path, block_members, grid, block_map = _map_blocks(schedule, dependences,
+                                                                        options.blocks)
+    decide = _ThreadDecisions(dependences, block_map, options.threads, block_path, block_members)
+    n_threads = decide.visit(schedule.get_root(), ())
+    block = [1, 1, 1]
+    for band in decide.bands.values():
+        for d, size in enumerate(band.sizes):
+            block[d] = max(block[d], size)
+    insert = _Insert(decide, dependences, n_threads, options.unroll_factor)
+    node = insert.visit(schedule.get_root(), (), under_threads=False, in_loop=False)[0]
+    ids = [f"0 <= {b} < {g}" for b, g in zip(BLOCK_IDS, grid)]
+    ids += [f"0 <= {t} < {s}" for t, s in zip(THREAD_IDS, block)]
+    ranges = isl.Set(f"[{', '.join(BLOCK_IDS + THREAD_IDS)}] -> {{ : {' and '.join(ids)} }}")
+    return Mapped(node.get_schedule(), context.intersect_params(ranges).params(),
+                  tuple(grid), tuple(block), block_members, len(decide.bands), insert.syncs,
+                  insert.unrolled)
+
+
+# -- blocks ----------------------------------------------------------------------------------------
+
+def _map_blocks(schedule, deps, blocks: Sequence[int]):
+    """Filters the outermost band's leading parallel members onto the grid."""
+    band = outer_band(schedule)
+    grid = [1, 1, 1]
+    if band is None:
+        return schedule, None, (), tuple(grid), None
+    chosen = []
+    for k in range(band.band_n_member()):
+        member = _member_map(band, k)
+        if not _keeps_value(deps, None, member):
+            break
+        count = _count(member)
+        if count > 1:
+            chosen.append((k, min(blocks[len(chosen)], count)))
+            if len(chosen) == len(blocks):
+                break
+    if math.prod(size for _, size in chosen) <= 1:
+        return schedule, None, (), tuple(grid), None
+    filter_, block_map = band.get_domain(), None
+    for d, (k, size) in enumerate(chosen):
+        grid[d] = size
+        member = _member_map(band, k)
+        filter_ = filter_.intersect(_modulo_filter(band, k, size, BLOCK_IDS[d]))
+        block_map = member if block_map is None else block_map.flat_range_product(member)
+    band = band.insert_filter(filter_).child(0)
+    path = (0,) * band.get_tree_depth()  # only single-child nodes lie above it
+    return band.get_schedule(), path, tuple(k for k, _ in chosen), tuple(grid), block_map
+
+
+# -- threads: deciding -------------------------------------------------------------------------
+
+class _ThreadDecisions:
+    """Which band of each branch goes to threads; keyed by tree path (child indices)."""
+
+    def __init__(self, deps, block_map, threads: Sequence[int], block_path, block_members):
+        self.deps, self.block_map, self.threads = deps, block_map, tuple(threads)
+        self.block_path, self.block_members = block_path, block_members
+        self.bands: dict[tuple[int, ...], _ThreadBand] = {}
+        self.mapped_below: dict[tuple[int, ...], int] = {}
+
+    def visit(self, node: isl.ScheduleNode, path: tuple[int, ...]) -> int:
+        below = max((self.visit(node.child(i), path + (i,)) for i in range(node.n_children())),
+                    default=0)
+        self.mapped_below[path] = below
+        if below or node.get_type() != _T.band:
+            return below
+        band = self.choose(node, self.block_members if path == self.block_path else ())
+        if band is None:
+            return 0
+        self.bands[path] = band
+        return len(band.members)
+
+    def choose(self, node: isl.ScheduleNode, on_blocks: Sequence[int]) -> _ThreadBand | None:
+        domain = node.get_domain()
+        deps = self.deps.intersect_domain(domain).intersect_range(domain)
+        block_map = self.block_map.intersect_domain(domain) if self.block_map else None
+        members, sizes = [], []
+        for k in reversed(range(node.band_n_member())):
+            if k in on_blocks:
+                continue
+            member = _member_map(node, k)
+            count = _count(member)
+            if count <= 1 or not _keeps_value(deps, block_map, member):
+                continue
+            members.append(k)
+            sizes.append(min(self.threads[len(sizes)], count))
+            if len(members) == len(self.threads):
+                break
+        if math.prod(sizes) <= 1:
+            return None
+        return _ThreadBand(tuple(members), tuple(sizes))
+
+
+# -- threads: inserting filters, barriers and unroll marks --------------------------------------
+
+class _Insert:
+    def __init__(self, decide: _ThreadDecisions, deps, n_threads: int, unroll: int):
+        self.decide, self.deps, self.n_threads, self.unroll = decide, deps, n_threads, unroll
+        self.syncs = self.unrolled = 0
+
+    def visit(self, node, path, *, under_threads: bool, in_loop: bool):
+        """Transforms the subtree at node; returns (node at the same position, unrolled copies
+        along the longest path, whether every loop below is unrolled)."""
+        kind = node.get_type()
+        band = self.decide.bands.get(path)
+        inner_loop = in_loop or kind == _T.band
+        results = []
+        for i in range(node.n_children()):
+            child, copies, full = self.visit(node.child(i), path + (i,),
+                                             under_threads=under_threads or band is not None,
+                                             in_loop=inner_loop)
+            node = child.parent()
+            results.append((copies, full))
+        copies = max((c for c, _ in results), default=1)
+        full = all(f for _, f in results)
+        if kind in (_T.sequence, _T.set) and not under_threads and self.n_threads \
+                and self.decide.mapped_below[path]:
+            node = self._barriers(node, in_loop)
+        if kind == _T.band:
+            on_blocks = self.decide.block_members if path == self.decide.block_path else ()
+            node, copies, full = self._unroll(node, band, on_blocks, copies, full)
+            if band is not None:
+                node = node.insert_filter(self._thread_filter(node, band))
+        if kind == _T.leaf and self.n_threads and not under_threads:
+            node = node.insert_filter(node.get_domain().intersect_params(self._zero_threads(0)))
+        return node, copies, full
+
+    def _thread_filter(self, node, band: _ThreadBand) -> isl.UnionSet:
+        out = node.get_domain()
+        for d, (k, size) in enumerate(zip(band.members, band.sizes)):
+            out = out.intersect(_modulo_filter(node, k, size, THREAD_IDS[d]))
+        return out.intersect_params(self._zero_threads(len(band.members)))
+
+    def _zero_threads(self, first: int) -> isl.Set:
+        ids = THREAD_IDS[:self.n_threads]
+        zero = [f"{t} = 0" for t in ids[first:]] or ["true"]
+        return isl.Set(f"[{', '.join(ids)}] -> {{ : {' and '.join(zero)} }}")
+
+    def _barriers(self, node, in_loop: bool):
+        n = node.n_children()
+        domains = [node.child(i).get_domain() for i in range(n)]
+        after = []
+        for i in range(n - 1):
+            later = domains[i + 1]
+            for d in domains[i + 2:]:
+                later = later.union(d)
+            if not self.deps.intersect_domain(domains[i]).intersect_range(later).is_empty():
+                after.append(i)
+        whole = node.get_domain()
+        if in_loop and not self.deps.intersect_domain(whole).intersect_range(whole).is_empty():
+            after.append(n - 1)
+        depth = node.get_tree_depth()
+        grafts = [(i, _sync_graft(node.child(i).child(0))) for i in after]
+        for i, graft in grafts:
+            grafted = node.child(i).child(0).graft_after(graft)
+            node = grafted.ancestor(grafted.get_tree_depth() - depth)
+            self.syncs += 1
+        return node
+
+    def _unroll(self, node, band: _ThreadBand | None, on_blocks, copies: int, full: bool):
+        if self.unroll <= 1:
+            return node, copies, False
+        threads = dict(zip(band.members, band.sizes)) if band else {}
+        for k in reversed(range(node.band_n_member())):
+            trips = -(-_count(_member_map(node, k)) // threads.get(k, 1))
+            if not full or copies * trips > self.unroll or k in on_blocks:
+                return node, copies, False
+            node = node.band_member_set_ast_loop_type(k, isl.ast_loop_type.unroll)
+            copies *= trips
+            self.unrolled += 1
+        return node, copies, full
+
+
+def _sync_graft(node: isl.ScheduleNode) -> isl.ScheduleNode:
+    """An extension adding one barrier after node, per iteration of the loops around it."""
+    prefix = node.get_prefix_schedule_union_map().intersect_domain(node.get_domain()).range()
+    sync = isl.Set(f"{{ {SYNC}[] }}")
+    extension = isl.UnionMap.empty(sync.get_space().params())
+    sets = []
+    prefix.foreach_set(sets.append)
+    for s in sets or [isl.Set("{ [] }")]:
+        extension = extension.union(isl.UnionMap.from_map(isl.Map.from_domain_and_range(s, sync)))
+    return isl.ScheduleNode.from_extension(extension)
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+def _member_map(node: isl.ScheduleNode, k: int) -> isl.UnionMap:
+    """Statement instance -> [value of band member k], over the band's domain."""
+    upa = node.band_get_partial_schedule().get_union_pw_aff(k)
+    return isl.UnionMap.from_union_pw_aff(upa).intersect_domain(node.get_domain())
+
+
+def _modulo_filter(node: isl.ScheduleNode, k: int, size: int, ident: str) -> isl.UnionSet:
+    """The instances of node's domain whose member k value v has v mod size = ident."""
+    upa = node.band_get_partial_schedule().get_union_pw_aff(k).mod_val(isl.Val(size))
+    equal = isl.Set(f"[{ident}] -> {{ [v] : v = {ident} }}")
+    return isl.UnionMap.from_union_pw_aff(upa).intersect_domain(node.get_domain()) \
+        .intersect_range(isl.UnionSet.from_set(equal)).domain()
+
+
+def _count(member: isl.UnionMap) -> int:
+    """How many consecutive values the member takes (max - min + 1), over all parameters."""
+    values = member.range()
+    if values.is_empty():
+        return 0
+    sets = []
+    values.foreach_set(sets.append)
+    lo = hi = None
+    for s in sets:
+        s = s.project_out(isl.dim_type.param, 0, s.dim(isl.dim_type.param))
+        a, b = s.dim_min_val(0).to_python(), s.dim_max_val(0).to_python()
+        lo = a if lo is None else min(lo, a)
+        hi = b if hi is None else max(hi, b)
+    return int(hi - lo + 1)
+
+
+def _keeps_value(deps: isl.UnionMap, outer: isl.UnionMap | None, member: isl.UnionMap) -> bool:
+    """Whether every dependence whose ends agree on `outer` also agrees on `member`."""
+    values = member if outer is None else outer.flat_range_product(member)
+    pairs = deps.apply_domain(values).apply_range(values)
+    if pairs.is_empty():
+        return True
+    deltas = pairs.deltas()
+    sets = []
+    deltas.foreach_set(sets.append)
+    for s in sets:
+        n = s.dim(isl.dim_type.set)
+        names = [f"d{i}" for i in range(n)]
+        same = " and ".join([f"{v} = 0" for v in names[:-1]] + [f"{names[-1]} != 0"])
+        differ = isl.Set(f"{{ [{', '.join(names)}] : {same} }}")
+        if not s.intersect(differ).is_empty():
+            return False
+    return True
