@@ -72,7 +72,8 @@ def map_to_gpu(schedule: isl.Schedule, dependences: isl.UnionMap, context: isl.S
     schedule = schedule.intersect_domain(schedule.get_domain().intersect_params(context))
     schedule, block_path, block_members, grid, block_map = _map_blocks(schedule, dependences,
                                                                         options.blocks)
-    decide = _ThreadDecisions(dependences, block_map, options.threads, block_path, block_members)
+    decide = _ThreadDecisions(dependences, block_map, options.threads, block_path, block_members,
+                              grid)
     n_threads = decide.visit(schedule.get_root(), ())
     block = [1, 1, 1]
     for band in decide.bands.values():
@@ -124,9 +125,9 @@ def _map_blocks(schedule, deps, blocks: Sequence[int]):
 class _ThreadDecisions:
     """Which band of each branch goes to threads; keyed by tree path (child indices)."""
 
-    def __init__(self, deps, block_map, threads: Sequence[int], block_path, block_members):
+    def __init__(self, deps, block_map, threads: Sequence[int], block_path, block_members, grid):
         self.deps, self.block_map, self.threads = deps, block_map, tuple(threads)
-        self.block_path, self.block_members = block_path, block_members
+        self.block_path, self.block_members, self.grid = block_path, block_members, grid
         self.bands: dict[tuple[int, ...], _ThreadBand] = {}
         self.mapped_below: dict[tuple[int, ...], int] = {}
 
@@ -169,13 +170,14 @@ class _Insert:
     def __init__(self, decide: _ThreadDecisions, deps, n_threads: int, unroll: int):
         self.decide, self.deps, self.n_threads, self.unroll = decide, deps, n_threads, unroll
         self.syncs = self.unrolled = 0
+        self.ends_with_sync: set[tuple[int, ...]] = set()  # subtrees whose last act is a barrier
 
     def visit(self, node, path, *, under_threads: bool, in_loop: bool):
         """Transforms the subtree at node; returns (node at the same position, unrolled copies
         along the longest path, whether every loop below is unrolled)."""
         kind = node.get_type()
         band = self.decide.bands.get(path)
-        inner_loop = in_loop or kind == _T.band
+        inner_loop = in_loop or (kind == _T.band and self._iterates(node, path))
         results = []
         for i in range(node.n_children()):
             child, copies, full = self.visit(node.child(i), path + (i,),
@@ -187,7 +189,9 @@ class _Insert:
         full = all(f for _, f in results)
         if kind in (_T.sequence, _T.set) and not under_threads and self.n_threads \
                 and self.decide.mapped_below[path]:
-            node = self._barriers(node, in_loop)
+            node = self._barriers(node, path, in_loop)
+        elif node.n_children() == 1 and path + (0,) in self.ends_with_sync:
+            self.ends_with_sync.add(path)
         if kind == _T.band:
             on_blocks = self.decide.block_members if path == self.decide.block_path else ()
             node, copies, full = self._unroll(node, band, on_blocks, copies, full)
@@ -196,6 +200,17 @@ class _Insert:
         if kind == _T.leaf and self.n_threads and not under_threads:
             node = node.insert_filter(node.get_domain().intersect_params(self._zero_threads(0)))
         return node, copies, full
+
+    def _iterates(self, band_node, path) -> bool:
+        """Whether a band's loops may run more than once in a block (a barrier inside then
+        separates iterations)."""
+        grid = dict(zip(self.decide.block_members, self.decide.grid)) \
+            if path == self.decide.block_path else {}
+        for k in range(band_node.band_n_member()):
+            count = _count(_member_map(band_node, k))
+            if count > grid.get(k, 1):
+                return True
+        return False
 
     def _thread_filter(self, node, band: _ThreadBand) -> isl.UnionSet:
         out = node.get_domain()
@@ -208,19 +223,24 @@ class _Insert:
         zero = [f"{t} = 0" for t in ids[first:]] or ["true"]
         return isl.Set(f"[{', '.join(ids)}] -> {{ : {' and '.join(zero)} }}")
 
-    def _barriers(self, node, in_loop: bool):
+    def _barriers(self, node, path, in_loop: bool):
         n = node.n_children()
+        synced = [path + (i, 0) in self.ends_with_sync for i in range(n)]
         domains = [node.child(i).get_domain() for i in range(n)]
         after = []
         for i in range(n - 1):
             later = domains[i + 1]
             for d in domains[i + 2:]:
                 later = later.union(d)
-            if not self.deps.intersect_domain(domains[i]).intersect_range(later).is_empty():
+            if not synced[i] and \
+                    not self.deps.intersect_domain(domains[i]).intersect_range(later).is_empty():
                 after.append(i)
         whole = node.get_domain()
-        if in_loop and not self.deps.intersect_domain(whole).intersect_range(whole).is_empty():
+        if in_loop and not synced[-1] and \
+                not self.deps.intersect_domain(whole).intersect_range(whole).is_empty():
             after.append(n - 1)
+        if in_loop and (synced[-1] or after[-1:] == [n - 1]):
+            self.ends_with_sync.add(path)
         depth = node.get_tree_depth()
         grafts = [(i, _sync_graft(node.child(i).child(0))) for i in after]
         for i, graft in grafts:
