@@ -162,6 +162,12 @@ class TCFunction:
         array or a tuple in output order. Returns an array, or a tuple for several outputs."""
         schedule = DEFAULT_SCHEDULE if schedule is _DEFAULT else schedule
         b = self.bind(args, out)
+        for name, a in (*b.arrays.items(), *b.inout.items()):
+            if not isinstance(a, np.ndarray):
+                raise TCArgumentError(
+                    f"{name} is a device array ({type(a).__name__}); calling the TC function "
+                    "runs on the CPU and takes numpy arrays",
+                    notes=("for the GPU: tc.compile(source, name, *inputs, target='cuda')",))
         spec = b.specialization(self)
         self._output_layout(b)  # rejects impossible output shapes before compiling
         key = (spec, tuple(sorted(b.sizes.items())), schedule)
@@ -212,8 +218,8 @@ def _bind(fn: C.Function, args: Sequence, out, shapes_only: bool) -> Binding:
             scalars[t.name] = _scalar(fn, t, a)
             continue
         shape = _shape_of(fn, t, a, shapes_only)
-        if not shapes_only or isinstance(a, np.ndarray):
-            arrays[t.name] = a if isinstance(a, np.ndarray) else None
+        if not shapes_only or array_info(a) is not None:
+            arrays[t.name] = a if array_info(a) is not None else None
         for k, (d, n) in enumerate(zip(t.dims, shape)):
             where = f"{t.name} dimension {k}"
             if d.isdigit():
@@ -246,26 +252,39 @@ def _bind_inout(fn: C.Function, out, sizes: dict, shapes_only: bool) -> dict:
     bound = {}
     for t, a in zip(inouts, outs):
         shape = _shape_of(fn, t, a, shapes_only)
-        if isinstance(a, np.ndarray):
-            if not a.flags.writeable:
-                raise TCArgumentError(f"out= array for '{t.name}' is read-only")
+        if isinstance(a, np.ndarray) and not a.flags.writeable:
+            raise TCArgumentError(f"out= array for '{t.name}' is read-only")
+        if array_info(a) is not None:
             bound[t.name] = a
         sizes.update({d: n for d, n in zip(t.dims, shape)})
     return bound
 
 
-def _shape_of(fn: C.Function, t: C.Tensor, a, shapes_only: bool) -> tuple[int, ...]:
+def array_info(a) -> tuple[tuple[int, ...], np.dtype] | None:
+    """(shape, dtype) of a numpy array or of a device array exposing `__cuda_array_interface__`
+    (PyTorch CUDA tensors, CuPy arrays, pycuda GPUArrays); None for anything else."""
     if isinstance(a, np.ndarray):
-        if a.ndim != t.rank:
+        return a.shape, a.dtype
+    iface = getattr(a, "__cuda_array_interface__", None)
+    if isinstance(iface, dict) and "shape" in iface and "typestr" in iface:
+        return tuple(int(n) for n in iface["shape"]), np.dtype(iface["typestr"])
+    return None
+
+
+def _shape_of(fn: C.Function, t: C.Tensor, a, shapes_only: bool) -> tuple[int, ...]:
+    info = array_info(a)
+    if info is not None:
+        shape, dtype = info
+        if len(shape) != t.rank:
             raise TCArgumentError(f"'{fn.name}' expects {t.name} of rank {t.rank} "
                                   f"({t.type}({', '.join(t.dims)})), got an array of shape "
-                                  f"{a.shape}")
-        got = from_numpy(a.dtype)
+                                  f"{shape}")
+        got = from_numpy(dtype)
         if got != t.type:
             raise TCArgumentError(f"'{fn.name}' expects {t.name} of type {t.type} "
-                                  f"(numpy {t.type.numpy}), got {a.dtype}",
+                                  f"(numpy {t.type.numpy}), got {dtype}",
                                   notes=(f"convert with {t.name}.astype(numpy.{t.type.numpy})",))
-        return a.shape
+        return shape
     if shapes_only and isinstance(a, (tuple, list)) and all(
             isinstance(n, (int, np.integer)) for n in a):
         if len(a) != t.rank:
@@ -274,7 +293,8 @@ def _shape_of(fn: C.Function, t: C.Tensor, a, shapes_only: bool) -> tuple[int, .
         if any(n < 0 for n in a):
             raise TCArgumentError(f"shape {tuple(a)} of {t.name} has a negative size")
         return tuple(int(n) for n in a)
-    what = "a numpy array or a shape tuple" if shapes_only else "a numpy array"
+    what = "an array or a shape tuple" if shapes_only else \
+        "an array (numpy, or a device array with __cuda_array_interface__)"
     raise TCArgumentError(f"'{fn.name}' expects {t.name} as {what}, got {type(a).__name__}")
 
 

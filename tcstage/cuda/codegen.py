@@ -47,12 +47,22 @@ _MATH = {"exp", "log", "sqrt", "tanh", "sin", "cos", "tan", "asin", "acos", "ata
          "cosh", "atan2", "pow", "floor", "ceil", "round", "trunc", "erf"}
 
 
+_RESERVED = frozenset("""alignas alignof and asm auto bitand bitor bool break case catch char class
+compl const constexpr const_cast continue decltype default delete do double dynamic_cast else enum
+explicit export extern false float for friend goto if inline int long mutable namespace new
+noexcept not nullptr operator or private protected public register reinterpret_cast return short
+signed sizeof static static_assert static_cast struct switch template this thread_local throw true
+try typedef typeid typename union unsigned using virtual void volatile wchar_t while xor half
+threadIdx blockIdx blockDim gridDim warpSize min max floord tc_div tc_mod""".split())
+
+
 @attrs.frozen
 class Parameter:
     name: str
     c_decl: str  # e.g. 'float* __restrict__ C'
     kind: str  # 'output', 'temp', 'input', 'scalar' or 'size'
     source: str  # tensor, scalar input or TC size symbol it carries
+    dtype: str  # element type of an array, or the scalar's type
 
 
 @attrs.frozen
@@ -114,23 +124,32 @@ class _ValuePrinter:
         self.size_names.update({t: isl_name(t) for t in scop.param_sizes.values()})
         self.scalars = {t.name: t for t in self.fn.inputs if t.rank == 0}
 
+    def c(self, name: str) -> str:
+        """The C name of a tensor or scalar: its TC name unless that clashes with C++, the
+        generated names (loops c0.., ids b0.. t0.., statements S0.., sizes _N) or CUDA."""
+        clash = name in _RESERVED or re.fullmatch(r"[bctS]\d+", name) or name.startswith("_")
+        return f"tc_{name}" if clash else name
+
     # -- the kernel's parameters -------------------------------------------------------------
     def parameters(self) -> list[Parameter]:
         fn, out = self.fn, []
         for name in fn.outputs:
-            out.append(Parameter(name, f"{c_type(fn.tensors[name].type)}* __restrict__ {name}",
-                                 "output", name))
+            t = fn.tensors[name]
+            out.append(Parameter(name, f"{c_type(t.type)}* __restrict__ {self.c(name)}", "output", name,
+                                 t.type.name))
         for name, t in fn.tensors.items():
             if t.kind == "temp":
-                out.append(Parameter(name, f"{c_type(t.type)}* __restrict__ {name}", "temp", name))
+                out.append(Parameter(name, f"{c_type(t.type)}* __restrict__ {self.c(name)}", "temp", name,
+                                     t.type.name))
         for t in fn.inputs:
             if t.rank:
-                out.append(Parameter(t.name, f"const {c_type(t.type)}* __restrict__ {t.name}",
-                                     "input", t.name))
+                out.append(Parameter(t.name, f"const {c_type(t.type)}* __restrict__ {self.c(t.name)}",
+                                     "input", t.name, t.type.name))
             else:
-                out.append(Parameter(t.name, f"{c_type(t.type)} {t.name}", "scalar", t.name))
+                out.append(Parameter(t.name, f"{c_type(t.type)} {self.c(t.name)}", "scalar", t.name,
+                                     t.type.name))
         for p, size in self.scop.param_sizes.items():
-            out.append(Parameter(p, f"int {p}", "size", size))
+            out.append(Parameter(p, f"int {p}", "size", size, "int32"))
         return out
 
     # -- statements ------------------------------------------------------------------------------
@@ -148,14 +167,14 @@ class _ValuePrinter:
         bounds = self.lowered.ranges.tensors[tensor]
         args = list(reversed(halide_args))
         if not args:
-            return f"{tensor}[0]"
+            return f"{self.c(tensor)}[0]"
         flat = None
         for a, lo, extent in zip(args, bounds.mins, bounds.extents):
             index = self.expr(a, local)[0]
             lo_text = self.size_expr(lo)
             term = index if lo_text == "0" else f"({index} - {lo_text})"
             flat = term if flat is None else f"({flat}) * ({self.size_expr(extent)}) + {term}"
-        return f"{tensor}[{flat}]"
+        return f"{self.c(tensor)}[{flat}]"
 
     def size_expr(self, tree: Tree) -> str:
         """A size expression (over TC size symbols) as C."""
@@ -177,7 +196,7 @@ class _ValuePrinter:
             if name in self.size_names:
                 return self.size_names[name], "int32"
             if name in self.scalars:
-                return name, self.scalars[name].type.name
+                return self.c(name), self.scalars[name].type.name
             raise TCError(f"the CUDA printer met an unknown variable '{name}'")
         if tag == "cast":
             ty = t[1]

@@ -1,0 +1,134 @@
+"""Launching generated kernels on a GPU with pycuda (optional: `pip install 'tcstage[cuda]'`).
+
+Arrays: numpy inputs are copied to the device and the outputs copied back; device arrays (anything
+with `__cuda_array_interface__`: PyTorch CUDA tensors, CuPy arrays, pycuda GPUArrays) are used in
+place and the outputs are allocated in the same framework. pycuda works in the device's primary
+context, the one PyTorch and CuPy use, so their pointers are valid in our launches.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tcstage.cuda.codegen import CudaKernel
+from tcstage.errors import TCArgumentError, TCError
+
+# numpy dtype -> struct code of pycuda's prepared calls
+_STRUCT = {"int8": "b", "uint8": "B", "int16": "h", "uint16": "H", "int32": "i", "uint32": "I",
+           "int64": "q", "uint64": "Q", "float16": "e", "float32": "f", "float64": "d",
+           "bool": "?"}
+
+
+def _pycuda():
+    """pycuda's driver, compiler and gpuarray modules, with a clear error if they cannot work."""
+    try:
+        import pycuda.compiler as compiler
+        import pycuda.driver as driver
+        import pycuda.gpuarray as gpuarray
+    except ImportError as e:
+        raise TCError(f"target='cuda' launches kernels with pycuda, which cannot be imported "
+                      f"({e})", notes=("install it with: pip install 'tcstage[cuda]'",
+                                       "without a GPU, target='cuda-emulated' runs the same "
+                                       "CUDA source on the CPU")) from None
+    try:
+        driver.init()
+        if driver.Device.count() == 0:
+            raise TCError("target='cuda' needs an NVIDIA GPU, and the CUDA driver sees none")
+        import pycuda.autoprimary  # noqa: F401  (the primary context, shared with PyTorch)
+    except driver.Error as e:
+        raise TCError(f"target='cuda' needs a working CUDA driver and GPU: {e}",
+                      notes=("target='cuda-emulated' runs the same CUDA source on the CPU",)) \
+            from None
+    return driver, compiler, gpuarray
+
+
+class Launcher:
+    """A kernel compiled for the current device, launched with prepared calls."""
+
+    def __init__(self, cuda: CudaKernel):
+        driver, compiler, _ = _pycuda()
+        major, minor = driver.Context.get_device().compute_capability()
+        module = compiler.SourceModule(cuda.source, no_extern_c=True, arch=f"sm_{major}{minor}",
+                                       options=["-std=c++17"])
+        self.cuda = cuda
+        self.function = module.get_function(cuda.name)
+        self.function.prepare("".join("P" if p.kind in ("output", "temp", "input")
+                                      else _STRUCT[p.dtype] for p in cuda.parameters))
+
+    def __call__(self, values) -> None:
+        self.function.prepared_call(self.cuda.grid, self.cuda.block, *values)
+
+
+def device_pointer(a, name: str) -> int:
+    """The device address of a C-contiguous array exposing `__cuda_array_interface__`."""
+    iface = a.__cuda_array_interface__
+    shape, strides = tuple(iface["shape"]), iface.get("strides")
+    itemsize = np.dtype(iface["typestr"]).itemsize
+    if strides is not None and tuple(strides) != _c_strides(shape, itemsize):
+        raise TCArgumentError(f"{name} is not C-contiguous on the device (strides {strides}); "
+                              "pass a contiguous copy (e.g. .contiguous() in PyTorch)")
+    return int(iface["data"][0])
+
+
+def _c_strides(shape, itemsize: int) -> tuple[int, ...]:
+    out, step = [], itemsize
+    for n in reversed(shape):
+        out.append(step)
+        step *= max(int(n), 1)
+    return tuple(reversed(out))
+
+
+def _allocator(arrays, gpuarray):
+    """zeros(shape, dtype) in the framework of the first device array among the arguments."""
+    for a in arrays:
+        framework = type(a).__module__.split(".")[0]
+        if framework == "torch":
+            import torch
+
+            def torch_zeros(shape, dtype, like=a):
+                t = torch.from_numpy(np.empty(0, dtype)).dtype
+                return torch.zeros(shape, dtype=t, device=like.device)
+            return torch_zeros
+        if framework == "cupy":
+            import cupy
+            return cupy.zeros
+    return gpuarray.zeros
+
+
+def run_on_gpu(kernel, launcher: Launcher, binding):
+    """Runs `kernel` (a runtime.Kernel) on the bound arguments; outputs come back as numpy
+    arrays for numpy inputs, else in the inputs' framework."""
+    _, _, gpuarray = _pycuda()
+    fn = kernel.compiled.fn
+    device = [a for a in (*binding.arrays.values(), *binding.inout.values())
+              if not isinstance(a, np.ndarray)]
+    zeros = _allocator(device, gpuarray)
+    staged = {}  # numpy array id -> its device copy, alive until the results are back
+
+    def pointer(a, name="argument"):
+        if isinstance(a, gpuarray.GPUArray):
+            return np.intp(int(a.gpudata))
+        if isinstance(a, np.ndarray):
+            copy = staged.get(id(a))
+            if copy is None:
+                copy = staged[id(a)] = gpuarray.to_gpu(np.ascontiguousarray(a))
+            return np.intp(int(copy.gpudata))
+        return np.intp(device_pointer(a, name))
+
+    buffers = {}
+    for name, shape in kernel.buffer_shapes().items():
+        dtype = fn.checked.tensors[name].type.numpy
+        buffers[name] = binding.inout[name] if name in binding.inout else \
+            (zeros(shape, dtype) if device else gpuarray.zeros(shape, dtype))
+    launcher(kernel.launch_values(binding, buffers, pointer))
+    results = []
+    for name in fn.checked.outputs:
+        b = buffers[name]
+        if isinstance(b, np.ndarray):  # an in/out numpy output: copy the result back in place
+            b[...] = staged[id(b)].get()
+            results.append(b)
+        elif not device and isinstance(b, gpuarray.GPUArray):
+            results.append(b.get())
+        else:
+            results.append(b)
+    return results[0] if len(results) == 1 else tuple(results)
