@@ -81,7 +81,7 @@ class Kernel:
                  f"sizes: {', '.join(f'{k}={v}' for k, v in sorted(c.binding.sizes.items()))}",
                  "", "schedule (isl scheduler, before tiling and mapping):",
                  schedule_text(c.schedule), "", f"tiled: {tiles}",
-                 f"blocks: grid {m.grid} on members {list(m.block_members)} of the outer band",
+                 f"blocks: grid {m.grid} on {m.block_bands} band(s)",
                  f"threads: block {m.block} on {m.thread_bands} band(s); "
                  f"{m.syncs} barrier(s); {m.unrolled} loop(s) unrolled",
                  "", "mapped schedule:", self.schedule_tree]

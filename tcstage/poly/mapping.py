@@ -9,7 +9,9 @@ loop starting at the id, or into no loop at all when the size covers the range.
 
 Blocks: the leading members of the outermost band (the tile band after tiling) that no
 dependence crosses, `blockIdx.x` on the first. Blocks cannot synchronise with each other, so a
-member is mapped only if every dependence keeps its value.
+member is mapped only if every dependence keeps its value. Where the statements form groups with
+no dependence between them, so that no band encloses them all (the paper's 2LUT), each group's
+outermost band is mapped the same way onto one shared grid.
 
 Threads: in each branch of the tree, the innermost band with a member that can be split across
 threads, `threadIdx.x` on its innermost such member (the paper's rule). A member can be mapped if
@@ -39,7 +41,7 @@ import attrs
 import islpy as isl
 
 from tcstage.options import MappingOptions
-from tcstage.poly.schedule import outer_band
+from tcstage.poly.schedule import node_at, outermost_bands, path_of
 
 BLOCK_IDS = ("b0", "b1", "b2")  # blockIdx.x, .y, .z
 THREAD_IDS = ("t0", "t1", "t2")  # threadIdx.x, .y, .z
@@ -54,7 +56,7 @@ class Mapped:
     context: isl.Set  # the sizes and the ranges of the block and thread ids
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
-    block_members: tuple[int, ...]  # members of the outermost band on blocks x, y, z
+    block_bands: int  # bands mapped to blocks (several for independent groups of statements)
     thread_bands: int  # bands mapped to threads
     syncs: int  # barriers inserted
     unrolled: int  # loops marked for unrolling
@@ -70,10 +72,8 @@ def map_to_gpu(schedule: isl.Schedule, dependences: isl.UnionMap, context: isl.S
                options: MappingOptions) -> Mapped:
     """The schedule mapped to blocks and threads as `options` ask (sizes fixed in `context`)."""
     schedule = schedule.intersect_domain(schedule.get_domain().intersect_params(context))
-    schedule, block_path, block_members, grid, block_map = _map_blocks(schedule, dependences,
-                                                                        options.blocks)
-    decide = _ThreadDecisions(dependences, block_map, options.threads, block_path, block_members,
-                              grid)
+    schedule, blocks = _map_blocks(schedule, dependences, options.blocks)
+    decide = _ThreadDecisions(dependences, blocks, options.threads)
     n_threads = decide.visit(schedule.get_root(), ())
     block = [1, 1, 1]
     for band in decide.bands.values():
@@ -81,43 +81,79 @@ def map_to_gpu(schedule: isl.Schedule, dependences: isl.UnionMap, context: isl.S
             block[d] = max(block[d], size)
     insert = _Insert(decide, dependences, n_threads, options.unroll_factor)
     node = insert.visit(schedule.get_root(), (), under_threads=False, in_loop=False)[0]
+    grid = blocks.grid
     ids = [f"0 <= {b} < {g}" for b, g in zip(BLOCK_IDS, grid)]
     ids += [f"0 <= {t} < {s}" for t, s in zip(THREAD_IDS, block)]
     ranges = isl.Set(f"[{', '.join(BLOCK_IDS + THREAD_IDS)}] -> {{ : {' and '.join(ids)} }}")
     return Mapped(node.get_schedule(), context.intersect_params(ranges).params(),
-                  tuple(grid), tuple(block), block_members, len(decide.bands), insert.syncs,
+                  grid, tuple(block), len(blocks.bands), len(decide.bands), insert.syncs,
                   insert.unrolled)
 
 
 # -- blocks ----------------------------------------------------------------------------------------
 
-def _map_blocks(schedule, deps, blocks: Sequence[int]):
-    """Filters the outermost band's leading parallel members onto the grid."""
-    band = outer_band(schedule)
-    grid = [1, 1, 1]
-    if band is None:
-        return schedule, None, (), tuple(grid), None
-    chosen = []
-    for k in range(band.band_n_member()):
-        member = _member_map(band, k)
-        if not _keeps_value(deps, None, member):
-            break
-        count = _count(member)
-        if count > 1:
-            chosen.append((k, min(blocks[len(chosen)], count)))
-            if len(chosen) == len(blocks):
+@attrs.frozen
+class _Blocks:
+    bands: dict  # tree path of each block-mapped band -> {member: blocks along it}
+    grid: tuple[int, int, int]
+    values: isl.UnionMap | None  # instance -> its block-mapped member values
+
+
+def _block_bands(schedule, deps) -> list[isl.ScheduleNode]:
+    """The bands whose members may go to blocks: the outermost band, or, where the statements
+    fall into groups with no dependence between them (the paper's 2LUT), the outermost band of
+    each group, all sharing the grid."""
+    bands = outermost_bands(schedule)
+    if len(bands) > 1:
+        domains = [b.get_domain() for b in bands]
+        for i, d in enumerate(domains):
+            others = _union_sets([e for j, e in enumerate(domains) if j != i])
+            if not deps.intersect_domain(d).intersect_range(others).is_empty():
+                return []  # blocks cannot wait for each other
+    return bands
+
+
+def _map_blocks(schedule, deps, blocks: Sequence[int]) -> tuple[isl.Schedule, _Blocks]:
+    """Filters the leading dependence-free members of the block bands onto the grid."""
+    chosen = {}
+    for band in _block_bands(schedule, deps):
+        members = []
+        for k in range(band.band_n_member()):
+            member = _member_map(band, k)
+            if not _keeps_value(deps, None, member):
                 break
-    if math.prod(size for _, size in chosen) <= 1:
-        return schedule, None, (), tuple(grid), None
-    filter_, block_map = band.get_domain(), None
-    for d, (k, size) in enumerate(chosen):
-        grid[d] = size
-        member = _member_map(band, k)
-        filter_ = filter_.intersect(_modulo_filter(band, k, size, BLOCK_IDS[d]))
-        block_map = member if block_map is None else block_map.flat_range_product(member)
-    band = band.insert_filter(filter_).child(0)
-    path = (0,) * band.get_tree_depth()  # only single-child nodes lie above it
-    return band.get_schedule(), path, tuple(k for k, _ in chosen), tuple(grid), block_map
+            count = _count(member)
+            if count > 1:
+                members.append((k, min(blocks[len(members)], count)))
+                if len(members) == len(blocks):
+                    break
+        chosen[path_of(band)] = members
+    grid = [1, 1, 1]
+    for members in chosen.values():
+        for d, (_, size) in enumerate(members):
+            grid[d] = max(grid[d], size)
+    n_dims = sum(1 for g in grid if g > 1)
+    if not n_dims:
+        return schedule, _Blocks({}, (1, 1, 1), None)
+    bands, values = {}, None
+    for path, members in chosen.items():  # inserting in one branch leaves the others' paths
+        band = node_at(schedule, path)
+        filter_ = band.get_domain()
+        for d, (k, size) in enumerate(members):
+            filter_ = filter_.intersect(_modulo_filter(band, k, size, BLOCK_IDS[d]))
+        zero = [f"{b} = 0" for b in BLOCK_IDS[len(members):n_dims]] or ["true"]
+        filter_ = filter_.intersect_params(
+            isl.Set(f"[{', '.join(BLOCK_IDS[:n_dims])}] -> {{ : {' and '.join(zero)} }}"))
+        band = band.insert_filter(filter_).child(0)
+        schedule = band.get_schedule()
+        bands[path_of(band)] = dict(members)
+        own = None
+        for k, _ in members:
+            part = _member_map(band, k)
+            own = part if own is None else own.flat_range_product(part)
+        if own is not None:
+            values = own if values is None else values.union(own)
+    return schedule, _Blocks(bands, tuple(grid), values)
 
 
 # -- threads: deciding -------------------------------------------------------------------------
@@ -125,9 +161,8 @@ def _map_blocks(schedule, deps, blocks: Sequence[int]):
 class _ThreadDecisions:
     """Which band of each branch goes to threads; keyed by tree path (child indices)."""
 
-    def __init__(self, deps, block_map, threads: Sequence[int], block_path, block_members, grid):
-        self.deps, self.block_map, self.threads = deps, block_map, tuple(threads)
-        self.block_path, self.block_members, self.grid = block_path, block_members, grid
+    def __init__(self, deps, blocks: _Blocks, threads: Sequence[int]):
+        self.deps, self.blocks, self.threads = deps, blocks, tuple(threads)
         self.bands: dict[tuple[int, ...], _ThreadBand] = {}
         self.mapped_below: dict[tuple[int, ...], int] = {}
 
@@ -137,7 +172,7 @@ class _ThreadDecisions:
         self.mapped_below[path] = below
         if below or node.get_type() != _T.band:
             return below
-        band = self.choose(node, self.block_members if path == self.block_path else ())
+        band = self.choose(node, self.blocks.bands.get(path, {}))
         if band is None:
             return 0
         self.bands[path] = band
@@ -146,7 +181,9 @@ class _ThreadDecisions:
     def choose(self, node: isl.ScheduleNode, on_blocks: Sequence[int]) -> _ThreadBand | None:
         domain = node.get_domain()
         deps = self.deps.intersect_domain(domain).intersect_range(domain)
-        block_map = self.block_map.intersect_domain(domain) if self.block_map else None
+        block_map = self.blocks.values.intersect_domain(domain) if self.blocks.values else None
+        if block_map is not None and block_map.is_empty():
+            block_map = None  # a group of statements that runs in block 0 only
         members, sizes = [], []
         for k in reversed(range(node.band_n_member())):
             if k in on_blocks:
@@ -193,7 +230,7 @@ class _Insert:
         elif node.n_children() == 1 and path + (0,) in self.ends_with_sync:
             self.ends_with_sync.add(path)
         if kind == _T.band:
-            on_blocks = self.decide.block_members if path == self.decide.block_path else ()
+            on_blocks = self.decide.blocks.bands.get(path, {})
             node, copies, full = self._unroll(node, band, on_blocks, copies, full)
             if band is not None:
                 node = node.insert_filter(self._thread_filter(node, band))
@@ -204,8 +241,7 @@ class _Insert:
     def _iterates(self, band_node, path) -> bool:
         """Whether a band's loops may run more than once in a block (a barrier inside then
         separates iterations)."""
-        grid = dict(zip(self.decide.block_members, self.decide.grid)) \
-            if path == self.decide.block_path else {}
+        grid = self.decide.blocks.bands.get(path, {})
         for k in range(band_node.band_n_member()):
             count = _count(_member_map(band_node, k))
             if count > grid.get(k, 1):
@@ -226,7 +262,8 @@ class _Insert:
     def _barriers(self, node, path, in_loop: bool):
         n = node.n_children()
         synced = [path + (i, 0) in self.ends_with_sync for i in range(n)]
-        domains = [node.child(i).get_domain() for i in range(n)]
+        # (a filter's own domain is what reaches it, before it filters: take its child's)
+        domains = [node.child(i).child(0).get_domain() for i in range(n)]
         after = []
         for i in range(n - 1):
             later = domains[i + 1]
@@ -276,6 +313,12 @@ def _sync_graft(node: isl.ScheduleNode) -> isl.ScheduleNode:
 
 
 # -- helpers -------------------------------------------------------------------------------------
+
+def _union_sets(sets):
+    out = None
+    for s in sets:
+        out = s if out is None else out.union(s)
+    return out
 
 def _member_map(node: isl.ScheduleNode, k: int) -> isl.UnionMap:
     """Statement instance -> [value of band member k], over the band's domain."""

@@ -101,6 +101,42 @@ def outer_band(schedule: isl.Schedule) -> isl.ScheduleNode | None:
     return node
 
 
+def outermost_bands(schedule: isl.Schedule) -> list[isl.ScheduleNode]:
+    """The band enclosing every statement; or, where the tree splits into a sequence or set
+    first (groups of statements with no common loop), the outermost band of each group."""
+    band = outer_band(schedule)
+    if band is not None:
+        return [band]
+    node = schedule.get_root()
+    while node.n_children() == 1:
+        node = node.child(0)
+    bands = []
+    for i in range(node.n_children() if node.get_type() in (isl.schedule_node_type.sequence,
+                                                             isl.schedule_node_type.set) else 0):
+        branch = node.child(i)
+        while branch.n_children() == 1 and branch.get_type() != isl.schedule_node_type.band:
+            branch = branch.child(0)
+        if branch.get_type() == isl.schedule_node_type.band:
+            bands.append(branch)
+    return bands
+
+
+def path_of(node: isl.ScheduleNode) -> tuple[int, ...]:
+    """The child positions leading from the root to node."""
+    path = []
+    while node.has_parent():
+        path.append(node.get_child_position())
+        node = node.parent()
+    return tuple(reversed(path))
+
+
+def node_at(schedule: isl.Schedule, path: tuple[int, ...]) -> isl.ScheduleNode:
+    node = schedule.get_root()
+    for i in path:
+        node = node.child(i)
+    return node
+
+
 def coincident_members(band: isl.ScheduleNode) -> int:
     """How many leading members of the band are coincident (parallel)."""
     count = 0

@@ -1,4 +1,5 @@
-"""Tiling the outermost band of a schedule tree (paper, Section 5.3).
+"""Tiling the outermost band of a schedule tree (paper, Section 5.3), or the outermost band of
+each group of statements where they share no loop.
 
 A permutable band with members `f_0 .. f_n` becomes a *tile band* `floor(f_k / T_k)` over the
 tiled members, followed by a *point band* `f_k mod T_k` (tiled members) and `f_k` (untiled ones).
@@ -16,39 +17,42 @@ from collections.abc import Sequence
 import attrs
 import islpy as isl
 
-from tcstage.poly.schedule import outer_band
+from tcstage.poly.schedule import node_at, outermost_bands, path_of
 
 
 @attrs.frozen
 class Tiled:
     schedule: isl.Schedule
-    tiled_members: tuple[int, ...]  # members of the original band that were tiled
+    tiled_members: tuple[int, ...]  # members of the original band(s) that were tiled
     tile_sizes: tuple[int, ...]  # their sizes
 
 
 def tile_outer_band(schedule: isl.Schedule, sizes: Sequence[int]) -> Tiled:
-    """The schedule with its outermost band tiled by `sizes` (outermost member first)."""
-    band = outer_band(schedule)
-    if band is None:
-        return Tiled(schedule, (), ())
-    n = band.band_n_member()
-    tiled = tuple(k for k in range(min(n, len(sizes))) if sizes[k] > 0)
-    if not tiled:
-        return Tiled(schedule, (), ())
-    partial = band.band_get_partial_schedule()
-    tile = point = None
-    for k in range(n):
-        upa = partial.get_union_pw_aff(k)
-        if k in tiled:
-            size = isl.Val(int(sizes[k]))
-            tile = _append(tile, upa.scale_down_val(size).floor())
-            point = _append(point, upa.mod_val(size))
-        else:
-            point = _append(point, upa)
-    node = band.delete()
-    node = node.insert_partial_schedule(point).band_set_permutable(1)
-    node = node.insert_partial_schedule(tile).band_set_permutable(1)
-    return Tiled(node.get_schedule(), tiled, tuple(int(sizes[k]) for k in tiled))
+    """The schedule with its outermost band (or the outermost band of each group of statements
+    that share no loop) tiled by `sizes`, outermost member first."""
+    tiled_members: tuple[int, ...] = ()
+    paths = [path_of(b) for b in outermost_bands(schedule)]
+    for path in paths:  # tiling one band leaves the paths of the others unchanged
+        band = node_at(schedule, path)
+        n = band.band_n_member()
+        tiled = tuple(k for k in range(min(n, len(sizes))) if sizes[k] > 0)
+        if not tiled:
+            continue
+        partial = band.band_get_partial_schedule()
+        tile = point = None
+        for k in range(n):
+            upa = partial.get_union_pw_aff(k)
+            if k in tiled:
+                size = isl.Val(int(sizes[k]))
+                tile = _append(tile, upa.scale_down_val(size).floor())
+                point = _append(point, upa.mod_val(size))
+            else:
+                point = _append(point, upa)
+        node = band.delete()
+        node = node.insert_partial_schedule(point).band_set_permutable(1)
+        schedule = node.insert_partial_schedule(tile).band_set_permutable(1).get_schedule()
+        tiled_members = max(tiled_members, tiled, key=len)
+    return Tiled(schedule, tiled_members, tuple(int(sizes[k]) for k in tiled_members))
 
 
 def _append(mupa: isl.MultiUnionPwAff | None, upa: isl.UnionPwAff) -> isl.MultiUnionPwAff:
