@@ -92,7 +92,8 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None) -> Comp
     schedule = compute_schedule(to_schedule, options.outer_schedule_fusion_strategy,
                                 options.outer_schedule_allow_skewing, dependences)
     lap("schedule")
-    tiled = tile_outer_band(schedule, options.tile_sizes)
+    tiled = tile_outer_band(schedule, options.tile_sizes, options.tile_imperfectly_nested,
+                            dependences)
     lap("tile")
     mapped = map_to_gpu(tiled.schedule, dependences.intersect_params(scop.context), scop.context,
                         options)

@@ -189,10 +189,32 @@ def test_independent_groups_share_the_grid():
     L1, L2 = f32(9, 6), f32(5, 6)
     I1 = rng.integers(0, 9, (4, 3)).astype(np.int32)
     I2 = rng.integers(0, 5, (4, 2)).astype(np.int32)
-    k = tc.compile(source, "2LUT", L1, I1, L2, I2, options=M().tile(2, 2).mapToThreads(2)
-                   .mapToBlocks(8, 8), target="cuda-emulated")
+    with pytest.warns(tc.TCWarning, match="depends on tensor values"):
+        k = tc.compile(source, "2LUT", L1, I1, L2, I2, options=M().tile(2, 2).mapToThreads(2)
+                       .mapToBlocks(8, 8), target="cuda-emulated")
     assert k.grid == (2, 3, 1) and k.block == (2, 1, 1)
     assert k.compiled.mapped.block_bands == 2 and k.compiled.mapped.syncs == 0
     O1, O2 = k(L1, I1, L2, I2)
     np.testing.assert_allclose(O1, L1[I1].sum(axis=1), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(O2, L2[I2].sum(axis=1), rtol=1e-5, atol=1e-5)
+
+
+def test_imperfectly_nested_tiling_sinks_point_loops_below_the_reduction():
+    """The paper's Figure 3.d: with tileImperfectlyNested the (b, n) point loops of a tile move
+    below the reduction loop, which then runs once per tile instead of once per point."""
+    source = (Path(__file__).parent.parent / "examples" / "mlp.tc").read_text()
+    I, W, B = f32(8, 12), f32(16, 12), f32(16)
+    base = M().tile(4, 8).mapToThreads(2, 2)
+
+    def loops_around_update(options):
+        k = tc.compile(source, "MLP1", I, W, B, options=options, target="cuda-emulated")
+        np.testing.assert_allclose(k(I, W, B), np.maximum(I @ W.T + B, 0), rtol=1e-4,
+                                   atol=1e-4)
+        lines = k.cuda_source.splitlines()
+        at = next(i for i, line in enumerate(lines) if line.strip().startswith("S1("))
+        return [line.strip() for line in lines[at - 3:at]]
+
+    flat = loops_around_update(base)
+    assert "<= 11" in flat[-1]  # the reduction (M = 12) is the innermost loop
+    sunk = loops_around_update(base.tileImperfectlyNested(True))
+    assert "<= 11" in sunk[0] and "t1" in sunk[1] and "t0" in sunk[2]

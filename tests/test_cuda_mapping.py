@@ -155,6 +155,8 @@ COMMON = [
     M().tile(1, 0, 4).mapToThreads(8, 4).scheduleFusionStrategy("Min").unroll(16),
     M().tile(3).mapToThreads(2, 3).outerScheduleFusionStrategy("Max")
     .fixParametersBeforeScheduling(True),
+    # point loops sunk below the loops nested in them (fewer threads than points: they stay)
+    M().tile(2, 4, 2).mapToThreads(2, 2).mapToBlocks(3, 2).tileImperfectlyNested(True).unroll(2),
 ]
 
 CASES = [(k, o) for k in KERNELS for o in COMMON + PAPER[k]]
@@ -200,15 +202,16 @@ def test_mapped_kernel_matches_numpy_and_halide(kernel, options):
 
 _sizes = st.sampled_from([1, 2, 3, 4, 5, 8, 32])
 random_options = st.builds(
-    lambda tiles, threads, blocks, unroll, fusion, fix: (
+    lambda tiles, threads, blocks, unroll, fusion, fix, sink: (
         M().tile(*tiles).mapToThreads(*threads).mapToBlocks(*blocks).unroll(unroll)
-        .scheduleFusionStrategy(fusion).fixParametersBeforeScheduling(fix)),
+        .scheduleFusionStrategy(fusion).fixParametersBeforeScheduling(fix)
+        .tileImperfectlyNested(sink)),
     st.lists(st.sampled_from([0, 1, 2, 3, 4, 8]), min_size=1, max_size=4),
     st.lists(_sizes, min_size=1, max_size=3).filter(lambda t: np.prod(t) <= 256),
     st.lists(_sizes, min_size=1, max_size=3),
     st.sampled_from([1, 2, 4, 8, 32]),
     st.sampled_from(["Max", "Preserve3Coincident", "Min"]),
-    st.booleans())
+    st.booleans(), st.booleans())
 
 # Deterministic in CI; TCSTAGE_HYPOTHESIS_EXAMPLES=200 explores more locally.
 _EXAMPLES = int(os.environ.get("TCSTAGE_HYPOTHESIS_EXAMPLES", "12"))

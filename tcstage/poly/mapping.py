@@ -20,9 +20,10 @@ block-mapped values) changes its value: reductions stay sequential per thread, a
 synchronisation is needed inside a mapped band. Every branch uses the same thread dimensions;
 statements under no mapped band run on thread (0, 0, 0).
 
-Synchronisation: a sequence above mapped bands gets `__syncthreads()` between two children when a
-dependence goes from the first to a later one, and after its last child when it sits inside a
-loop (the next iteration may read what this one wrote). All threads of a block reach these
+Synchronisation: a sequence above mapped bands gets `__syncthreads()` after a child when a
+dependence goes from it to a later child between two different threads, and after its last
+child when it sits inside a loop with such a dependence among its children (the next iteration
+may read what this one wrote). All threads of a block reach these
 barriers: only loops and sequences that do not depend on the thread ids lie above them.
 
 Sizes are tightened to what the iteration space needs: a dimension with 10 tiles gets 10 blocks,
@@ -41,7 +42,8 @@ import attrs
 import islpy as isl
 
 from tcstage.options import MappingOptions
-from tcstage.poly.schedule import node_at, outermost_bands, path_of
+from tcstage.poly.schedule import (keeps_value, member_map, node_at, outermost_bands, path_of,
+                                   value_count)
 
 BLOCK_IDS = ("b0", "b1", "b2")  # blockIdx.x, .y, .z
 THREAD_IDS = ("t0", "t1", "t2")  # threadIdx.x, .y, .z
@@ -79,7 +81,8 @@ def map_to_gpu(schedule: isl.Schedule, dependences: isl.UnionMap, context: isl.S
     for band in decide.bands.values():
         for d, size in enumerate(band.sizes):
             block[d] = max(block[d], size)
-    insert = _Insert(decide, dependences, n_threads, options.unroll_factor)
+    insert = _Insert(decide, decide.cross_thread(schedule.get_domain(), n_threads), n_threads,
+                     options.unroll_factor)
     node = insert.visit(schedule.get_root(), (), under_threads=False, in_loop=False)[0]
     grid = blocks.grid
     ids = [f"0 <= {b} < {g}" for b, g in zip(BLOCK_IDS, grid)]
@@ -119,10 +122,10 @@ def _map_blocks(schedule, deps, blocks: Sequence[int]) -> tuple[isl.Schedule, _B
     for band in _block_bands(schedule, deps):
         members = []
         for k in range(band.band_n_member()):
-            member = _member_map(band, k)
-            if not _keeps_value(deps, None, member):
+            member = member_map(band, k)
+            if not keeps_value(deps, None, member):
                 break
-            count = _count(member)
+            count = value_count(member)
             if count > 1:
                 members.append((k, min(blocks[len(members)], count)))
                 if len(members) == len(blocks):
@@ -149,7 +152,7 @@ def _map_blocks(schedule, deps, blocks: Sequence[int]) -> tuple[isl.Schedule, _B
         bands[path_of(band)] = dict(members)
         own = None
         for k, _ in members:
-            part = _member_map(band, k)
+            part = member_map(band, k)
             own = part if own is None else own.flat_range_product(part)
         if own is not None:
             values = own if values is None else values.union(own)
@@ -165,6 +168,7 @@ class _ThreadDecisions:
         self.deps, self.blocks, self.threads = deps, blocks, tuple(threads)
         self.bands: dict[tuple[int, ...], _ThreadBand] = {}
         self.mapped_below: dict[tuple[int, ...], int] = {}
+        self.thread_ids: list[tuple[isl.UnionSet, list[isl.UnionPwAff]]] = []
 
     def visit(self, node: isl.ScheduleNode, path: tuple[int, ...]) -> int:
         below = max((self.visit(node.child(i), path + (i,)) for i in range(node.n_children())),
@@ -188,9 +192,9 @@ class _ThreadDecisions:
         for k in reversed(range(node.band_n_member())):
             if k in on_blocks:
                 continue
-            member = _member_map(node, k)
-            count = _count(member)
-            if count <= 1 or not _keeps_value(deps, block_map, member):
+            member = member_map(node, k)
+            count = value_count(member)
+            if count <= 1 or not keeps_value(deps, block_map, member):
                 continue
             members.append(k)
             sizes.append(min(self.threads[len(sizes)], count))
@@ -198,7 +202,31 @@ class _ThreadDecisions:
                 break
         if math.prod(sizes) <= 1:
             return None
+        partial = node.band_get_partial_schedule()
+        self.thread_ids.append((domain, [partial.get_union_pw_aff(k).mod_val(isl.Val(size))
+                                         for k, size in zip(members, sizes)]))
         return _ThreadBand(tuple(members), tuple(sizes))
+
+    def cross_thread(self, domain: isl.UnionSet, n_threads: int) -> isl.UnionMap:
+        """The dependences whose two ends run on different threads of a block."""
+        if not n_threads:
+            return isl.UnionMap.empty(self.deps.get_space())
+        ids, mapped = None, None
+        for band_domain, values in self.thread_ids:
+            own = None
+            for d in range(n_threads):
+                part = isl.UnionMap.from_union_pw_aff(values[d]).intersect_domain(band_domain) \
+                    if d < len(values) else _constant(band_domain, 0)
+                own = part if own is None else own.flat_range_product(part)
+            ids = own if ids is None else ids.union(own)
+            mapped = band_domain if mapped is None else mapped.union(band_domain)
+        rest = domain.subtract(mapped)  # statements on thread (0, 0, 0)
+        zeros = _constant(rest, 0)
+        for _ in range(n_threads - 1):
+            zeros = zeros.flat_range_product(_constant(rest, 0))
+        ids = ids.union(zeros)
+        same_thread = ids.apply_range(ids.reverse())
+        return self.deps.subtract(same_thread)
 
 
 # -- threads: inserting filters, barriers and unroll marks --------------------------------------
@@ -243,7 +271,7 @@ class _Insert:
         separates iterations)."""
         grid = self.decide.blocks.bands.get(path, {})
         for k in range(band_node.band_n_member()):
-            count = _count(_member_map(band_node, k))
+            count = value_count(member_map(band_node, k))
             if count > grid.get(k, 1):
                 return True
         return False
@@ -291,7 +319,7 @@ class _Insert:
             return node, copies, False
         threads = dict(zip(band.members, band.sizes)) if band else {}
         for k in reversed(range(node.band_n_member())):
-            trips = -(-_count(_member_map(node, k)) // threads.get(k, 1))
+            trips = -(-value_count(member_map(node, k)) // threads.get(k, 1))
             if not full or copies * trips > self.unroll or k in on_blocks:
                 return node, copies, False
             node = node.band_member_set_ast_loop_type(k, isl.ast_loop_type.unroll)
@@ -314,17 +342,16 @@ def _sync_graft(node: isl.ScheduleNode) -> isl.ScheduleNode:
 
 # -- helpers -------------------------------------------------------------------------------------
 
+def _constant(domain: isl.UnionSet, value: int) -> isl.UnionMap:
+    """Every instance of domain -> [value]."""
+    return isl.UnionMap.from_domain_and_range(domain, isl.UnionSet(f"{{ [{value}] }}"))
+
+
 def _union_sets(sets):
     out = None
     for s in sets:
         out = s if out is None else out.union(s)
     return out
-
-def _member_map(node: isl.ScheduleNode, k: int) -> isl.UnionMap:
-    """Statement instance -> [value of band member k], over the band's domain."""
-    upa = node.band_get_partial_schedule().get_union_pw_aff(k)
-    return isl.UnionMap.from_union_pw_aff(upa).intersect_domain(node.get_domain())
-
 
 def _modulo_filter(node: isl.ScheduleNode, k: int, size: int, ident: str) -> isl.UnionSet:
     """The instances of node's domain whose member k value v has v mod size = ident."""
@@ -332,38 +359,3 @@ def _modulo_filter(node: isl.ScheduleNode, k: int, size: int, ident: str) -> isl
     equal = isl.Set(f"[{ident}] -> {{ [v] : v = {ident} }}")
     return isl.UnionMap.from_union_pw_aff(upa).intersect_domain(node.get_domain()) \
         .intersect_range(isl.UnionSet.from_set(equal)).domain()
-
-
-def _count(member: isl.UnionMap) -> int:
-    """How many consecutive values the member takes (max - min + 1), over all parameters."""
-    values = member.range()
-    if values.is_empty():
-        return 0
-    sets = []
-    values.foreach_set(sets.append)
-    lo = hi = None
-    for s in sets:
-        s = s.project_out(isl.dim_type.param, 0, s.dim(isl.dim_type.param))
-        a, b = s.dim_min_val(0).to_python(), s.dim_max_val(0).to_python()
-        lo = a if lo is None else min(lo, a)
-        hi = b if hi is None else max(hi, b)
-    return int(hi - lo + 1)
-
-
-def _keeps_value(deps: isl.UnionMap, outer: isl.UnionMap | None, member: isl.UnionMap) -> bool:
-    """Whether every dependence whose ends agree on `outer` also agrees on `member`."""
-    values = member if outer is None else outer.flat_range_product(member)
-    pairs = deps.apply_domain(values).apply_range(values)
-    if pairs.is_empty():
-        return True
-    deltas = pairs.deltas()
-    sets = []
-    deltas.foreach_set(sets.append)
-    for s in sets:
-        n = s.dim(isl.dim_type.set)
-        names = [f"d{i}" for i in range(n)]
-        same = " and ".join([f"{v} = 0" for v in names[:-1]] + [f"{names[-1]} != 0"])
-        differ = isl.Set(f"{{ [{', '.join(names)}] : {same} }}")
-        if not s.intersect(differ).is_empty():
-            return False
-    return True

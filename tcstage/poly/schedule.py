@@ -169,3 +169,46 @@ def _lex_lt(relation: isl.UnionMap) -> isl.UnionMap:
     for m in maps:
         out = out.union(isl.UnionMap.from_map(isl.Map.lex_lt(m.get_space().domain())))
     return out
+
+
+# -- band members as relations ----------------------------------------------------------------
+
+def member_map(node: isl.ScheduleNode, k: int) -> isl.UnionMap:
+    """Statement instance -> [value of band member k], over the band's domain."""
+    upa = node.band_get_partial_schedule().get_union_pw_aff(k)
+    return isl.UnionMap.from_union_pw_aff(upa).intersect_domain(node.get_domain())
+
+
+def value_count(member: isl.UnionMap) -> int:
+    """How many consecutive values the member takes (max - min + 1), over all parameters."""
+    values = member.range()
+    if values.is_empty():
+        return 0
+    sets = []
+    values.foreach_set(sets.append)
+    lo = hi = None
+    for s in sets:
+        s = s.project_out(isl.dim_type.param, 0, s.dim(isl.dim_type.param))
+        a, b = s.dim_min_val(0).to_python(), s.dim_max_val(0).to_python()
+        lo = a if lo is None else min(lo, a)
+        hi = b if hi is None else max(hi, b)
+    return int(hi - lo + 1)
+
+
+def keeps_value(deps: isl.UnionMap, outer: isl.UnionMap | None, member: isl.UnionMap) -> bool:
+    """Whether every dependence whose ends agree on `outer` also agrees on `member`."""
+    values = member if outer is None else outer.flat_range_product(member)
+    pairs = deps.apply_domain(values).apply_range(values)
+    if pairs.is_empty():
+        return True
+    deltas = pairs.deltas()
+    sets = []
+    deltas.foreach_set(sets.append)
+    for s in sets:
+        n = s.dim(isl.dim_type.set)
+        names = [f"d{i}" for i in range(n)]
+        same = " and ".join([f"{v} = 0" for v in names[:-1]] + [f"{names[-1]} != 0"])
+        differ = isl.Set(f"{{ [{', '.join(names)}] : {same} }}")
+        if not s.intersect(differ).is_empty():
+            return False
+    return True

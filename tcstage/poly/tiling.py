@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import attrs
 import islpy as isl
 
-from tcstage.poly.schedule import node_at, outermost_bands, path_of
+from tcstage.poly.schedule import keeps_value, member_map, node_at, outermost_bands, path_of
 
 
 @attrs.frozen
@@ -27,9 +27,11 @@ class Tiled:
     tile_sizes: tuple[int, ...]  # their sizes
 
 
-def tile_outer_band(schedule: isl.Schedule, sizes: Sequence[int]) -> Tiled:
+def tile_outer_band(schedule: isl.Schedule, sizes: Sequence[int], imperfectly_nested: bool = False,
+                    dependences: isl.UnionMap | None = None) -> Tiled:
     """The schedule with its outermost band (or the outermost band of each group of statements
-    that share no loop) tiled by `sizes`, outermost member first."""
+    that share no loop) tiled by `sizes`, outermost member first. With `imperfectly_nested`,
+    the point band then sinks below the loops nested inside it where `dependences` allow."""
     tiled_members: tuple[int, ...] = ()
     paths = [path_of(b) for b in outermost_bands(schedule)]
     for path in paths:  # tiling one band leaves the paths of the others unchanged
@@ -50,9 +52,43 @@ def tile_outer_band(schedule: isl.Schedule, sizes: Sequence[int]) -> Tiled:
                 point = _append(point, upa)
         node = band.delete()
         node = node.insert_partial_schedule(point).band_set_permutable(1)
-        schedule = node.insert_partial_schedule(tile).band_set_permutable(1).get_schedule()
+        node = node.insert_partial_schedule(tile).band_set_permutable(1)
+        if imperfectly_nested:
+            node = _sink(node.child(0), dependences).parent()
+        schedule = node.get_schedule()
         tiled_members = max(tiled_members, tiled, key=len)
     return Tiled(schedule, tiled_members, tuple(int(sizes[k]) for k in tiled_members))
+
+
+def _sink(point: isl.ScheduleNode, dependences: isl.UnionMap) -> isl.ScheduleNode:
+    """Imperfectly nested tiling (paper, Section 5.3): a point band whose loops carry no
+    dependence can be sunk below any other loop, so it moves down to every leaf of its subtree,
+    restricted to that leaf's statements. Then the loops nested inside it (a reduction band, the
+    members of a sequence) run outside the point loops, e.g. sgemm's `k` loop outside the (i, j)
+    points of a tile. Only the leading members that no dependence crosses sink; the others
+    stay in a band of their own above."""
+    if point.child(0).get_type() == isl.schedule_node_type.leaf:
+        return point  # nothing nested inside it
+    deps = dependences.intersect_domain(point.get_domain()).intersect_range(point.get_domain())
+    parallel = 0
+    while parallel < point.band_n_member() and keeps_value(deps, None,
+                                                           member_map(point, parallel)):
+        parallel += 1
+    if parallel == 0:
+        return point
+    if parallel < point.band_n_member():  # the leading parallel members sink, the rest stay
+        point = point.band_split(parallel)
+    partial = point.band_get_partial_schedule()
+
+    def down(node: isl.ScheduleNode) -> isl.ScheduleNode:
+        if node.get_type() == isl.schedule_node_type.leaf:
+            mine = partial.intersect_domain(node.get_domain())
+            return node.insert_partial_schedule(mine).band_set_permutable(1)
+        for i in range(node.n_children()):
+            node = down(node.child(i)).parent()
+        return node
+
+    return down(point.delete())
 
 
 def _append(mupa: isl.MultiUnionPwAff | None, upa: isl.UnionPwAff) -> isl.MultiUnionPwAff:
