@@ -218,3 +218,15 @@ def test_imperfectly_nested_tiling_sinks_point_loops_below_the_reduction():
     assert "<= 11" in flat[-1]  # the reduction (M = 12) is the innermost loop
     sunk = loops_around_update(base.tileImperfectlyNested(True))
     assert "<= 11" in sunk[0] and "t1" in sunk[1] and "t0" in sunk[2]
+
+
+def test_prepared_calls_reuse_their_arrays():
+    A, B = f32(6, 3), f32(5, 3)
+    k = tc.compile(TMM, "tmm", A, B, options=M().tile(2, 2).mapToThreads(2, 2),
+                   target="cuda-emulated")
+    call = k.prepare(A, B)
+    C = call()
+    np.testing.assert_allclose(C, A @ B.T, rtol=1e-5, atol=1e-5)
+    A[...] = 0  # inputs are bound by reference on the CPU: a new launch sees new values
+    call.launch()
+    assert call.results() is C and not C.any()

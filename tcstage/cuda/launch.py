@@ -95,15 +95,16 @@ def _allocator(arrays, gpuarray):
     return gpuarray.zeros
 
 
-def run_on_gpu(kernel, launcher: Launcher, binding):
-    """Runs `kernel` (a runtime.Kernel) on the bound arguments; outputs come back as numpy
-    arrays for numpy inputs, else in the inputs' framework."""
+def stage_on_gpu(kernel, binding):
+    """Device buffers and launch values for `kernel` (a runtime.Kernel) on the bound arguments;
+    returns (values, finish), where finish() brings the outputs back: numpy arrays for numpy
+    inputs, else arrays of the inputs' framework."""
     _, _, gpuarray = _pycuda()
     fn = kernel.compiled.fn
     device = [a for a in (*binding.arrays.values(), *binding.inout.values())
               if not isinstance(a, np.ndarray)]
     zeros = _allocator(device, gpuarray)
-    staged = {}  # numpy array id -> its device copy, alive until the results are back
+    staged = {}  # numpy array id -> its device copy, alive as long as the call
 
     def pointer(a, name="argument"):
         if isinstance(a, gpuarray.GPUArray):
@@ -120,15 +121,19 @@ def run_on_gpu(kernel, launcher: Launcher, binding):
         dtype = fn.checked.tensors[name].type.numpy
         buffers[name] = binding.inout[name] if name in binding.inout else \
             (zeros(shape, dtype) if device else gpuarray.zeros(shape, dtype))
-    launcher(kernel.launch_values(binding, buffers, pointer))
-    results = []
-    for name in fn.checked.outputs:
-        b = buffers[name]
-        if isinstance(b, np.ndarray):  # an in/out numpy output: copy the result back in place
-            b[...] = staged[id(b)].get()
-            results.append(b)
-        elif not device and isinstance(b, gpuarray.GPUArray):
-            results.append(b.get())
-        else:
-            results.append(b)
-    return results[0] if len(results) == 1 else tuple(results)
+    values = kernel.launch_values(binding, buffers, pointer)
+
+    def finish():
+        results = []
+        for name in fn.checked.outputs:
+            b = buffers[name]
+            if isinstance(b, np.ndarray):  # an in/out numpy output: copy back in place
+                b[...] = staged[id(b)].get()
+                results.append(b)
+            elif not device and isinstance(b, gpuarray.GPUArray):
+                results.append(b.get())
+            else:
+                results.append(b)
+        return results[0] if len(results) == 1 else tuple(results)
+
+    return values, finish

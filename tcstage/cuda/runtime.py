@@ -94,16 +94,23 @@ class Kernel:
     # -- running -----------------------------------------------------------------------------
     def __call__(self, *inputs, out=None):
         """Runs the kernel. Returns an array, or a tuple for several outputs."""
-        fn = self.compiled.fn
-        binding = fn.bind(inputs, out)
+        return self.prepare(*inputs, out=out)()
+
+    def prepare(self, *inputs, out=None) -> "PreparedCall":
+        """Checks the arguments and allocates the outputs once; the returned call launches the
+        kernel on those same arrays as often as wanted, with no Python-side checking."""
+        binding = self.compiled.fn.bind(inputs, out)
         self._check_shapes(binding)
         if self.target == "cuda-emulated":
-            return self._run_emulated(binding)
-        from tcstage.cuda.launch import run_on_gpu
+            args, finish = self._stage_emulated(binding)
+            return PreparedCall(
+                lambda: emulate(self.cuda_source, self.name, self.grid, self.block, args), finish)
+        from tcstage.cuda.launch import Launcher, stage_on_gpu
         if self._launcher is None:
-            from tcstage.cuda.launch import Launcher
             self._launcher = Launcher(self.compiled.cuda)
-        return run_on_gpu(self, self._launcher, binding)
+        values, finish = stage_on_gpu(self, binding)
+        launcher = self._launcher
+        return PreparedCall(lambda: launcher(values), finish)
 
     run = __call__
 
@@ -142,9 +149,9 @@ class Kernel:
                 values.append(np.int32(sizes[p.source]))
         return values
 
-    def _run_emulated(self, binding):
+    def _stage_emulated(self, binding):
         fn = self.compiled.fn
-        for name, a in binding.arrays.items():
+        for name, a in (*binding.arrays.items(), *binding.inout.items()):
             if not isinstance(a, np.ndarray):
                 raise TCArgumentError(f"target 'cuda-emulated' runs on the CPU and takes numpy "
                                       f"arrays; {name} is a {type(a).__name__}")
@@ -154,12 +161,27 @@ class Kernel:
             buffers[name] = np.zeros(shape, dtype=fn.checked.tensors[name].type.numpy) \
                 if start is None else np.ascontiguousarray(start)
         args = self.launch_values(binding, buffers, pointer=np.ascontiguousarray)
-        emulate(self.cuda_source, self.name, self.grid, self.block, args)
-        for name, start in binding.inout.items():  # in/out outputs are updated in place
-            if start is not buffers[name]:
-                start[...] = buffers[name]
-        results = [binding.inout.get(n, buffers[n]) for n in fn.checked.outputs]
-        return results[0] if len(results) == 1 else tuple(results)
+
+        def finish():
+            for name, start in binding.inout.items():  # in/out outputs are updated in place
+                if start is not buffers[name]:
+                    start[...] = buffers[name]
+            results = [binding.inout.get(n, buffers[n]) for n in fn.checked.outputs]
+            return results[0] if len(results) == 1 else tuple(results)
+
+        return args, finish
+
+
+class PreparedCall:
+    """A kernel bound to its arrays: `call()` launches and returns the outputs; `launch()` only
+    launches (asynchronously on a GPU), `results()` returns the outputs of the last launch."""
+
+    def __init__(self, launch, finish):
+        self.launch, self.results = launch, finish
+
+    def __call__(self):
+        self.launch()
+        return self.results()
 
 
 def compile(source, name: str, *inputs, options=None, target: str = "cuda", out=None) -> Kernel:
