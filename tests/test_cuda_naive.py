@@ -107,3 +107,15 @@ def test_integer_semantics_types_and_builtins():
     F = f32(6)
     check(prog.f, (X, D, F), (X // 3, X % 3, D * 0.1 + 1e-300,
                               np.where(F > 0, np.exp(F), np.maximum(np.tanh(F), -0.5))))
+
+
+@pytest.mark.parametrize("type_name", ["int8", "int16", "int32", "int64", "uint8", "uint16",
+                                       "uint32", "uint64", "float16", "float32", "float64"])
+def test_every_scalar_type_compiles_and_computes(type_name):
+    prog = define(f"def f({type_name}(N) X, {type_name}(N) Y) -> (Z, M) {{\n"
+                  "  Z(i) = X(i) * Y(i) + X(i)\n  M(i) max=! X(i + k) where k in 0:2\n}")
+    X = (np.arange(7) % 5).astype(prog.f.checked.tensors["X"].type.numpy)
+    Y = (np.arange(7) % 3 + 1).astype(X.dtype)
+    Z = X * Y + X
+    M = np.maximum(X[:-1], X[1:])
+    check(prog.f, (X, Y), (Z, M))

@@ -27,7 +27,9 @@ from tcstage.lang.types import ScalarType
 from tcstage.poly.mapping import BLOCK_IDS, SYNC, THREAD_IDS, Mapped
 from tcstage.poly.scop import Scop
 
-PRELUDE = r"""// Integer division and remainder rounding toward negative infinity, as in Halide and TC.
+PRELUDE = r"""#include <cstdint>
+
+// Integer division and remainder rounding toward negative infinity, as in Halide and TC.
 template <typename T> __device__ __forceinline__ T tc_div(T a, T b) {
   T q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
@@ -35,6 +37,9 @@ template <typename T> __device__ __forceinline__ T tc_mod(T a, T b) {
   T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 #define floord(n, d) tc_div((n), (d))
+// min and max for half, which has no overloads of its own
+template <typename T> __device__ __forceinline__ T tc_min(T a, T b) { return b < a ? b : a; }
+template <typename T> __device__ __forceinline__ T tc_max(T a, T b) { return a < b ? b : a; }
 """
 
 _C_TYPES = {"float16": "half", "float32": "float", "float64": "double", "bool": "bool",
@@ -86,6 +91,12 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, options_text: str = "
     for s in scop.statements:
         body = printer.statement(s)
         args = ", ".join(s.iterators)
+        tc_statement = fn.statements[s.tc_statement]
+        text = " ".join(tc_statement.span.text().split()) if tc_statement.span else s.tensor
+        # `+=!` makes two statements: the reduction's identity first, then the update
+        first_of_two = any(o.tc_statement == s.tc_statement and o.definition > s.definition
+                           for o in scop.statements)
+        macros.append(f"// {s.name}: {'identity for ' if first_of_two else ''}{text}")
         macros.append(f"#define {s.name}({args}) {body}" if body else f"#define {s.name}({args})")
     ast = isl.AstBuild.from_context(mapped.context).node_from_schedule(mapped.schedule)
     loops = ast.to_C_str().rstrip()
@@ -105,7 +116,10 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, options_text: str = "
     body = "\n".join("  " + line for line in ids + loops.splitlines())
     undef = "\n".join(f"#undef {m}" for m in [SYNC] + [s.name for s in scop.statements])
     threads = math.prod(mapped.block)
-    source = (f"{PRELUDE}\n{comment}\nextern \"C\" __global__ void __launch_bounds__({threads}) "
+    prelude = PRELUDE
+    if any(t.type.name == "float16" for t in fn.tensors.values()) or "half" in "".join(macros):
+        prelude = "#include <cuda_fp16.h>\n" + prelude
+    source = (f"{prelude}\n{comment}\nextern \"C\" __global__ void __launch_bounds__({threads}) "
               f"{name}({header}) {{\n" + "\n".join(macros) + "\n" + body + "\n" + undef + "\n}\n")
     return CudaKernel(name, source, tuple(params), mapped.grid, mapped.block)
 
@@ -173,7 +187,8 @@ class _ValuePrinter:
             index = self.expr(a, local)[0]
             lo_text = self.size_expr(lo)
             term = index if lo_text == "0" else f"({index} - {lo_text})"
-            flat = term if flat is None else f"({flat}) * ({self.size_expr(extent)}) + {term}"
+            flat = term if flat is None else \
+                f"{_parenthesized(flat)} * {_parenthesized(self.size_expr(extent))} + {term}"
         return f"{self.c(tensor)}[{flat}]"
 
     def size_expr(self, tree: Tree) -> str:
@@ -222,7 +237,7 @@ class _ValuePrinter:
             return f"tc_{tag}<{c_type(ta)}>({a}, {b})", ta
         if tag in ("min", "max"):
             (a, ta), (b, _) = self.expr(t[1], local), self.expr(t[2], local)
-            return f"{tag}({a}, {b})", ta
+            return (f"tc_{tag}<half>({a}, {b})" if ta == "float16" else f"{tag}({a}, {b})"), ta
         if tag == "not":
             return f"(!{self.expr(t[1], local)[0]})", "bool"
         if tag == "select":
@@ -248,6 +263,18 @@ class _ValuePrinter:
         if name in ("likely", "likely_if_innermost", "promise_clamped", "unsafe_promise_clamped"):
             return args[0]
         raise TCError(f"the CUDA printer does not know Halide's '{name}' call")
+
+
+def _parenthesized(text: str) -> str:
+    """text in parentheses, unless it is a name, a number or one parenthesized group."""
+    if re.fullmatch(r"\w+", text):
+        return text
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and i < len(text) - 1 or i == 0 and ch != "(":
+            return f"({text})"
+    return text
 
 
 def _substitute(tree: Tree, name: str, value: Tree) -> Tree:

@@ -173,6 +173,19 @@ py::object to_tree(const Expr &e) {
         const HI::Cast *n = e.as<HI::Cast>();
         return py::make_tuple("cast", type_to_str(n->type), to_tree(n->value));
     }
+    case HI::IRNodeType::Reinterpret: {
+        // Lowering stores uint64 as int64; between integers of one width a reinterpretation
+        // keeps the bits, which is what a C cast between them does too.
+        const HI::Reinterpret *n = e.as<HI::Reinterpret>();
+        const Halide::Type from = n->value.type(), to = n->type;
+        if ((from.is_int() || from.is_uint()) && (to.is_int() || to.is_uint()) &&
+            from.bits() == to.bits() && from.lanes() == to.lanes()) {
+            return py::make_tuple("cast", type_to_str(to), to_tree(n->value));
+        }
+        throw std::invalid_argument("cannot convert a reinterpretation from " +
+                                    type_to_str(from) + " to " + type_to_str(to) +
+                                    " to a tcstage tree");
+    }
     case HI::IRNodeType::Add:
         return binary<HI::Add>("add", e);
     case HI::IRNodeType::Sub:
