@@ -61,3 +61,29 @@ def test_usage_errors(argv):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2
+
+
+def test_show_schedule_and_cuda_for_options(capsys):
+    options = "MappingOptions().tile(4, 4).mapToThreads(4, 2).mapToBlocks(2, 2)"
+    assert main(["show", str(EXAMPLES / "tmm.tc"), "--schedule", "--cuda", "--options", options,
+                 "--sizes", "M=8,K=4,N=8"]) == 0
+    out = capsys.readouterr().out
+    assert "schedule (isl scheduler, before tiling and mapping):" in out
+    assert "mapped schedule:" in out and "grid (2, 2, 1)" in out
+    assert "__global__" in out and options in out
+
+
+def test_run_on_the_emulated_gpu_compares_with_the_cpu(capsys):
+    assert main(["run", str(EXAMPLES / "mlp.tc"), "--fn", "MLP1", "--target", "cuda-emulated",
+                 "--options", "mlp", "--sizes", "B=4,M=8,N=8", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "compiled to CUDA" in out and "max |cuda-emulated - cpu| = " in out
+    diff = float(out.split("max |cuda-emulated - cpu| = ")[1].split()[0])
+    assert diff < 1e-4
+
+
+def test_bad_options_are_reported_with_a_caret(capsys):
+    assert main(["show", str(EXAMPLES / "tmm.tc"), "--cuda", "--options",
+                 "MappingOptions().mapToThreads(2048)"]) == 1
+    err = capsys.readouterr().err
+    assert "mapToThreads" in err and "^" in err
