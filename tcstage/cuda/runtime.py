@@ -17,6 +17,12 @@ from tcstage.halide.solver import evaluate
 TARGETS = ("cuda", "cuda-emulated")
 
 
+def _check_target(target: str) -> None:
+    if target not in TARGETS:
+        raise TCError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)} "
+                      "(the CPU back end is the TC function itself: prog.f(...))")
+
+
 def schedule_text(schedule: isl.Schedule) -> str:
     """An isl schedule tree in isl's indented (block) YAML form."""
     printer = isl.Printer.to_str(isl.DEFAULT_CONTEXT).set_yaml_style(isl.yaml_style.BLOCK)
@@ -31,9 +37,7 @@ class Kernel:
     """
 
     def __init__(self, compiled: Compiled, target: str):
-        if target not in TARGETS:
-            raise TCError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)} "
-                          "(the CPU back end is the TC function itself: prog.f(...))")
+        _check_target(target)
         self.compiled, self.target = compiled, target
         self._launcher = None
 
@@ -195,8 +199,6 @@ def compile(source, name: str, *inputs, options=None, target: str = "cuda", out=
     from tcstage.compiler import compile_cuda
     from tcstage.program import Program, define
 
-    if target not in TARGETS:
-        raise TCError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)} "
-                      "(the CPU back end is the TC function itself: prog.f(...))")
+    _check_target(target)  # before the work of compiling
     program = source if isinstance(source, Program) else define(source)
     return Kernel(compile_cuda(program[name], inputs, out, options), target)

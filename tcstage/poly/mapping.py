@@ -35,6 +35,7 @@ of the unrolled trip counts along any path stays at most n.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -109,10 +110,10 @@ def _block_bands(schedule, deps) -> list[isl.ScheduleNode]:
     bands = outermost_bands(schedule)
     if len(bands) > 1:
         domains = [b.get_domain() for b in bands]
-        for i, d in enumerate(domains):
-            others = _union_sets([e for j, e in enumerate(domains) if j != i])
-            if not deps.intersect_domain(d).intersect_range(others).is_empty():
-                return []  # blocks cannot wait for each other
+        for i, source in enumerate(domains):
+            for j, sink in enumerate(domains):
+                if i != j and not deps.intersect_domain(source).intersect_range(sink).is_empty():
+                    return []  # blocks cannot wait for each other
     return bands
 
 
@@ -169,6 +170,15 @@ class _ThreadDecisions:
         self.bands: dict[tuple[int, ...], _ThreadBand] = {}
         self.mapped_below: dict[tuple[int, ...], int] = {}
         self.thread_ids: list[tuple[isl.UnionSet, list[isl.UnionPwAff]]] = []
+        self._counts: dict[tuple[tuple[int, ...], int], int] = {}
+
+    def count(self, node: isl.ScheduleNode, path: tuple[int, ...], k: int) -> int:
+        """How many values member k of the band at path takes (filters and marks added while
+        inserting do not change it, so deciding and inserting share one computation)."""
+        key = (path, k)
+        if key not in self._counts:
+            self._counts[key] = value_count(member_map(node, k))
+        return self._counts[key]
 
     def visit(self, node: isl.ScheduleNode, path: tuple[int, ...]) -> int:
         below = max((self.visit(node.child(i), path + (i,)) for i in range(node.n_children())),
@@ -176,13 +186,14 @@ class _ThreadDecisions:
         self.mapped_below[path] = below
         if below or node.get_type() != _T.band:
             return below
-        band = self.choose(node, self.blocks.bands.get(path, {}))
+        band = self.choose(node, path, self.blocks.bands.get(path, {}))
         if band is None:
             return 0
         self.bands[path] = band
         return len(band.members)
 
-    def choose(self, node: isl.ScheduleNode, on_blocks: Sequence[int]) -> _ThreadBand | None:
+    def choose(self, node: isl.ScheduleNode, path: tuple[int, ...], on_blocks: Sequence[int]
+               ) -> _ThreadBand | None:
         domain = node.get_domain()
         deps = self.deps.intersect_domain(domain).intersect_range(domain)
         block_map = self.blocks.values.intersect_domain(domain) if self.blocks.values else None
@@ -192,9 +203,8 @@ class _ThreadDecisions:
         for k in reversed(range(node.band_n_member())):
             if k in on_blocks:
                 continue
-            member = member_map(node, k)
-            count = value_count(member)
-            if count <= 1 or not keeps_value(deps, block_map, member):
+            count = self.count(node, path, k)
+            if count <= 1 or not keeps_value(deps, block_map, member_map(node, k)):
                 continue
             members.append(k)
             sizes.append(min(self.threads[len(sizes)], count))
@@ -259,7 +269,7 @@ class _Insert:
             self.ends_with_sync.add(path)
         if kind == _T.band:
             on_blocks = self.decide.blocks.bands.get(path, {})
-            node, copies, full = self._unroll(node, band, on_blocks, copies, full)
+            node, copies, full = self._unroll(node, path, band, on_blocks, copies, full)
             if band is not None:
                 node = node.insert_filter(self._thread_filter(node, band))
         if kind == _T.leaf and self.n_threads and not under_threads:
@@ -271,8 +281,7 @@ class _Insert:
         separates iterations)."""
         grid = self.decide.blocks.bands.get(path, {})
         for k in range(band_node.band_n_member()):
-            count = value_count(member_map(band_node, k))
-            if count > grid.get(k, 1):
+            if self.decide.count(band_node, path, k) > grid.get(k, 1):
                 return True
         return False
 
@@ -294,9 +303,7 @@ class _Insert:
         domains = [node.child(i).child(0).get_domain() for i in range(n)]
         after = []
         for i in range(n - 1):
-            later = domains[i + 1]
-            for d in domains[i + 2:]:
-                later = later.union(d)
+            later = functools.reduce(isl.UnionSet.union, domains[i + 1:])
             if not synced[i] and \
                     not self.deps.intersect_domain(domains[i]).intersect_range(later).is_empty():
                 after.append(i)
@@ -314,12 +321,12 @@ class _Insert:
             self.syncs += 1
         return node
 
-    def _unroll(self, node, band: _ThreadBand | None, on_blocks, copies: int, full: bool):
+    def _unroll(self, node, path, band: _ThreadBand | None, on_blocks, copies: int, full: bool):
         if self.unroll <= 1:
             return node, copies, False
         threads = dict(zip(band.members, band.sizes)) if band else {}
         for k in reversed(range(node.band_n_member())):
-            trips = -(-value_count(member_map(node, k)) // threads.get(k, 1))
+            trips = -(-self.decide.count(node, path, k) // threads.get(k, 1))
             if not full or copies * trips > self.unroll or k in on_blocks:
                 return node, copies, False
             node = node.band_member_set_ast_loop_type(k, isl.ast_loop_type.unroll)
@@ -347,11 +354,6 @@ def _constant(domain: isl.UnionSet, value: int) -> isl.UnionMap:
     return isl.UnionMap.from_domain_and_range(domain, isl.UnionSet(f"{{ [{value}] }}"))
 
 
-def _union_sets(sets):
-    out = None
-    for s in sets:
-        out = s if out is None else out.union(s)
-    return out
 
 def _modulo_filter(node: isl.ScheduleNode, k: int, size: int, ident: str) -> isl.UnionSet:
     """The instances of node's domain whose member k value v has v mod size = ident."""
