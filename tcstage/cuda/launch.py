@@ -8,6 +8,8 @@ context, the one PyTorch and CuPy use, so their pointers are valid in our launch
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from tcstage.cuda.codegen import CudaKernel
@@ -19,6 +21,7 @@ _STRUCT = {"int8": "b", "uint8": "B", "int16": "h", "uint16": "H", "int32": "i",
            "bool": "?"}
 
 
+@functools.cache  # a failure raises, and is not cached: a later call tries again
 def _pycuda():
     """pycuda's driver, compiler and gpuarray modules, with a clear error if they cannot work."""
     try:
@@ -117,7 +120,7 @@ def stage_on_gpu(kernel, binding):
         return np.intp(device_pointer(a, name))
 
     buffers = {}
-    for name, shape in kernel.buffer_shapes().items():
+    for name, shape in kernel.buffer_shapes.items():
         dtype = fn.checked.tensors[name].type.numpy
         buffers[name] = binding.inout[name] if name in binding.inout else \
             (zeros(shape, dtype) if device else gpuarray.zeros(shape, dtype))

@@ -6,6 +6,8 @@ launch on a GPU through pycuda (`target="cuda"`) or on the CPU under emulation
 
 from __future__ import annotations
 
+import functools
+
 import islpy as isl
 import numpy as np
 
@@ -129,6 +131,7 @@ class Kernel:
                 f"this kernel of '{fn.name}' was compiled for {show(want)}; the arguments give "
                 f"{show(binding)}", notes=("compile again for these shapes with tc.compile",))
 
+    @functools.cached_property
     def buffer_shapes(self) -> dict:
         """Output and temporary tensor -> shape, for this kernel's sizes."""
         c = self.compiled
@@ -160,7 +163,7 @@ class Kernel:
                 raise TCArgumentError(f"target 'cuda-emulated' runs on the CPU and takes numpy "
                                       f"arrays; {name} is a {type(a).__name__}")
         buffers = {}
-        for name, shape in self.buffer_shapes().items():
+        for name, shape in self.buffer_shapes.items():
             start = binding.inout.get(name)
             buffers[name] = np.zeros(shape, dtype=fn.checked.tensors[name].type.numpy) \
                 if start is None else np.ascontiguousarray(start)
