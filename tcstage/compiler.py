@@ -8,6 +8,7 @@ Figure 2), each a function of its own module.
     schedule    the isl scheduler with a fusion strategy         (poly/schedule.py)
     tile        the outermost band                               (poly/tiling.py)
     map         blocks, threads, barriers, unrolling             (poly/mapping.py)
+    promote     shared and private memory, copies and barriers   (poly/promotion.py)
     codegen     CUDA source from the isl AST                     (cuda/codegen.py)
 
 Sizes: the scop is extracted once with symbolic sizes. The scheduler sees them symbolic, as in
@@ -29,12 +30,13 @@ from tcstage.errors import TCError
 from tcstage.halide.lower import Lowered
 from tcstage.options import MappingOptions
 from tcstage.poly.mapping import Mapped, map_to_gpu
+from tcstage.poly.promotion import Promoted, promote
 from tcstage.poly.schedule import compute_schedule
 from tcstage.poly.scop import Scop, check_bounds, compute_dependences, extract_scop, specialize
 from tcstage.poly.tiling import Tiled, tile_outer_band
 from tcstage.program import Binding, TCFunction
 
-STAGES = ("lower", "extract", "dependences", "schedule", "tile", "map", "codegen")
+STAGES = ("lower", "extract", "dependences", "schedule", "tile", "map", "promote", "codegen")
 
 
 @attrs.frozen
@@ -49,6 +51,7 @@ class Compiled:
     schedule: isl.Schedule  # from the isl scheduler, before tiling
     tiled: Tiled
     mapped: Mapped
+    promoted: Promoted
     cuda: CudaKernel
     timings: dict  # stage -> seconds
 
@@ -98,6 +101,10 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None) -> Comp
     mapped = map_to_gpu(tiled.schedule, dependences.intersect_params(scop.context), scop.context,
                         options)
     lap("map")
-    cuda = generate(lowered, scop, mapped, str(options))
+    dtypes = {name: t.type.name for name, t in lowered.fn.tensors.items()}
+    promoted = promote(scop, mapped, options, dtypes)
+    lap("promote")
+    cuda = generate(lowered, scop, mapped, promoted, str(options), options.use_read_only_cache)
     lap("codegen")
-    return Compiled(fn, options, binding, lowered, scop, schedule, tiled, mapped, cuda, timings)
+    return Compiled(fn, options, binding, lowered, scop, schedule, tiled, mapped, promoted, cuda,
+                    timings)

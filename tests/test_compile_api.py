@@ -40,7 +40,7 @@ def test_kernel_object_shows_what_was_generated():
     text = k.describe()
     assert "schedule (isl scheduler" in text and "grid (3, 3, 1)" in text
     assert set(k.timings) == {"lower", "extract", "dependences", "schedule", "tile", "map",
-                              "codegen"}
+                              "promote", "codegen"}
     assert k.sizes == {"M": 12, "K": 8, "N": 10}
     np.testing.assert_allclose(k(A, B), A @ B.T, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(k.run(A, B), A @ B.T, rtol=1e-5, atol=1e-5)

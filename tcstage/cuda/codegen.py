@@ -22,9 +22,10 @@ import islpy as isl
 
 from tcstage.errors import TCError
 from tcstage.halide.lower import Lowered
-from tcstage.halide.solver import Tree, isl_name
+from tcstage.halide.solver import Tree, isl_name, tree_to_str
 from tcstage.lang.types import ScalarType
 from tcstage.poly.mapping import BLOCK_IDS, SYNC, THREAD_IDS, Mapped
+from tcstage.poly.promotion import Promoted, Promotion
 from tcstage.poly.scop import Scop
 
 PRELUDE = r"""#include <cstdint>
@@ -83,11 +84,24 @@ def c_type(t: str | ScalarType) -> str:
     return _C_TYPES[t if isinstance(t, str) else t.name]
 
 
-def generate(lowered: Lowered, scop: Scop, mapped: Mapped, options_text: str = "") -> CudaKernel:
-    """The CUDA kernel running `mapped` (a schedule of `scop` mapped to blocks and threads)."""
+def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted | None = None,
+             options_text: str = "", read_only_cache: bool = False) -> CudaKernel:
+    """The CUDA kernel running `promoted` (`mapped`, a schedule of `scop` mapped to blocks and
+    threads, with promoted array tiles), or `mapped` itself."""
     fn = lowered.fn
-    printer = _ValuePrinter(lowered, scop)
+    printer = _ValuePrinter(lowered, scop, promoted.promotions if promoted else (),
+                            read_only_cache)
     macros = [f"#define {SYNC}() __syncthreads()"]
+    declarations = []
+    for p in promoted.promotions if promoted else ():
+        dims = "".join(f"[{d}]" for d in p.padded) or "[1]"
+        space = "__shared__ " if p.memory == "shared" else ""
+        declarations.append(f"{space}{c_type(p.dtype)} {p.buffer}{dims};")
+        for name, inward in ((p.copy_in, True), (p.copy_out, False)):
+            if name:
+                macros.append(f"// {'copy-in to' if inward else 'copy-out from'} {p.memory} "
+                              f"memory: {p.tensor}")
+                macros.append(printer.copy(name, p, inward))
     for s in scop.statements:
         body = printer.statement(s)
         args = ", ".join(s.iterators)
@@ -98,7 +112,8 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, options_text: str = "
                            for o in scop.statements)
         macros.append(f"// {s.name}: {'identity for ' if first_of_two else ''}{text}")
         macros.append(f"#define {s.name}({args}) {body}" if body else f"#define {s.name}({args})")
-    ast = isl.AstBuild.from_context(mapped.context).node_from_schedule(mapped.schedule)
+    tree = promoted.schedule if promoted else mapped.schedule
+    ast = isl.AstBuild.from_context(mapped.context).node_from_schedule(tree)
     loops = ast.to_C_str().rstrip()
     params = printer.parameters()
     name = re.sub(r"\W", "_", fn.name)
@@ -113,8 +128,10 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, options_text: str = "
            if g > 1]
     ids += [f"const int {t} = threadIdx.{x};" for t, x, n in zip(THREAD_IDS, "xyz", mapped.block)
             if n > 1]
-    body = "\n".join("  " + line for line in ids + loops.splitlines())
-    undef = "\n".join(f"#undef {m}" for m in [SYNC] + [s.name for s in scop.statements])
+    body = "\n".join("  " + line for line in ids + declarations + loops.splitlines())
+    copies = [n for p in (promoted.promotions if promoted else ()) for n in (p.copy_in, p.copy_out)
+              if n]
+    undef = "\n".join(f"#undef {m}" for m in [SYNC] + copies + [s.name for s in scop.statements])
     threads = math.prod(mapped.block)
     prelude = PRELUDE
     if any(t.type.name == "float16" for t in fn.tensors.values()) or "half" in "".join(macros):
@@ -131,8 +148,13 @@ def _dim3(d) -> str:
 class _ValuePrinter:
     """Prints statement bodies: Halide value trees as typed C expressions."""
 
-    def __init__(self, lowered: Lowered, scop: Scop):
+    def __init__(self, lowered: Lowered, scop: Scop, promotions=(), read_only_cache=False):
         self.lowered, self.scop, self.fn = lowered, scop, lowered.fn
+        self.promoted = {ref: p for p in promotions for ref in p.references}
+        self.statement_iterators = {s.name: s.iterators for s in scop.statements}
+        self.current: str | None = None  # the statement being printed
+        self.read_only = {t.name for t in self.fn.inputs if t.rank and t.type.name != "bool"} \
+            if read_only_cache else set()
         self.halide_names = lowered.halide_names()
         self.size_names = {h: isl_name(t) for h, t in lowered.size_symbols().items()}
         self.size_names.update({t: isl_name(t) for t in scop.param_sizes.values()})
@@ -141,7 +163,8 @@ class _ValuePrinter:
     def c(self, name: str) -> str:
         """The C name of a tensor or scalar: its TC name unless that clashes with C++, the
         generated names (loops c0.., ids b0.. t0.., statements S0.., sizes _N) or CUDA."""
-        clash = name in _RESERVED or re.fullmatch(r"[bctS]\d+", name) or name.startswith("_")
+        clash = name in _RESERVED or re.fullmatch(r"[bctS]\d+|(shared|private)_\w+", name) \
+            or name.startswith("_")
         return f"tc_{name}" if clash else name
 
     # -- the kernel's parameters -------------------------------------------------------------
@@ -173,15 +196,40 @@ class _ValuePrinter:
         if tensor.inout and value[0] == "read" and self.halide_names.get(value[1]) == s.tensor:
             return ""  # `C = C_in`: the kernel updates the caller's C in place
         local = {h: f"({isl_name(h)})" for h in s.halide_iterators}  # macro arguments
-        target = self.element(s.tensor, s.lhs, local)
-        return f"{target} = {self.expr(value, local)[0]};"
+        self.current = s.name
+        target = self.element(s.tensor, s.lhs, local, write=True)
+        text = f"{target} = {self.expr(value, local)[0]};"
+        self.current = None
+        return text
 
-    def element(self, tensor: str, halide_args: tuple, local) -> str:
-        """`T[flat]` for a read or write with Halide-ordered subscripts."""
+    def copy(self, name: str, p: Promotion, inward: bool) -> str:
+        """The macro of a copy statement `name(prefix..., element...)` between global memory
+        and p's buffer."""
+        rank = len(p.sizes)
+        args = [f"_{k}" for k in range(p.prefix_dims + rank)]
+        element = args[p.prefix_dims:]
+        local = {a: f"({a})" for a in element}
+        halide_args = tuple(("var", a) for a in reversed(element))
+        outside = self.element(p.tensor, halide_args, local, write=not inward, promoted=False)
+        offsets = [_c_of(o, args[:p.prefix_dims]) for o in p.copy_offsets]
+        inside = _buffer_element(p, [f"({a})" for a in element], offsets)
+        target, source = (inside, outside) if inward else (outside, inside)
+        return f"#define {name}({', '.join(args)}) {target} = {source};"
+
+    def element(self, tensor: str, halide_args: tuple, local, write=False, promoted=True) -> str:
+        """`T[flat]` for a read or write with Halide-ordered subscripts (or the promoted
+        buffer's element)."""
         bounds = self.lowered.ranges.tensors[tensor]
         args = list(reversed(halide_args))
+        if promoted and self.current is not None:
+            text = f"{tensor}(" + ", ".join(tree_to_str(a) for a in args) + ")"
+            p = self.promoted.get((self.current, text))
+            if p is not None:
+                names = self.statement_iterators[self.current]
+                offsets = [_c_of(o, names) for o in p.offsets[self.current]]
+                return _buffer_element(p, [self.expr(a, local)[0] for a in args], offsets)
         if not args:
-            return f"{self.c(tensor)}[0]"
+            return self._global(tensor, "0", write)
         flat = None
         for a, lo, extent in zip(args, bounds.mins, bounds.extents):
             index = self.expr(a, local)[0]
@@ -189,6 +237,11 @@ class _ValuePrinter:
             term = index if lo_text == "0" else f"({index} - {lo_text})"
             flat = term if flat is None else \
                 f"{_parenthesized(flat)} * {_parenthesized(self.size_expr(extent))} + {term}"
+        return self._global(tensor, flat, write)
+
+    def _global(self, tensor: str, flat: str, write: bool) -> str:
+        if not write and tensor in self.read_only:  # through the read-only data cache
+            return f"__ldg(&{self.c(tensor)}[{flat}])"
         return f"{self.c(tensor)}[{flat}]"
 
     def size_expr(self, tree: Tree) -> str:
@@ -263,6 +316,28 @@ class _ValuePrinter:
         if name in ("likely", "likely_if_innermost", "promise_clamped", "unsafe_promise_clamped"):
             return args[0]
         raise TCError(f"the CUDA printer does not know Halide's '{name}' call")
+
+
+def _buffer_element(p: Promotion, subscripts, offsets) -> str:
+    """buffer[s0 - o0][s1 - o1]..., the tile-relative element of a promoted tensor."""
+    if not subscripts:
+        return f"{p.buffer}[0]"
+    return p.buffer + "".join(f"[{s} - {_parenthesized(o)}]" if o != "0" else f"[{s}]"
+                              for s, o in zip(subscripts, offsets))
+
+
+def _c_of(pa: isl.PwAff, names) -> str:
+    """A piecewise quasi-affine function of a statement's (or copy's) instance as C, its
+    variables named `names` (macro arguments, parenthesized in the text)."""
+    n_in = pa.dim(isl.dim_type.in_)
+    first = pa.dim(isl.dim_type.param)
+    pa = pa.move_dims(isl.dim_type.param, first, isl.dim_type.in_, 0, n_in)
+    for k, name in enumerate(names):
+        pa = pa.set_dim_id(isl.dim_type.param, first + k, isl.Id(name))
+    text = isl.AstBuild.from_context(pa.domain()).expr_from_pw_aff(pa).to_C_str()
+    if not names:
+        return text
+    return re.sub(r"\b(" + "|".join(map(re.escape, names)) + r")\b", r"(\1)", text)
 
 
 def _parenthesized(text: str) -> str:

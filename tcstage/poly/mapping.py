@@ -49,6 +49,10 @@ from tcstage.poly.schedule import (keeps_value, member_map, node_at, outermost_b
 BLOCK_IDS = ("b0", "b1", "b2")  # blockIdx.x, .y, .z
 THREAD_IDS = ("t0", "t1", "t2")  # threadIdx.x, .y, .z
 SYNC = "_sync"  # the extension statement that prints as __syncthreads()
+# Marks left for memory promotion: KERNEL sits below each block-mapped band (where a block's
+# work begins), THREADS + k above each thread filter (k: the band member on threadIdx.x).
+KERNEL = "kernel"
+THREADS = "threads_x"
 
 _T = isl.schedule_node_type
 
@@ -138,7 +142,8 @@ def _map_blocks(schedule, deps, blocks: Sequence[int]) -> tuple[isl.Schedule, _B
             grid[d] = max(grid[d], size)
     n_dims = sum(1 for g in grid if g > 1)
     if not n_dims:
-        return schedule, _Blocks({}, (1, 1, 1), None)
+        root = schedule.get_root().child(0).insert_mark(isl.Id(KERNEL))
+        return root.get_schedule(), _Blocks({}, (1, 1, 1), None)
     bands, values = {}, None
     for path, members in chosen.items():  # inserting in one branch leaves the others' paths
         band = node_at(schedule, path)
@@ -149,6 +154,7 @@ def _map_blocks(schedule, deps, blocks: Sequence[int]) -> tuple[isl.Schedule, _B
         filter_ = filter_.intersect_params(
             isl.Set(f"[{', '.join(BLOCK_IDS[:n_dims])}] -> {{ : {' and '.join(zero)} }}"))
         band = band.insert_filter(filter_).child(0)
+        band = band.child(0).insert_mark(isl.Id(KERNEL)).parent()
         schedule = band.get_schedule()
         bands[path_of(band)] = dict(members)
         own = None
@@ -272,6 +278,7 @@ class _Insert:
             node, copies, full = self._unroll(node, path, band, on_blocks, copies, full)
             if band is not None:
                 node = node.insert_filter(self._thread_filter(node, band))
+                node = node.insert_mark(isl.Id(f"{THREADS}{band.members[0]}"))
         if kind == _T.leaf and self.n_threads and not under_threads:
             node = node.insert_filter(node.get_domain().intersect_params(self._zero_threads(0)))
         return node, copies, full
@@ -314,7 +321,7 @@ class _Insert:
         if in_loop and (synced[-1] or after[-1:] == [n - 1]):
             self.ends_with_sync.add(path)
         depth = node.get_tree_depth()
-        grafts = [(i, _sync_graft(node.child(i).child(0))) for i in after]
+        grafts = [(i, sync_graft(node.child(i).child(0))) for i in after]
         for i, graft in grafts:
             grafted = node.child(i).child(0).graft_after(graft)
             node = grafted.ancestor(grafted.get_tree_depth() - depth)
@@ -335,7 +342,7 @@ class _Insert:
         return node, copies, full
 
 
-def _sync_graft(node: isl.ScheduleNode) -> isl.ScheduleNode:
+def sync_graft(node: isl.ScheduleNode) -> isl.ScheduleNode:
     """An extension adding one barrier after node, per iteration of the loops around it."""
     prefix = node.get_prefix_schedule_union_map().intersect_domain(node.get_domain()).range()
     sync = isl.Set(f"{{ {SYNC}[] }}")

@@ -1,0 +1,623 @@
+"""Memory promotion (paper, Section 5.5 and Appendix A.3): array tiles copied to shared memory
+per block and to private memory (registers) per thread, with the copies and barriers written
+into the mapped schedule tree as extension nodes.
+
+Where: at each *kernel scope*, the mark that mapping leaves below a block-mapped band (or at the
+top when nothing is mapped to blocks): everything below it is one block's work on one tile.
+`sharedDepth(d)` / `privateDepth(d)` move the scope down a chain of single-child nodes until d
+band members lie above it, never below a thread-mapped band. The *prefix* `p` is the value of
+the band members above the scope: a copy runs once per prefix value.
+
+What: for each tensor, its references under the scope are grouped. References whose footprints
+overlap, one of them writing, must share one buffer; others are merged when the box of the
+union is smaller than the two boxes. A group's *array tile* is the smallest box of constant
+size whose offset is a (piecewise quasi-affine) function of the prefix that covers the group's
+footprint; per dimension, the lexicographic minimum of the footprint is the offset and the
+largest extent over all prefixes is the size. Groups with a non-affine (indirect) reference
+have no tile.
+
+Shared memory, greedily in order of first reference while the budget lasts, takes a group if
+it has a tile, its elements are used more than once in the block, and some reference is not
+coalesced: consecutive x threads do not access consecutive elements of the last dimension.
+Copy-in brings the elements that are read before the block writes them, copy-out writes back
+what the block wrote; copies put the last dimension on threadIdx.x (coalesced), and the last
+dimension of a rank >= 2 buffer is padded to an odd length against bank conflicts. Barriers:
+after the copy-in, before the copy-out, and after the scope when it runs in a loop; the
+barriers mapping placed for dependences between threads stay, and they order the promoted
+accesses in the same way.
+
+Private memory takes, per thread, a group with a tile that the thread uses more than once,
+whose elements no other thread touches when it is written (a thread-private group), within
+PRIVATE_ELEMENTS elements per thread. Its copies run in the thread that owns them and are
+unrolled, so that with the compute loops unrolled too (`unroll`) nvcc keeps the buffer in
+registers; otherwise it lives in local memory (cached, still per thread).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import attrs
+import islpy as isl
+import numpy as np
+
+from tcstage.options import MappingOptions
+from tcstage.poly.mapping import KERNEL, THREAD_IDS, THREADS, Mapped, sync_graft
+from tcstage.poly.schedule import path_of
+from tcstage.poly.scop import Scop
+
+SHARED_BYTES = 48 * 1024  # static shared memory a block may declare without opting in
+PRIVATE_ELEMENTS = 64  # per thread: more would spill registers
+_T = isl.schedule_node_type
+
+
+@attrs.frozen
+class Reference:
+    statement: str
+    text: str  # Access.text: identifies the reference within its statement
+    write: bool
+    exact: bool
+    relation: isl.Map  # instance -> tensor element
+
+
+@attrs.frozen
+class Promotion:
+    """One group of references served from a buffer."""
+
+    tensor: str
+    memory: str  # 'shared' or 'private'
+    buffer: str  # the C array
+    dtype: str
+    sizes: tuple[int, ...]  # the array tile
+    padded: tuple[int, ...]  # the declared buffer
+    references: tuple[tuple[str, str], ...]  # (statement, reference text)
+    offsets: dict  # statement -> its tile offsets (isl.PwAff over the statement's instances)
+    copy_in: str | None  # copy statement names
+    copy_out: str | None
+    copy_offsets: tuple  # the offsets as isl.PwAff over the copy's prefix dims
+    prefix_dims: int
+
+    @property
+    def elements(self) -> int:
+        return math.prod(self.padded)
+
+    def nbytes(self, itemsize: int) -> int:
+        return self.elements * itemsize
+
+
+@attrs.frozen
+class Promoted:
+    schedule: isl.Schedule  # with copies and barriers; marks removed
+    context: isl.Set
+    promotions: tuple[Promotion, ...]
+    declined: tuple[str, ...]  # why other groups were not promoted, for `tcstage show`
+    syncs: int
+
+
+def promote(scop: Scop, mapped: Mapped, options: MappingOptions, dtypes: dict) -> Promoted:
+    """Promotes array tiles of `mapped` as `options` ask; dtypes: tensor -> element type name."""
+    state = _State(scop, mapped, options, dtypes)
+    node = mapped.schedule.get_root()
+    scopes = _find(node, KERNEL)
+    for path in scopes:  # promoting under one scope leaves the paths of the others
+        state.promote_at(path)
+    schedule = _strip_marks(state.schedule.get_root()).get_schedule()
+    return Promoted(schedule, mapped.context, tuple(state.promotions), tuple(state.declined),
+                    state.syncs)
+
+
+@attrs.frozen
+class _Plan:
+    """What to graft at one position: extension trees before and after it, and a last one
+    after everything else there."""
+
+    path: tuple[int, ...]
+    promotions: list
+    before: list
+    after: list
+    last: isl.ScheduleNode | None
+
+
+class _State:
+    def __init__(self, scop, mapped, options, dtypes):
+        self.scop, self.mapped, self.options, self.dtypes = scop, mapped, options, dtypes
+        self.itemsize = {t: np.dtype(d).itemsize for t, d in dtypes.items()}
+        self.shared_left = min(SHARED_BYTES, options.max_shared_memory
+                               if options.max_shared_memory is not None else SHARED_BYTES)
+        self.schedule = mapped.schedule
+        self.promotions: list[Promotion] = []
+        self.declined: list[str] = []
+        self.syncs = 0
+        self.statements = {s.name: s for s in scop.statements}
+        self.buffers: set[str] = set()
+
+    # -- one scope ---------------------------------------------------------------------------------
+    def promote_at(self, path: tuple[int, ...]) -> None:
+        """Decides on the untouched tree (isl cannot analyse below extension nodes), then grafts
+        the deeper scope's copies first so that the shallower scope's path stays valid."""
+        kernel = _node_at(self.schedule, path)
+        plans = []
+        shared_tensors: set[str] = set()
+        if self.options.use_shared_memory:
+            node = _descend(kernel, self.options.shared_depth)
+            plan = self._shared(node)
+            shared_tensors = {p.tensor for p in plan.promotions}
+            plans.append(plan)
+        if self.options.use_private_memory:
+            plans.append(self._private(_descend(kernel, self.options.private_depth),
+                                       shared_tensors))
+        for plan in sorted(plans, key=lambda p: -len(p.path)):
+            node = _node_at(self.schedule, plan.path)
+            depth = node.get_tree_depth()
+            for graft in plan.before:
+                node = node.graft_before(graft)
+            for graft in reversed(plan.after):
+                node = node.graft_after(graft)
+            if plan.last is not None:  # after everything at this position, copies included
+                node = _last_in_sequence(node).graft_after(plan.last)
+            self.schedule = node.ancestor(node.get_tree_depth() - depth).get_schedule()
+
+    def _references(self, domain: isl.UnionSet) -> dict[str, list[Reference]]:
+        """The references of the statements in domain, per tensor in order of appearance."""
+        out: dict[str, list[Reference]] = {}
+        for s in self.scop.statements:
+            mine = domain.extract_set(s.domain.get_space())
+            if mine.is_empty():
+                continue
+            for a, write in [(r, False) for r in s.reads] + [(s.write, True)]:
+                out.setdefault(a.tensor, []).append(
+                    Reference(s.name, a.text, write, a.exact, a.relation.intersect_domain(mine)))
+        return out
+
+    def _candidates(self, node, domain, memory, thread_ids=None):
+        """Groups of references at node with their tiles: (tensor, refs, tile or reason)."""
+        prefix = node.get_prefix_schedule_union_map().intersect_domain(domain)
+        context = self.mapped.context
+        for tensor, refs in self._references(domain).items():
+            groups = [[r] for r in refs]
+            tiles = [_tile(_footprint(g, prefix), context) for g in groups]
+            merged = True
+            while merged:
+                merged = False
+                for i in range(len(groups)):
+                    for j in range(i + 1, len(groups)):
+                        union = groups[i] + groups[j]
+                        tile = _tile(_footprint(union, prefix), context)
+                        if _must_group(groups[i], groups[j], prefix) or _smaller(
+                                tile, tiles[i], tiles[j]):
+                            groups[i], tiles[i] = union, tile
+                            del groups[j], tiles[j]
+                            merged = True
+                            break
+                    if merged:
+                        break
+            for g, tile in zip(groups, tiles):
+                yield tensor, g, tile, prefix
+
+    # -- shared memory -----------------------------------------------------------------------------
+    def _shared(self, node) -> "_Plan":
+        domain = node.get_domain()
+        leaves = _leaves(node)
+        chosen = []
+        for tensor, refs, tile, prefix in self._candidates(node, domain, "shared"):
+            label = f"shared {tensor} ({', '.join(sorted({r.text for r in refs}))})"
+            if tile is None:
+                self.declined.append(f"{label}: no fixed-size tile")
+                continue
+            if not _reused(refs, prefix, None):
+                self.declined.append(f"{label}: no element is used twice in a block")
+                continue
+            if all(_coalesced(r, leaves) for r in refs):
+                self.declined.append(f"{label}: every access is coalesced")
+                continue
+            sizes = tile[1]
+            padded = _padded(sizes)
+            nbytes = math.prod(padded) * self.itemsize[tensor]
+            if nbytes > self.shared_left:
+                self.declined.append(f"{label}: {nbytes} bytes exceed the {self.shared_left} "
+                                     "bytes of shared memory left")
+                continue
+            self.shared_left -= nbytes
+            chosen.append((tensor, refs, tile, prefix, padded))
+        copies_in, copies_out, made = [], [], []
+        for tensor, refs, (offsets, sizes), prefix, padded in chosen:
+            promotion, copy_in, copy_out = self._make(tensor, "shared", refs, offsets, sizes,
+                                                      padded, prefix, domain)
+            made.append(promotion)
+            if copy_in is not None:
+                copies_in.append(self._copy_tree(copy_in, promotion, threads=True))
+            if copy_out is not None:
+                copies_out.append(self._copy_tree(copy_out, promotion, threads=True))
+        sync = sync_graft(node)
+        before = copies_in + [sync] * bool(copies_in)
+        after = [sync] * bool(copies_out) + copies_out  # barrier first: others wrote the data
+        # in a loop, the next iteration's copies overwrite what this one may still read
+        last = sync if chosen and _runs_in_loop(node, domain, self.mapped.context) else None
+        self.syncs += len(before) + len(after) - len(copies_in) - len(copies_out) + bool(last)
+        return _Plan(path_of(node), made, before, after, last)
+
+    # -- private memory ----------------------------------------------------------------------------
+    def _private(self, node, shared_tensors: set[str]) -> "_Plan":
+        leaves = _leaves(node)
+        per_thread = None  # every instance with its thread ids as parameters
+        for leaf, _ in leaves:
+            d = leaf.get_domain()
+            per_thread = d if per_thread is None else per_thread.union(d)
+        if per_thread is None or not _has_thread_ids(per_thread):
+            return _Plan(path_of(node), [], [], [], None)
+        thread_map = _thread_map(per_thread)
+        budget = PRIVATE_ELEMENTS
+        chosen = []
+        for tensor, refs, tile, prefix in self._candidates(node, per_thread, "private"):
+            label = f"private {tensor} ({', '.join(sorted({r.text for r in refs}))})"
+            if tensor in shared_tensors:
+                continue
+            if tile is None:
+                self.declined.append(f"{label}: no fixed-size tile per thread")
+                continue
+            if any(r.write for r in refs) and not _thread_private(refs, prefix, thread_map):
+                self.declined.append(f"{label}: other threads access the elements it writes")
+                continue
+            if not _reused(refs, prefix, thread_map):
+                self.declined.append(f"{label}: no element is used twice by a thread")
+                continue
+            count = math.prod(tile[1])
+            if count > budget:
+                self.declined.append(f"{label}: {count} elements exceed the {budget} private "
+                                     "elements per thread left")
+                continue
+            budget -= count
+            chosen.append((tensor, refs, tile, prefix))
+        before, after, made = [], [], []
+        for tensor, refs, (offsets, sizes), prefix in chosen:
+            promotion, copy_in, copy_out = self._make(tensor, "private", refs, offsets, sizes,
+                                                      sizes, prefix, per_thread)
+            made.append(promotion)
+            if copy_in is not None:
+                before.append(self._copy_tree(copy_in, promotion, threads=False))
+            if copy_out is not None:
+                after.append(self._copy_tree(copy_out, promotion, threads=False))
+        return _Plan(path_of(node), made, before, after, None)
+
+    # -- building ----------------------------------------------------------------------------------
+    def _make(self, tensor, memory, refs, offsets, sizes, padded, prefix, domain):
+        """The Promotion and its copy-in / copy-out footprints ({prefix -> element})."""
+        base = f"{memory}_{tensor}"
+        buffer, k = base, 1
+        while buffer in self.buffers:
+            buffer, k = f"{base}_{k}", k + 1
+        self.buffers.add(buffer)
+        n = len(self.promotions)
+        offset_map = isl.Map.from_pw_multi_aff(offsets)
+        per_statement = {}
+        for r in refs:
+            if r.statement in per_statement:
+                continue
+            own = prefix.intersect_domain(isl.UnionSet.from_set(r.relation.domain()))
+            at = isl.Map.from_union_map(own).apply_range(offset_map)
+            pma = isl.PwMultiAff.from_map(at)
+            per_statement[r.statement] = tuple(pma.get_at(k) for k in range(len(sizes)))
+        live_in = _live_in(refs, prefix, self.scop)
+        written = _union_footprint([r for r in refs if r.write], prefix)
+        copy_in = copy_out = None
+        if live_in is not None and not live_in.is_empty():
+            copy_in = (f"_{n}in", live_in)
+        if written is not None and not written.is_empty():
+            copy_out = (f"_{n}out", written)
+        n_prefix = offsets.dim(isl.dim_type.in_)
+        copy_offsets = tuple(offsets.get_at(k) for k in range(len(sizes)))
+        promotion = Promotion(tensor, memory, buffer, self.dtypes[tensor], sizes, padded,
+                              tuple((r.statement, r.text) for r in refs), per_statement,
+                              copy_in and copy_in[0], copy_out and copy_out[0], copy_offsets,
+                              n_prefix)
+        self.promotions.append(promotion)
+        return promotion, copy_in, copy_out
+
+    def _copy_tree(self, copy, promotion: Promotion, threads: bool) -> isl.ScheduleNode:
+        """An extension node adding the copy statement, one instance per element and prefix,
+        with its loops over the tile (last dimension innermost, on threadIdx.x)."""
+        name, footprint = copy
+        offsets = isl.Map.from_pw_multi_aff(
+            _offsets_pma(promotion.copy_offsets, footprint))
+        pairs = offsets.product(footprint.range().identity()).intersect_domain(footprint.wrap())
+        relative = pairs.apply_range(pairs.range().unwrap().deltas_map())
+        relative = relative.flatten_domain().set_tuple_name(isl.dim_type.in_, name) \
+            .reset_tuple_id(isl.dim_type.out)
+        extension = footprint.domain_map().reverse().flatten_range() \
+            .set_tuple_name(isl.dim_type.out, name)
+        root = isl.ScheduleNode.from_extension(isl.UnionMap.from_map(extension))
+        rank = len(promotion.sizes)
+        node = root.child(0)
+        if rank:
+            node = node.insert_partial_schedule(
+                isl.MultiUnionPwAff.from_union_map(isl.UnionMap.from_map(relative)))
+            if not threads or self.options.unroll_copy_shared:
+                for k in range(rank):
+                    node = node.band_member_set_ast_loop_type(k, isl.ast_loop_type.unroll)
+        used = [THREAD_IDS[d] for d in range(3) if self.mapped.block[d] > 1] if threads else []
+        if used:  # the last dimension on threadIdx.x; thread ids left over copy nothing
+            conds = [f"(r{rank - 1 - i} - {t}) mod {self.mapped.block[THREAD_IDS.index(t)]} = 0"
+                     if i < rank else f"{t} = 0" for i, t in enumerate(used)]
+            dims = ", ".join(f"r{k}" for k in range(rank))
+            on_thread = isl.Set(f"[{', '.join(used)}] -> {{ [{dims}] : {' and '.join(conds)} }}")
+            node = node.insert_filter(
+                isl.UnionSet.from_set(relative.intersect_range(on_thread).domain()))
+        return node.ancestor(node.get_tree_depth())
+
+
+# -- footprints and tiles ---------------------------------------------------------------------
+
+def _footprint(refs: Sequence[Reference], prefix: isl.UnionMap) -> isl.Map | None:
+    """{prefix -> element} over the references."""
+    out = None
+    for r in refs:
+        part = isl.UnionMap.from_map(r.relation).apply_domain(prefix)
+        out = part if out is None else out.union(part)
+    return isl.Map.from_union_map(out) if out is not None and not out.is_empty() else None
+
+
+def _union_footprint(refs, prefix):
+    return _footprint(refs, prefix) if refs else None
+
+
+def _tile(footprint: isl.Map | None, context: isl.Set):
+    """(offsets as a PwMultiAff {prefix -> tensor[...]}, sizes) or None where no box of fixed
+    size covers the footprint (or a reference is not affine)."""
+    if footprint is None:
+        return None
+    footprint = footprint.intersect_params(context)
+    n = footprint.dim(isl.dim_type.out)
+    lows, sizes = None, []
+    for k in range(n):
+        one = footprint.project_out(isl.dim_type.out, k + 1, n - k - 1) \
+            .project_out(isl.dim_type.out, 0, k)
+        lo, hi = one.lexmin_pw_multi_aff(), one.lexmax_pw_multi_aff()
+        extent = hi.get_at(0).sub(lo.get_at(0)).max_val()
+        if not extent.is_int():
+            return None
+        sizes.append(extent.to_python() + 1)
+        lows = lo if lows is None else lows.flat_range_product(lo)
+    if lows is None:
+        space = footprint.get_space()
+        lows = isl.PwMultiAff.from_map(
+            isl.Map.from_domain_and_range(footprint.domain(), isl.Set.universe(
+                space.range())))
+    tensor = footprint.get_tuple_id(isl.dim_type.out)
+    return lows.set_tuple_id(isl.dim_type.out, tensor), tuple(sizes)
+
+
+def _smaller(union_tile, a, b) -> bool:
+    """Whether one box for both groups is smaller than their two boxes."""
+    if union_tile is None or a is None or b is None:
+        return False
+    return math.prod(union_tile[1]) < math.prod(a[1]) + math.prod(b[1])
+
+
+def _must_group(a, b, prefix) -> bool:
+    """References that touch a common element in one scope instance, one of them writing,
+    must share a buffer (or both stay in global memory)."""
+    if not any(r.write for r in a + b):
+        return False
+    fa, fb = _footprint(a, prefix), _footprint(b, prefix)
+    inexact = not all(r.exact for r in a + b)
+    return inexact or not fa.intersect(fb).is_empty()
+
+
+def _padded(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """Rows of odd length, so that a warp reading a column hits 32 different banks."""
+    if len(sizes) >= 2 and sizes[-1] % 2 == 0 and sizes[-1] > 1:
+        return sizes[:-1] + (sizes[-1] + 1,)
+    return sizes
+
+
+def _tagged(refs, prefix, thread_map):
+    """{reference-tagged instance -> [prefix (, thread) -> element]}: injective iff no element
+    is used twice (per scope instance, and per thread with thread_map)."""
+    out = None
+    for k, r in enumerate(refs):
+        own = isl.UnionMap.from_map(r.relation)
+        where = prefix.intersect_domain(own.domain())
+        if thread_map is not None:
+            where = where.range_product(thread_map.intersect_domain(own.domain()))
+        part = where.range_product(own)
+        part = isl.UnionMap.from_map(isl.Map.from_union_map(part).set_tuple_name(
+            isl.dim_type.in_, f"{r.statement}_ref{k}"))
+        out = part if out is None else out.union(part)
+    return out
+
+
+def _reused(refs, prefix, thread_map) -> bool:
+    tagged = _tagged(refs, prefix, thread_map)
+    return tagged is not None and not tagged.is_injective()
+
+
+def _thread_private(refs, prefix, thread_map) -> bool:
+    """No element the group touches in a scope instance is touched by two threads."""
+    out = None
+    for r in refs:
+        own = isl.UnionMap.from_map(r.relation)
+        part = prefix.intersect_domain(own.domain()).range_product(own).reverse() \
+            .apply_range(thread_map)
+        out = part if out is None else out.union(part)
+    return out is None or out.is_single_valued()
+
+
+def _live_in(refs, prefix, scop: Scop) -> isl.Map | None:
+    """{prefix -> element} read in a scope instance before the instance writes it: what a
+    copy-in must bring (the program order decides "before"; the schedule respects it)."""
+    reads = [r for r in refs if not r.write]
+    if not reads:
+        return None
+    writes = [r for r in refs if r.write]
+    needed = None
+    order = scop.schedule.get_map()
+    for r in reads:
+        read = isl.UnionMap.from_map(r.relation)
+        pairs = read.wrap()  # [instance -> element]
+        if writes:
+            written = None
+            for w in writes:
+                # [instance -> element] -> writer instance, same element and prefix, earlier
+                wr = isl.UnionMap.from_map(w.relation)
+                same = read.range_map().apply_range(wr.reverse())  # [i -> a] -> w
+                where = read.domain_map().apply_range(prefix)  # [i -> a] -> p
+                same = same.intersect(where.apply_range(prefix.reverse()))
+                before = read.domain_map().apply_range(order.lex_gt_union_map(order))
+                hit = same.intersect(before).domain()
+                written = hit if written is None else written.union(hit)
+            pairs = pairs.subtract(written)
+        part = pairs.unwrap().apply_domain(prefix)
+        needed = part if needed is None else needed.union(part)
+    return isl.Map.from_union_map(needed) if not needed.is_empty() else None
+
+
+def _offsets_pma(offsets: tuple, footprint: isl.Map) -> isl.PwMultiAff:
+    out = None
+    for pa in offsets:
+        single = isl.PwMultiAff.from_pw_aff(pa)
+        out = single if out is None else out.flat_range_product(single)
+    return out.set_tuple_id(isl.dim_type.out, footprint.get_tuple_id(isl.dim_type.out))
+
+
+# -- coalescing -----------------------------------------------------------------------------------
+
+def _coalesced(ref: Reference, leaves) -> bool:
+    """Whether instances on consecutive x threads, all else equal, access consecutive elements
+    of the last dimension (a statement on no thread-mapped band is never coalesced)."""
+    if not ref.exact or ref.relation.dim(isl.dim_type.out) == 0:
+        return False
+    for leaf, x in leaves:
+        # the leaf's instances, for all threads at once
+        mine = isl.UnionSet.from_set(ref.relation.domain()).intersect(
+            _forget_threads(leaf.get_domain()))
+        if mine.is_empty():
+            continue
+        if x is None:
+            return False
+        schedule = _forget_threads(leaf.get_prefix_schedule_union_map()).intersect_domain(mine)
+        n = leaf.get_schedule_depth()
+        v = [f"v{k}" for k in range(n)]
+        w = [f"v{k} + 1" if k == x else f"v{k}" for k in range(n)]
+        step = isl.UnionMap(f"{{ [{', '.join(v)}] -> [{', '.join(w)}] }}")
+        access = schedule.reverse().apply_range(isl.UnionMap.from_map(ref.relation))
+        pairs = access.reverse().apply_range(step).apply_range(access)
+        rank = ref.relation.dim(isl.dim_type.out)
+        unit = isl.UnionSet(f"{{ {ref.relation.get_tuple_name(isl.dim_type.out)}"
+                            f"[{', '.join(['0'] * (rank - 1) + ['1'])}] }}")
+        if not pairs.deltas().is_subset(unit):
+            return False
+    return True
+
+
+# -- the tree -------------------------------------------------------------------------------------
+
+def _find(node: isl.ScheduleNode, mark: str, path=()) -> list[tuple[int, ...]]:
+    if node.get_type() == _T.mark and node.mark_get_id().get_name() == mark:
+        return [path]
+    out = []
+    for i in range(node.n_children()):
+        out += _find(node.child(i), mark, path + (i,))
+    return out
+
+
+def _node_at(schedule: isl.Schedule, path) -> isl.ScheduleNode:
+    node = schedule.get_root()
+    for i in path:
+        node = node.child(i)
+    return node
+
+
+def _descend(node: isl.ScheduleNode, depth: int | None) -> isl.ScheduleNode:
+    """From a kernel mark down single-child nodes until `depth` band members lie above, never
+    past a thread mark. None: the kernel mark's child."""
+    node = node.child(0)
+    while depth is not None and node.get_schedule_depth() < depth:
+        kind = node.get_type()
+        if kind == _T.mark and node.mark_get_id().get_name().startswith(THREADS):
+            break
+        if kind == _T.band:
+            room = depth - node.get_schedule_depth()
+            if room < node.band_n_member():
+                node = node.band_split(room)
+            node = node.child(0)
+        elif node.n_children() == 1:
+            node = node.child(0)
+        else:
+            break
+    return node
+
+
+def _leaves(node: isl.ScheduleNode):
+    """(leaf, position of its x-thread member in its prefix schedule, or None)."""
+    out = []
+
+    def walk(n, x):
+        if n.get_type() == _T.mark:
+            name = n.mark_get_id().get_name()
+            if name.startswith(THREADS):
+                x = n.get_schedule_depth() + int(name[len(THREADS):])
+        if n.get_type() == _T.leaf:
+            out.append((n, x))
+        for i in range(n.n_children()):
+            walk(n.child(i), x)
+
+    walk(node, None)
+    return out
+
+
+def _forget_threads(domain):
+    """A union set or map with its thread-id parameters projected out."""
+    for t in THREAD_IDS:
+        pos = domain.get_space().find_dim_by_name(isl.dim_type.param, t)
+        if pos >= 0:
+            domain = domain.project_out(isl.dim_type.param, pos, 1)
+    return domain
+
+
+def _has_thread_ids(domain: isl.UnionSet) -> bool:
+    space = domain.get_space()
+    return any(space.find_dim_by_name(isl.dim_type.param, t) >= 0 for t in THREAD_IDS)
+
+
+def _thread_map(domain: isl.UnionSet) -> isl.UnionMap:
+    """instance -> [t0, t1, t2] from a domain constrained by thread-id parameters."""
+    out = None
+    sets = []
+    domain.foreach_set(sets.append)
+    for s in sets:
+        m = isl.Map.from_domain(s)
+        for k, t in enumerate(THREAD_IDS):
+            pos = m.find_dim_by_name(isl.dim_type.param, t)
+            if pos < 0:  # not used by the kernel: always 0
+                m = m.insert_dims(isl.dim_type.out, k, 1).fix_val(isl.dim_type.out, k, 0)
+            else:
+                m = m.move_dims(isl.dim_type.out, k, isl.dim_type.param, pos, 1)
+        part = isl.UnionMap.from_map(m)
+        out = part if out is None else out.union(part)
+    return out
+
+
+def _runs_in_loop(node, domain, context) -> bool:
+    """Whether the prefix above node takes several values within one block."""
+    prefix = node.get_prefix_schedule_union_map().intersect_domain(domain)
+    values = prefix.range().intersect_params(context)
+    if values.is_empty():
+        return False
+    values = isl.Set.from_union_set(values)
+    return not values.lexmin().is_equal(values)
+
+
+def _last_in_sequence(node: isl.ScheduleNode) -> isl.ScheduleNode:
+    """After grafting, node sits in a sequence (filter -> node); its last element's subtree."""
+    seq = node.parent().parent()
+    return seq.child(seq.n_children() - 1).child(0)
+
+
+def _strip_marks(node: isl.ScheduleNode) -> isl.ScheduleNode:
+    if node.get_type() == _T.mark:
+        node = node.delete()
+        return _strip_marks(node)
+    for i in range(node.n_children()):
+        node = _strip_marks(node.child(i)).parent()
+    return node
