@@ -91,7 +91,7 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted | 
     fn = lowered.fn
     printer = _ValuePrinter(lowered, scop, promoted.promotions if promoted else (),
                             read_only_cache)
-    macros = [f"#define {SYNC}() __syncthreads()"]
+    macros = []
     declarations = []
     for p in promoted.promotions if promoted else ():
         dims = "".join(f"[{d}]" for d in p.padded) or "[1]"
@@ -115,6 +115,8 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted | 
     tree = promoted.schedule if promoted else mapped.schedule
     ast = isl.AstBuild.from_context(mapped.context).node_from_schedule(tree)
     loops = ast.to_C_str().rstrip()
+    syncs = sorted(set(re.findall(rf"\b({SYNC}\d*)\(\);", loops)))
+    macros = [f"#define {b}() __syncthreads()" for b in syncs or [SYNC]] + macros
     params = printer.parameters()
     name = re.sub(r"\W", "_", fn.name)
     name = name if name[0].isalpha() or name[0] == "_" else "tc_" + name
@@ -131,7 +133,8 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted | 
     body = "\n".join("  " + line for line in ids + declarations + loops.splitlines())
     copies = [n for p in (promoted.promotions if promoted else ()) for n in (p.copy_in, p.copy_out)
               if n]
-    undef = "\n".join(f"#undef {m}" for m in [SYNC] + copies + [s.name for s in scop.statements])
+    undef = "\n".join(f"#undef {m}" for m in (syncs or [SYNC]) + copies
+                       + [s.name for s in scop.statements])
     threads = math.prod(mapped.block)
     prelude = PRELUDE
     if any(t.type.name == "float16" for t in fn.tensors.values()) or "half" in "".join(macros):

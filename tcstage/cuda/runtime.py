@@ -72,7 +72,7 @@ class Kernel:
     def schedule_tree(self) -> str:
         """The mapped schedule tree (filters on b0..b2 / t0..t2 are the block and thread
         mapping, `_sync` the barriers)."""
-        return schedule_text(self.compiled.mapped.schedule)
+        return schedule_text(self.compiled.promoted.schedule)
 
     @property
     def timings(self) -> dict:
@@ -90,7 +90,7 @@ class Kernel:
                  f"blocks: grid {m.grid} on {m.block_bands} band(s)",
                  f"threads: block {m.block} on {m.thread_bands} band(s); "
                  f"{m.syncs} barrier(s); {m.unrolled} loop(s) unrolled",
-                 "", "mapped schedule:", self.schedule_tree]
+                 c.promoted.describe(), "", "mapped schedule:", self.schedule_tree]
         return "\n".join(lines)
 
     def __repr__(self) -> str:

@@ -141,9 +141,10 @@ def _map_blocks(schedule, deps, blocks: Sequence[int]) -> tuple[isl.Schedule, _B
         for d, (_, size) in enumerate(members):
             grid[d] = max(grid[d], size)
     n_dims = sum(1 for g in grid if g > 1)
-    if not n_dims:
-        root = schedule.get_root().child(0).insert_mark(isl.Id(KERNEL))
-        return root.get_schedule(), _Blocks({}, (1, 1, 1), None)
+    if not n_dims:  # one block: its work on one tile still begins below each tile band
+        for path in chosen or [()]:
+            schedule = node_at(schedule, path).child(0).insert_mark(isl.Id(KERNEL)).get_schedule()
+        return schedule, _Blocks({}, (1, 1, 1), None)
     bands, values = {}, None
     for path, members in chosen.items():  # inserting in one branch leaves the others' paths
         band = node_at(schedule, path)
@@ -342,10 +343,11 @@ class _Insert:
         return node, copies, full
 
 
-def sync_graft(node: isl.ScheduleNode) -> isl.ScheduleNode:
-    """An extension adding one barrier after node, per iteration of the loops around it."""
+def sync_graft(node: isl.ScheduleNode, tag: int | None = None) -> isl.ScheduleNode:
+    """An extension adding one barrier at node, per iteration of the loops around it; a tag
+    tells apart barriers grafted into one sequence (isl filters them by statement name)."""
     prefix = node.get_prefix_schedule_union_map().intersect_domain(node.get_domain()).range()
-    sync = isl.Set(f"{{ {SYNC}[] }}")
+    sync = isl.Set(f"{{ {SYNC}{'' if tag is None else tag}[] }}")
     extension = isl.UnionMap.empty(sync.get_space().params())
     sets = []
     prefix.foreach_set(sets.append)

@@ -82,8 +82,19 @@ class Promotion:
     def elements(self) -> int:
         return math.prod(self.padded)
 
-    def nbytes(self, itemsize: int) -> int:
-        return self.elements * itemsize
+    @property
+    def nbytes(self) -> int:
+        return self.elements * np.dtype(self.dtype).itemsize
+
+    def describe(self) -> str:
+        tile = " x ".join(map(str, self.sizes)) or "1"
+        refs = "; ".join(f"{s}: {t}" for s, t in dict.fromkeys(self.references))
+        copies = ", ".join(c for c, name in (("copy-in", self.copy_in), ("copy-out",
+                                                                           self.copy_out)) if name)
+        dims = "".join(f"[{d}]" for d in self.padded)
+        return (f"{self.memory} {self.tensor}: {self.buffer}{dims} {self.dtype}, tile {tile}, "
+                f"{self.nbytes} bytes{' per thread' if self.memory == 'private' else ''}; "
+                f"{copies or 'no copies'}; references {refs}")
 
 
 @attrs.frozen
@@ -93,6 +104,14 @@ class Promoted:
     promotions: tuple[Promotion, ...]
     declined: tuple[str, ...]  # why other groups were not promoted, for `tcstage show`
     syncs: int
+
+    def describe(self) -> str:
+        shared = sum(p.nbytes for p in self.promotions if p.memory == "shared")
+        lines = [f"promotion: {shared} bytes of shared memory per block, {self.syncs} "
+                 "barrier(s) for copies"]
+        lines += [f"  {p.describe()}" for p in self.promotions]
+        lines += [f"  not promoted: {why}" for why in self.declined]
+        return "\n".join(lines)
 
 
 def promote(scop: Scop, mapped: Mapped, options: MappingOptions, dtypes: dict) -> Promoted:
@@ -155,7 +174,8 @@ class _State:
             for graft in reversed(plan.after):
                 node = node.graft_after(graft)
             if plan.last is not None:  # after everything at this position, copies included
-                node = _last_in_sequence(node).graft_after(plan.last)
+                node = _last_in_sequence(node).graft_after(plan.last) \
+                    if plan.before or plan.after else node.graft_after(plan.last)
             self.schedule = node.ancestor(node.get_tree_depth() - depth).get_schedule()
 
     def _references(self, domain: isl.UnionSet) -> dict[str, list[Reference]]:
@@ -205,7 +225,7 @@ class _State:
             if tile is None:
                 self.declined.append(f"{label}: no fixed-size tile")
                 continue
-            if not _reused(refs, prefix, None):
+            if not _reused(refs, prefix):
                 self.declined.append(f"{label}: no element is used twice in a block")
                 continue
             if all(_coalesced(r, leaves) for r in refs):
@@ -229,20 +249,24 @@ class _State:
                 copies_in.append(self._copy_tree(copy_in, promotion, threads=True))
             if copy_out is not None:
                 copies_out.append(self._copy_tree(copy_out, promotion, threads=True))
-        sync = sync_graft(node)
-        before = copies_in + [sync] * bool(copies_in)
-        after = [sync] * bool(copies_out) + copies_out  # barrier first: others wrote the data
+        before = copies_in + ([self._sync(node)] if copies_in else [])
+        # barrier first: other threads wrote the data
+        after = ([self._sync(node)] if copies_out else []) + copies_out
         # in a loop, the next iteration's copies overwrite what this one may still read
-        last = sync if chosen and _runs_in_loop(node, domain, self.mapped.context) else None
-        self.syncs += len(before) + len(after) - len(copies_in) - len(copies_out) + bool(last)
+        last = self._sync(node) if made and _runs_in_loop(node, domain, self.mapped.context) \
+            else None
         return _Plan(path_of(node), made, before, after, last)
+
+    def _sync(self, node) -> isl.ScheduleNode:
+        self.syncs += 1
+        return sync_graft(node, self.syncs)
 
     # -- private memory ----------------------------------------------------------------------------
     def _private(self, node, shared_tensors: set[str]) -> "_Plan":
         leaves = _leaves(node)
         per_thread = None  # every instance with its thread ids as parameters
-        for leaf, _ in leaves:
-            d = leaf.get_domain()
+        for leaf in leaves:
+            d = leaf.domain
             per_thread = d if per_thread is None else per_thread.union(d)
         if per_thread is None or not _has_thread_ids(per_thread):
             return _Plan(path_of(node), [], [], [], None)
@@ -259,7 +283,7 @@ class _State:
             if any(r.write for r in refs) and not _thread_private(refs, prefix, thread_map):
                 self.declined.append(f"{label}: other threads access the elements it writes")
                 continue
-            if not _reused(refs, prefix, thread_map):
+            if not _reused(refs, prefix):
                 self.declined.append(f"{label}: no element is used twice by a thread")
                 continue
             count = math.prod(tile[1])
@@ -372,8 +396,10 @@ def _tile(footprint: isl.Map | None, context: isl.Set):
     for k in range(n):
         one = footprint.project_out(isl.dim_type.out, k + 1, n - k - 1) \
             .project_out(isl.dim_type.out, 0, k)
-        lo, hi = one.lexmin_pw_multi_aff(), one.lexmax_pw_multi_aff()
-        extent = hi.get_at(0).sub(lo.get_at(0)).max_val()
+        lo = one.lexmin_pw_multi_aff()
+        # the largest distance from the offset, over every prefix and parameter value
+        distances = isl.Map.from_pw_multi_aff(lo).range_product(one).range().unwrap().deltas()
+        extent = distances.dim_max_val(0)
         if not extent.is_int():
             return None
         sizes.append(extent.to_python() + 1)
@@ -411,32 +437,27 @@ def _padded(sizes: tuple[int, ...]) -> tuple[int, ...]:
     return sizes
 
 
-def _tagged(refs, prefix, thread_map):
-    """{reference-tagged instance -> [prefix (, thread) -> element]}: injective iff no element
-    is used twice (per scope instance, and per thread with thread_map)."""
-    out = None
+def _reused(refs, prefix) -> bool:
+    """Whether some element is used twice in one scope instance: the map from
+    reference-tagged instances to [prefix -> element] is not injective. (With the thread ids
+    as parameters, as in private promotion, that is per thread.)"""
+    tagged = None
     for k, r in enumerate(refs):
         own = isl.UnionMap.from_map(r.relation)
-        where = prefix.intersect_domain(own.domain())
-        if thread_map is not None:
-            where = where.range_product(thread_map.intersect_domain(own.domain()))
-        part = where.range_product(own)
+        part = prefix.intersect_domain(own.domain()).range_product(own)
         part = isl.UnionMap.from_map(isl.Map.from_union_map(part).set_tuple_name(
             isl.dim_type.in_, f"{r.statement}_ref{k}"))
-        out = part if out is None else out.union(part)
-    return out
-
-
-def _reused(refs, prefix, thread_map) -> bool:
-    tagged = _tagged(refs, prefix, thread_map)
+        tagged = part if tagged is None else tagged.union(part)
     return tagged is not None and not tagged.is_injective()
 
 
 def _thread_private(refs, prefix, thread_map) -> bool:
-    """No element the group touches in a scope instance is touched by two threads."""
+    """No element the group touches in a scope instance is touched by two threads: with the
+    thread ids made explicit (thread_map), [prefix -> element] -> thread is single-valued."""
+    prefix = _forget_threads(prefix)
     out = None
     for r in refs:
-        own = isl.UnionMap.from_map(r.relation)
+        own = _forget_threads(isl.UnionMap.from_map(r.relation))
         part = prefix.intersect_domain(own.domain()).range_product(own).reverse() \
             .apply_range(thread_map)
         out = part if out is None else out.union(part)
@@ -487,16 +508,16 @@ def _coalesced(ref: Reference, leaves) -> bool:
     of the last dimension (a statement on no thread-mapped band is never coalesced)."""
     if not ref.exact or ref.relation.dim(isl.dim_type.out) == 0:
         return False
-    for leaf, x in leaves:
+    for leaf in leaves:
         # the leaf's instances, for all threads at once
         mine = isl.UnionSet.from_set(ref.relation.domain()).intersect(
-            _forget_threads(leaf.get_domain()))
+            _forget_threads(leaf.domain))
         if mine.is_empty():
             continue
-        if x is None:
+        if leaf.x is None:
             return False
-        schedule = _forget_threads(leaf.get_prefix_schedule_union_map()).intersect_domain(mine)
-        n = leaf.get_schedule_depth()
+        schedule = _forget_threads(leaf.schedule).intersect_domain(mine)
+        n, x = leaf.depth, leaf.x
         v = [f"v{k}" for k in range(n)]
         w = [f"v{k} + 1" if k == x else f"v{k}" for k in range(n)]
         step = isl.UnionMap(f"{{ [{', '.join(v)}] -> [{', '.join(w)}] }}")
@@ -529,12 +550,23 @@ def _node_at(schedule: isl.Schedule, path) -> isl.ScheduleNode:
 
 
 def _descend(node: isl.ScheduleNode, depth: int | None) -> isl.ScheduleNode:
-    """From a kernel mark down single-child nodes until `depth` band members lie above, never
-    past a thread mark. None: the kernel mark's child."""
+    """The scope of a kernel mark: its child, then down single-child nodes until `depth` band
+    members lie above, never past a thread mark. Where the block-mapped band is also mapped to
+    threads (an untiled band), the thread mark above it."""
+    above, outermost = node.parent(), None
+    while True:
+        if above.get_type() == _T.mark and above.mark_get_id().get_name().startswith(THREADS):
+            outermost = above
+        if not above.has_parent():
+            break
+        above = above.parent()
+    if outermost is not None:
+        return outermost
     node = node.child(0)
     while depth is not None and node.get_schedule_depth() < depth:
         kind = node.get_type()
-        if kind == _T.mark and node.mark_get_id().get_name().startswith(THREADS):
+        if kind == _T.mark and node.mark_get_id().get_name().startswith(THREADS) \
+                or kind == _T.extension:
             break
         if kind == _T.band:
             room = depth - node.get_schedule_depth()
@@ -548,21 +580,40 @@ def _descend(node: isl.ScheduleNode, depth: int | None) -> isl.ScheduleNode:
     return node
 
 
-def _leaves(node: isl.ScheduleNode):
-    """(leaf, position of its x-thread member in its prefix schedule, or None)."""
+@attrs.frozen
+class _Leaf:
+    domain: isl.UnionSet  # the statement instances reaching it (thread ids as parameters)
+    schedule: isl.UnionMap  # instance -> its prefix schedule at the leaf
+    depth: int  # band members above it
+    x: int | None  # position of the member on threadIdx.x in that schedule
+
+
+def _leaves(scope: isl.ScheduleNode) -> list[_Leaf]:
+    """The leaves below scope, with domains and schedules computed by walking the tree: isl
+    cannot compute them below the extension nodes of barriers."""
     out = []
 
-    def walk(n, x):
-        if n.get_type() == _T.mark:
+    def walk(n, domain, schedule, depth, x):
+        kind = n.get_type()
+        if kind == _T.mark:
             name = n.mark_get_id().get_name()
             if name.startswith(THREADS):
-                x = n.get_schedule_depth() + int(name[len(THREADS):])
-        if n.get_type() == _T.leaf:
-            out.append((n, x))
+                x = depth + int(name[len(THREADS):])
+        elif kind == _T.filter:
+            domain = domain.intersect(n.filter_get_filter())
+            schedule = schedule.intersect_domain(domain)
+        elif kind == _T.band:
+            partial = isl.UnionMap.from_multi_union_pw_aff(n.band_get_partial_schedule())
+            schedule = schedule.flat_range_product(partial.intersect_domain(domain))
+            depth += n.band_n_member()
+        elif kind == _T.leaf:
+            out.append(_Leaf(domain, schedule, depth, x))
         for i in range(n.n_children()):
-            walk(n.child(i), x)
+            walk(n.child(i), domain, schedule, depth, x)
 
-    walk(node, None)
+    domain = scope.get_domain()
+    walk(scope, domain, scope.get_prefix_schedule_union_map().intersect_domain(domain),
+         scope.get_schedule_depth(), None)
     return out
 
 

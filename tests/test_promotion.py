@@ -1,0 +1,247 @@
+"""Memory promotion: the paper's kernels with every combination of shared and private memory
+(and the read-only cache) still equal numpy under emulation, promotion decisions follow the
+paper's heuristics, copies bring only what is needed, and the barriers around copies are there
+and needed. Tricky cases: in-place updates, overlapping reads and writes of one tensor, strided
+and transposed accesses, tiles at the border of a size the tile does not divide, indirect reads.
+"""
+
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+import tcstage as tc
+from tcstage.cuda.emulate import EmulationRaceError, emulate
+
+from test_cuda_mapping import KERNELS, check
+
+M = tc.MappingOptions
+rng = np.random.default_rng(11)
+
+MEMORY = {
+    "shared": lambda o: o.useSharedMemory(True),
+    "private": lambda o: o.usePrivateMemory(True),
+    "both": lambda o: o.useSharedMemory(True).usePrivateMemory(True).unrollCopyShared(True),
+    "both+ldg": lambda o: o.useSharedMemory(True).usePrivateMemory(True).useReadOnlyCache(True),
+}
+BASES = {
+    "strided": M().tile(2, 3, 2).mapToThreads(4, 2).mapToBlocks(2, 3).unroll(4),
+    "imperfect": M().tile(2, 4, 2).mapToThreads(2, 2).mapToBlocks(3, 2)
+    .tileImperfectlyNested(True).unroll(2),
+    "wide": M().tile(4, 8).mapToThreads(8, 4).mapToBlocks(4, 4),
+}
+
+
+@pytest.mark.parametrize("memory", list(MEMORY))
+@pytest.mark.parametrize("base", list(BASES))
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_paper_kernels_with_promotion_match_numpy(kernel, base, memory):
+    check(kernel, MEMORY[memory](BASES[base]))
+
+
+def f32(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def _compile(source, name, *args, options, out=None):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        return tc.compile(source, name, *args, options=options, target="cuda-emulated", out=out)
+
+
+TMM = "def tmm(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,kk) * B(n,kk) }"
+PAPER_TMM = M().tile(4, 32).mapToThreads(32, 1).mapToBlocks(64, 128).useSharedMemory(True) \
+    .usePrivateMemory(True).unroll(4)
+
+
+def test_paper_tmm_listing_promotions():
+    """The paper's Appendix A.4.1 kernel: shared_A[4][33], shared_B[32][33], private_C[4][1],
+    one barrier after the copies, and C never read from global memory."""
+    A, B = f32(128, 32), f32(256, 32)
+    k = _compile(TMM, "tmm", A, B, options=PAPER_TMM)
+    src = k.cuda_source
+    assert "__shared__ float shared_A[4][33];" in src
+    assert "__shared__ float shared_B[32][33];" in src
+    assert "float private_C[4][1];" in src
+    # no copy-in for C: every element is written (the reduction's identity) before it is read
+    promos = {p.buffer: p for p in k.compiled.promoted.promotions}
+    assert promos["private_C"].copy_in is None and promos["private_C"].copy_out
+    assert promos["shared_A"].copy_out is None and promos["shared_B"].copy_out is None
+    assert len(re.findall(r"_sync\d*\(\);", src)) == 1
+    # C is written coalesced (n on threadIdx.x): not a shared-memory candidate
+    assert any("shared C" in d and "coalesced" in d for d in k.compiled.promoted.declined)
+    # the copies put the last subscript on threadIdx.x
+    assert re.search(r"_0in\(b0, b1, 4 \* b0 \+ c\d, t0\)", src), src
+    np.testing.assert_allclose(k(A, B), A @ B.T, rtol=1e-4, atol=1e-4)
+    text = k.describe()
+    assert "shared A: shared_A[4][33] float32, tile 4 x 32, 528 bytes" in text
+    assert "private C: private_C[4][1] float32, tile 4 x 1, 16 bytes per thread" in text
+
+
+def _strip_after_copies(source):
+    """The source without the barrier that follows the copy-in."""
+    return re.sub(r"_sync\d*\(\);", "", source, count=1)
+
+
+def test_barrier_after_copy_in_is_needed():
+    A, B = f32(16, 8), f32(32, 8)
+    k = _compile(TMM, "tmm", A, B, options=M().tile(4, 32).mapToThreads(32, 1)
+                 .mapToBlocks(4, 1).useSharedMemory(True))
+    assert k.compiled.promoted.syncs == 1
+    C = np.zeros((16, 32), np.float32)
+    args = [C, A, B] + [np.int32(k.sizes[s]) for s in ("K", "M", "N")]
+    assert [p.source for p in k.compiled.cuda.parameters] == ["C", "A", "B", "K", "M", "N"]
+    emulate(k.cuda_source, k.name, k.grid, k.block, args)
+    with pytest.raises(EmulationRaceError):
+        emulate(_strip_after_copies(k.cuda_source), k.name, k.grid, k.block, args)
+
+
+def test_tiles_loop_over_blocks_with_a_trailing_barrier():
+    """Fewer blocks than tiles: each block loops over tiles, so the next tile's copy-in must
+    wait until every thread is done with this one."""
+    A, B = f32(24, 8), f32(32, 8)
+    k = _compile(TMM, "tmm", A, B, options=M().tile(4, 32).mapToThreads(32, 1)
+                 .mapToBlocks(2, 1).useSharedMemory(True))
+    assert k.grid == (2, 1, 1)
+    assert k.compiled.promoted.syncs == 2
+    np.testing.assert_allclose(k(A, B), A @ B.T, rtol=1e-4, atol=1e-4)
+    C = np.zeros((24, 32), np.float32)
+    args = [C, A, B] + [np.int32(k.sizes[s]) for s in ("K", "M", "N")]
+    *_, last = re.finditer(r"_sync\d*\(\);", k.cuda_source)
+    racy = k.cuda_source[:last.start()] + k.cuda_source[last.end():]
+    with pytest.raises(EmulationRaceError):
+        emulate(racy, k.name, k.grid, k.block, args)
+
+
+def test_shared_memory_budget_is_respected():
+    A, B = f32(64, 32), f32(64, 32)
+    small = PAPER_TMM.maxSharedMemory(1000)
+    k = _compile(TMM, "tmm", A, B, options=small)
+    shared = [p for p in k.compiled.promoted.promotions if p.memory == "shared"]
+    assert sum(p.nbytes for p in shared) <= 1000
+    assert [p.tensor for p in shared] == ["A"]  # 528 bytes fit, then B's 4224 do not
+    assert any("4224 bytes exceed the 472 bytes" in d for d in k.compiled.promoted.declined)
+    np.testing.assert_allclose(k(A, B), A @ B.T, rtol=1e-4, atol=1e-4)
+
+
+def test_read_only_cache_loads_inputs_through_ldg():
+    A, B = f32(16, 8), f32(32, 8)
+    k = _compile(TMM, "tmm", A, B, options=M().tile(4, 32).mapToThreads(32).useReadOnlyCache(True))
+    assert "__ldg(&A[" in k.cuda_source and "__ldg(&B[" in k.cuda_source
+    assert "__ldg(&C" not in k.cuda_source  # outputs are written: never through the cache
+    np.testing.assert_allclose(k(A, B), A @ B.T, rtol=1e-4, atol=1e-4)
+
+
+# -- tricky promotions ----------------------------------------------------------------------------
+
+ALL = [M().tile(4, 4).mapToThreads(4, 2).mapToBlocks(2, 2).useSharedMemory(True)
+       .usePrivateMemory(True),
+       M().tile(3, 5).mapToThreads(5, 3).mapToBlocks(3, 2).useSharedMemory(True)
+       .usePrivateMemory(True).unroll(8).unrollCopyShared(True),
+       M().tile(8).mapToThreads(8).useSharedMemory(True).usePrivateMemory(True)
+       .tileImperfectlyNested(True)]
+
+
+@pytest.mark.parametrize("options", ALL)
+def test_in_place_update_copies_old_values_in(options):
+    """sgemm updates C in place: C is read before it is written, so its tile is copied in."""
+    src = """def sgemm(float a, float b, float(N,M) A, float(M,K) B) -> (C) {
+      C(n,k) = b * C(n,k)
+      C(n,k) += a * A(n,m) * B(m,k)
+    }"""
+    A, B, C0 = f32(9, 6), f32(6, 11), f32(9, 11)
+    k = _compile(src, "sgemm", 1.5, 0.5, A, B, options=options, out=C0.copy())
+    got = k(1.5, 0.5, A, B, out=C0.copy())
+    np.testing.assert_allclose(got, 0.5 * C0 + 1.5 * A @ B, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("options", ALL)
+def test_overlapping_reads_and_a_written_temporary(options):
+    """T is written by one thread and read at shifted positions by its neighbours; A is read
+    through two overlapping references."""
+    src = """def smooth(float(N) A) -> (T, O) {
+      T(i) = A(i) + A(i + 1) where i in 0:N-1
+      O(i) +=! T(i + k) where k in 0:3, i in 0:N-3
+    }"""
+    A = f32(23)
+    k = _compile(src, "smooth", A, options=options)
+    T, O = k(A)
+    Tr = A[:-1] + A[1:]
+    np.testing.assert_allclose(T, Tr, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(O, Tr[:-2] + Tr[1:-1] + Tr[2:], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("options", ALL)
+def test_transposed_and_strided_reads(options):
+    src = """def tr(float(N,M) A, float(K) X) -> (O) {
+      O(i,j) = A(j,i) + X(2*i + j)
+    }"""
+    A, X = f32(7, 13), f32(40)
+    k = _compile(src, "tr", A, X, options=options)
+    i, j = np.meshgrid(np.arange(13), np.arange(7), indexing="ij")
+    np.testing.assert_allclose(k(A, X), A.T + X[2 * i + j], rtol=1e-6, atol=1e-6)
+
+
+def test_transposed_reused_read_goes_to_shared_memory():
+    """Reused (two overlapping references, one group) and not coalesced (the last subscript
+    follows threadIdx.y): a 33 x 32 tile, rows padded to 33 against bank conflicts."""
+    src = "def tr(float(N,M) A) -> (O) { O(i,j) = A(j,i) + A(j+1,i) where j in 0:N-1 }"
+    A = f32(65, 64)
+    k = _compile(src, "tr", A, options=M().tile(32, 32).mapToThreads(32, 8)
+                 .useSharedMemory(True))
+    [p] = [p for p in k.compiled.promoted.promotions if p.tensor == "A"]
+    assert p.memory == "shared" and p.sizes == (33, 32) and p.padded == (33, 33)
+    assert len(p.references) == 2
+    np.testing.assert_allclose(k(A), A[:-1].T + A[1:].T, rtol=1e-6)
+    # a single transposed read is used once: nothing to gain from a copy
+    once = _compile("def t1(float(N,M) A) -> (O) { O(i,j) = A(j,i) }", "t1", A,
+                    options=M().tile(32, 32).mapToThreads(32, 8).useSharedMemory(True))
+    assert not once.compiled.promoted.promotions
+
+
+@pytest.mark.parametrize("options", ALL)
+def test_border_tiles_of_sizes_the_tile_does_not_divide(options):
+    src = """def conv(float(N,H) I, float(KH) W) -> (O) {
+      O(n,h) +=! I(n, h + kh) * W(kh)
+    }"""
+    I, W = f32(11, 17), f32(3)
+    k = _compile(src, "conv", I, W, options=options)
+    ref = sum(I[:, kh:kh + 15] * W[kh] for kh in range(3))
+    np.testing.assert_allclose(k(I, W), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("options", ALL)
+def test_indirect_reads(options):
+    src = """def gather(float(E,D) L, int32(B,N) I) -> (O) {
+      O(b,d) +=! L(I(b,n), d)
+    }"""
+    L, I = f32(13, 6), rng.integers(0, 13, (5, 4)).astype(np.int32)
+    k = _compile(src, "gather", L, I, options=options)
+    np.testing.assert_allclose(k(L, I), L[I].sum(axis=1), rtol=1e-5, atol=1e-5)
+    # an indirect subscript may reach any row: the tile spans the whole table, which fits
+    # here; a table too large for shared memory stays in global memory
+    big = f32(4000, 4)
+    k = _compile(src, "gather", big, I, options=options)
+    np.testing.assert_allclose(k(big, I), big[I].sum(axis=1), rtol=1e-5, atol=1e-5)
+    assert not any(p.tensor == "L" for p in k.compiled.promoted.promotions)
+    if options.use_shared_memory:
+        assert any(d.startswith("shared L") and "exceed" in d
+                   for d in k.compiled.promoted.declined)
+
+
+def test_private_promotion_refuses_elements_other_threads_read():
+    """O2 is written by one thread per element and read by all threads of the next layer: it
+    cannot live in one thread's registers."""
+    src = """def mlp2(float(B,M) I, float(O,M) W2, float(P,O) W3) -> (O2, O3) {
+      O2(b,o) +=! I(b,m) * W2(o,m)
+      O3(b,p) +=! O2(b,o) * W3(p,o)
+    }"""
+    I, W2, W3 = f32(3, 5), f32(16, 5), f32(4, 16)
+    k = _compile(src, "mlp2", I, W2, W3, options=M().scheduleFusionStrategy("Max")
+                 .mapToThreads(16).usePrivateMemory(True))
+    assert not any(p.tensor == "O2" and p.memory == "private"
+                   for p in k.compiled.promoted.promotions)
+    O2, O3 = k(I, W2, W3)
+    np.testing.assert_allclose(O2, I @ W2.T, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(O3, I @ W2.T @ W3.T, rtol=1e-4, atol=1e-4)
