@@ -101,7 +101,7 @@ def random_inputs(fn: C.Function, sizes: dict, seed: int) -> tuple[list, list, l
             notes.append(f"{d}={DEFAULT_SIZE}")
         return int(sizes[d])
 
-    index_bounds = _index_bounds(fn, size)
+    bounds = index_bounds(fn, size)
     args = []
     for t in fn.inputs:
         if t.rank == 0:
@@ -111,7 +111,7 @@ def random_inputs(fn: C.Function, sizes: dict, seed: int) -> tuple[list, list, l
             args.append(sizes[t.name])
             continue
         args.append(_random_tensor(rng, t.type, tuple(size(d) for d in t.dims),
-                                   index_bounds.get(t.name)))
+                                   bounds.get(t.name)))
     outs = []
     for name in fn.outputs:
         t = fn.tensors[name]
@@ -124,7 +124,7 @@ def random_inputs(fn: C.Function, sizes: dict, seed: int) -> tuple[list, list, l
     return args, outs, notes
 
 
-def _index_bounds(fn: C.Function, size) -> dict[str, int]:
+def index_bounds(fn: C.Function, size) -> dict[str, int]:
     """For integer inputs used inside subscripts: the smallest extent they index."""
     bounds: dict[str, int] = {}
     for st in fn.statements:
