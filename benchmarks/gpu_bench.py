@@ -154,9 +154,10 @@ def compile_only(selected) -> int:
     print("|---|---:|---|---|---:|---|---|")
     status = 0
     for case in selected:
-        fn = program(case["file"])[case["function"]]
+        prog = program(case["file"])
+        fn = prog[case["function"]]
         start = time.perf_counter()
-        k = tc.compile(fn, case["function"], *[s for _, s, _ in shapes(fn, case["sizes"])],
+        k = tc.compile(prog, case["function"], *[s for _, s, _ in shapes(fn, case["sizes"])],
                        options=case["options"], target="cuda-emulated")
         seconds = time.perf_counter() - start
         promos = k.compiled.promoted.promotions
@@ -198,9 +199,10 @@ def main(argv=None) -> int:
     for case in selected:
         name = case["name"]
         try:
-            fn = program(case["file"])[case["function"]]
+            prog = program(case["file"])
+            fn = prog[case["function"]]
             inputs = make_inputs(fn, case["sizes"], "cuda")
-            kernel = tc.compile(fn, case["function"], *inputs, options=case["options"],
+            kernel = tc.compile(prog, case["function"], *inputs, options=case["options"],
                                 target="cuda")
             ref = reference(name, inputs)
             got, want = kernel(*inputs), ref()
