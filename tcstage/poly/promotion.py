@@ -190,8 +190,9 @@ class _State:
                     Reference(s.name, a.text, write, a.exact, a.relation.intersect_domain(mine)))
         return out
 
-    def _candidates(self, node, domain, memory, thread_ids=None):
-        """Groups of references at node with their tiles: (tensor, refs, tile or reason)."""
+    def _candidates(self, node, domain):
+        """The groups of references at node (of the instances in domain), with their tiles:
+        (tensor, references, tile or None, prefix map)."""
         prefix = node.get_prefix_schedule_union_map().intersect_domain(domain)
         context = self.mapped.context
         for tensor, refs in self._references(domain).items():
@@ -220,7 +221,7 @@ class _State:
         domain = node.get_domain()
         leaves = _leaves(node)
         chosen = []
-        for tensor, refs, tile, prefix in self._candidates(node, domain, "shared"):
+        for tensor, refs, tile, prefix in self._candidates(node, domain):
             label = f"shared {tensor} ({', '.join(sorted({r.text for r in refs}))})"
             if tile is None:
                 self.declined.append(f"{label}: no fixed-size tile")
@@ -240,15 +241,7 @@ class _State:
                 continue
             self.shared_left -= nbytes
             chosen.append((tensor, refs, tile, prefix, padded))
-        copies_in, copies_out, made = [], [], []
-        for tensor, refs, (offsets, sizes), prefix, padded in chosen:
-            promotion, copy_in, copy_out = self._make(tensor, "shared", refs, offsets, sizes,
-                                                      padded, prefix, domain)
-            made.append(promotion)
-            if copy_in is not None:
-                copies_in.append(self._copy_tree(copy_in, promotion, threads=True))
-            if copy_out is not None:
-                copies_out.append(self._copy_tree(copy_out, promotion, threads=True))
+        made, copies_in, copies_out = self._build("shared", chosen)
         before = copies_in + ([self._sync(node)] if copies_in else [])
         # barrier first: other threads wrote the data
         after = ([self._sync(node)] if copies_out else []) + copies_out
@@ -273,7 +266,7 @@ class _State:
         thread_map = _thread_map(per_thread)
         budget = PRIVATE_ELEMENTS
         chosen = []
-        for tensor, refs, tile, prefix in self._candidates(node, per_thread, "private"):
+        for tensor, refs, tile, prefix in self._candidates(node, per_thread):
             label = f"private {tensor} ({', '.join(sorted({r.text for r in refs}))})"
             if tensor in shared_tensors:
                 continue
@@ -292,20 +285,26 @@ class _State:
                                      "elements per thread left")
                 continue
             budget -= count
-            chosen.append((tensor, refs, tile, prefix))
-        before, after, made = [], [], []
-        for tensor, refs, (offsets, sizes), prefix in chosen:
-            promotion, copy_in, copy_out = self._make(tensor, "private", refs, offsets, sizes,
-                                                      sizes, prefix, per_thread)
-            made.append(promotion)
-            if copy_in is not None:
-                before.append(self._copy_tree(copy_in, promotion, threads=False))
-            if copy_out is not None:
-                after.append(self._copy_tree(copy_out, promotion, threads=False))
+            chosen.append((tensor, refs, tile, prefix, tile[1]))
+        made, before, after = self._build("private", chosen)
         return _Plan(path_of(node), made, before, after, None)
 
     # -- building ----------------------------------------------------------------------------------
-    def _make(self, tensor, memory, refs, offsets, sizes, padded, prefix, domain):
+    def _build(self, memory: str, chosen):
+        """The promotions of the chosen groups, with their copy-in and copy-out trees."""
+        made, copies_in, copies_out = [], [], []
+        for tensor, refs, (offsets, sizes), prefix, padded in chosen:
+            promotion, copy_in, copy_out = self._make(tensor, memory, refs, offsets, sizes,
+                                                      padded, prefix)
+            made.append(promotion)
+            threads = memory == "shared"
+            if copy_in is not None:
+                copies_in.append(self._copy_tree(copy_in, promotion, threads))
+            if copy_out is not None:
+                copies_out.append(self._copy_tree(copy_out, promotion, threads))
+        return made, copies_in, copies_out
+
+    def _make(self, tensor, memory, refs, offsets, sizes, padded, prefix):
         """The Promotion and its copy-in / copy-out footprints ({prefix -> element})."""
         base = f"{memory}_{tensor}"
         buffer, k = base, 1
@@ -323,7 +322,7 @@ class _State:
             pma = isl.PwMultiAff.from_map(at)
             per_statement[r.statement] = tuple(pma.get_at(k) for k in range(len(sizes)))
         live_in = _live_in(refs, prefix, self.scop)
-        written = _union_footprint([r for r in refs if r.write], prefix)
+        written = _footprint([r for r in refs if r.write], prefix)
         copy_in = copy_out = None
         if live_in is not None and not live_in.is_empty():
             copy_in = (f"_{n}in", live_in)
@@ -379,10 +378,6 @@ def _footprint(refs: Sequence[Reference], prefix: isl.UnionMap) -> isl.Map | Non
         part = isl.UnionMap.from_map(r.relation).apply_domain(prefix)
         out = part if out is None else out.union(part)
     return isl.Map.from_union_map(out) if out is not None and not out.is_empty() else None
-
-
-def _union_footprint(refs, prefix):
-    return _footprint(refs, prefix) if refs else None
 
 
 def _tile(footprint: isl.Map | None, context: isl.Set):
