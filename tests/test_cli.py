@@ -73,6 +73,18 @@ def test_show_schedule_and_cuda_for_options(capsys):
     assert "__global__" in out and options in out
 
 
+def test_show_schedule_lists_promotion_decisions(capsys):
+    options = ("MappingOptions().tile(4, 32).mapToThreads(32, 1).mapToBlocks(64, 128)"
+               ".useSharedMemory(True).usePrivateMemory(True)")
+    assert main(["show", str(EXAMPLES / "tmm.tc"), "--schedule", "--options", options,
+                 "--sizes", "M=128,K=32,N=256"]) == 0
+    out = capsys.readouterr().out
+    assert "promotion: 4752 bytes of shared memory per block" in out
+    assert "shared A: shared_A[4][33] float32, tile 4 x 32, 528 bytes; copy-in" in out
+    assert "private C: private_C[4][1] float32, tile 4 x 1, 16 bytes per thread" in out
+    assert "not promoted: shared C" in out and "coalesced" in out
+
+
 def test_run_on_the_emulated_gpu_compares_with_the_cpu(capsys):
     assert main(["run", str(EXAMPLES / "mlp.tc"), "--fn", "MLP1", "--target", "cuda-emulated",
                  "--options", "mlp", "--sizes", "B=4,M=8,N=8", "--repeat", "1"]) == 0
