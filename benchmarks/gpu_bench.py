@@ -31,13 +31,17 @@ SCHEDULES = ROOT / "schedules" / "paper-manual.txt"
 
 def cases(path: Path = SCHEDULES) -> list[dict]:
     out = []
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        name, where, sizes, options = (part.strip() for part in line.split("|"))
-        file, function = where.split(":")
-        out.append({"name": name, "file": file, "function": function,
-                    "sizes": {k: int(v) for k, v in (s.split("=") for s in sizes.split(","))},
+        try:
+            name, where, sizes, options = (part.strip() for part in line.split("|"))
+            file, function = where.split(":")
+            sizes = {k.strip(): int(v) for k, v in (s.split("=") for s in sizes.split(","))}
+        except ValueError:
+            raise SystemExit(f"{path}:{number}: expected 'name | file.tc:function | "
+                             f"N=1,M=2 | MappingOptions()...', got: {line.strip()}") from None
+        out.append({"name": name, "file": file, "function": function, "sizes": sizes,
                     "options": tc.MappingOptions.parse(options)})
     return out
 

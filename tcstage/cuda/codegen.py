@@ -84,16 +84,15 @@ def c_type(t: str | ScalarType) -> str:
     return _C_TYPES[t if isinstance(t, str) else t.name]
 
 
-def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted | None = None,
+def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
              options_text: str = "", read_only_cache: bool = False) -> CudaKernel:
-    """The CUDA kernel running `promoted` (`mapped`, a schedule of `scop` mapped to blocks and
-    threads, with promoted array tiles), or `mapped` itself."""
+    """The CUDA kernel running `promoted.schedule`: a schedule of `scop` mapped to blocks and
+    threads (`mapped`), with its promoted array tiles."""
     fn = lowered.fn
-    printer = _ValuePrinter(lowered, scop, promoted.promotions if promoted else (),
-                            read_only_cache)
+    printer = _ValuePrinter(lowered, scop, promoted.promotions, read_only_cache)
     macros = []
     declarations = []
-    for p in promoted.promotions if promoted else ():
+    for p in promoted.promotions:
         dims = "".join(f"[{d}]" for d in p.padded) or "[1]"
         space = "__shared__ " if p.memory == "shared" else ""
         declarations.append(f"{space}{c_type(p.dtype)} {p.buffer}{dims};")
@@ -112,8 +111,7 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted | 
                            for o in scop.statements)
         macros.append(f"// {s.name}: {'identity for ' if first_of_two else ''}{text}")
         macros.append(f"#define {s.name}({args}) {body}" if body else f"#define {s.name}({args})")
-    tree = promoted.schedule if promoted else mapped.schedule
-    ast = isl.AstBuild.from_context(mapped.context).node_from_schedule(tree)
+    ast = isl.AstBuild.from_context(mapped.context).node_from_schedule(promoted.schedule)
     loops = ast.to_C_str().rstrip()
     syncs = sorted(set(re.findall(rf"\b({SYNC}\d*)\(\);", loops)))
     macros = [f"#define {b}() __syncthreads()" for b in syncs or [SYNC]] + macros
@@ -131,8 +129,7 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted | 
     ids += [f"const int {t} = threadIdx.{x};" for t, x, n in zip(THREAD_IDS, "xyz", mapped.block)
             if n > 1]
     body = "\n".join("  " + line for line in ids + declarations + loops.splitlines())
-    copies = [n for p in (promoted.promotions if promoted else ()) for n in (p.copy_in, p.copy_out)
-              if n]
+    copies = [n for p in promoted.promotions for n in (p.copy_in, p.copy_out) if n]
     undef = "\n".join(f"#undef {m}" for m in (syncs or [SYNC]) + copies
                        + [s.name for s in scop.statements])
     threads = math.prod(mapped.block)
@@ -156,6 +153,7 @@ class _ValuePrinter:
         self.promoted = {ref: p for p in promotions for ref in p.references}
         self.statement_iterators = {s.name: s.iterators for s in scop.statements}
         self.current: str | None = None  # the statement being printed
+        self._offsets: dict[tuple[str, str], list[str]] = {}  # (statement, buffer) -> C text
         self.read_only = {t.name for t in self.fn.inputs if t.rank and t.type.name != "bool"} \
             if read_only_cache else set()
         self.halide_names = lowered.halide_names()
@@ -228,9 +226,8 @@ class _ValuePrinter:
             text = f"{tensor}(" + ", ".join(tree_to_str(a) for a in args) + ")"
             p = self.promoted.get((self.current, text))
             if p is not None:
-                names = self.statement_iterators[self.current]
-                offsets = [_c_of(o, names) for o in p.offsets[self.current]]
-                return _buffer_element(p, [self.expr(a, local)[0] for a in args], offsets)
+                return _buffer_element(p, [self.expr(a, local)[0] for a in args],
+                                       self._tile_offsets(p))
         if not args:
             return self._global(tensor, "0", write)
         flat = None
@@ -241,6 +238,14 @@ class _ValuePrinter:
             flat = term if flat is None else \
                 f"{_parenthesized(flat)} * {_parenthesized(self.size_expr(extent))} + {term}"
         return self._global(tensor, flat, write)
+
+    def _tile_offsets(self, p: Promotion) -> list[str]:
+        """The offsets of p's tile in the current statement, printed once per statement."""
+        key = (self.current, p.buffer)
+        if key not in self._offsets:
+            names = self.statement_iterators[self.current]
+            self._offsets[key] = [_c_of(o, names) for o in p.offsets[self.current]]
+        return self._offsets[key]
 
     def _global(self, tensor: str, flat: str, write: bool) -> str:
         if not write and tensor in self.read_only:  # through the read-only data cache

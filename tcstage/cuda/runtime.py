@@ -70,8 +70,8 @@ class Kernel:
 
     @property
     def schedule_tree(self) -> str:
-        """The mapped schedule tree (filters on b0..b2 / t0..t2 are the block and thread
-        mapping, `_sync` the barriers)."""
+        """The final schedule tree (filters on b0..b2 / t0..t2 are the block and thread
+        mapping, `_sync*` the barriers, `_<k>in` / `_<k>out` the copies of promoted tiles)."""
         return schedule_text(self.compiled.promoted.schedule)
 
     @property

@@ -100,7 +100,6 @@ class Promotion:
 @attrs.frozen
 class Promoted:
     schedule: isl.Schedule  # with copies and barriers; marks removed
-    context: isl.Set
     promotions: tuple[Promotion, ...]
     declined: tuple[str, ...]  # why other groups were not promoted, for `tcstage show`
     syncs: int
@@ -122,8 +121,7 @@ def promote(scop: Scop, mapped: Mapped, options: MappingOptions, dtypes: dict) -
     for path in scopes:  # promoting under one scope leaves the paths of the others
         state.promote_at(path)
     schedule = _strip_marks(state.schedule.get_root()).get_schedule()
-    return Promoted(schedule, mapped.context, tuple(state.promotions), tuple(state.declined),
-                    state.syncs)
+    return Promoted(schedule, tuple(state.promotions), tuple(state.declined), state.syncs)
 
 
 @attrs.frozen
@@ -148,7 +146,6 @@ class _State:
         self.promotions: list[Promotion] = []
         self.declined: list[str] = []
         self.syncs = 0
-        self.statements = {s.name: s for s in scop.statements}
         self.buffers: set[str] = set()
 
     # -- one scope ---------------------------------------------------------------------------------
