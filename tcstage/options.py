@@ -244,6 +244,7 @@ class MappingOptions:
     shared_depth: int | None = _count_field("sharedDepth", "promotion depth")
     private_depth: int | None = _count_field("privateDepth", "promotion depth")
     use_read_only_cache: bool = _bool_field("useReadOnlyCache")
+    use_register_tiling: bool = _bool_field("useRegisterTiling")
     outer_schedule_fusion_strategy: FusionStrategy = _fusion_field("outerScheduleFusionStrategy")
     intra_tile_schedule_fusion_strategy: FusionStrategy = _fusion_field(
         "intraTileScheduleFusionStrategy")
@@ -320,6 +321,17 @@ class MappingOptions:
     def useReadOnlyCache(self, flag: bool) -> MappingOptions:
         """Read never-written tensors through the read-only data cache (`__ldg`)."""
         return self._with("use_read_only_cache", flag)
+
+    def useRegisterTiling(self, flag: bool) -> MappingOptions:
+        """Register tiling (beyond the paper): in each thread-mapped tile, the loops threads do
+        not split (a reduction) run outside the thread's own points, so a thread computes its
+        sub-tile of outputs (tile size / threads per dimension) one reduction step at a time,
+        reusing each loaded operand for a row or column of outputs. With usePrivateMemory the
+        outputs stay in private memory across the whole reduction (privateDepth defaults to
+        the block-mapped loops), with `unroll` covering the sub-tile they become registers, and
+        with useSharedMemory and a tiled reduction the operands go through shared memory one
+        reduction tile at a time."""
+        return self._with("use_register_tiling", flag)
 
     def scheduleFusionStrategy(self, strategy) -> MappingOptions:
         """Set the fusion strategy of both the outer and the intra-tile schedule."""

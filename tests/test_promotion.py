@@ -2,7 +2,8 @@
 (and the read-only cache) still equal numpy under emulation, promotion decisions follow the
 paper's heuristics, copies bring only what is needed, and the barriers around copies are there
 and needed. Tricky cases: in-place updates, overlapping reads and writes of one tensor, strided
-and transposed accesses, tiles at the border of a size the tile does not divide, indirect reads.
+and transposed accesses, tiles at the border of a size the tile does not divide, indirect reads
+(the paper's two-stage promotion through index arrays).
 """
 
 import re
@@ -38,6 +39,24 @@ BASES = {
 @pytest.mark.parametrize("kernel", list(KERNELS))
 def test_paper_kernels_with_promotion_match_numpy(kernel, base, memory):
     check(kernel, MEMORY[memory](BASES[base]))
+
+
+# Register tiling: the reduction's tile loop and point loop outside each thread's sub-tile of
+# outputs, the outputs in private memory across the whole reduction, operands staged per
+# reduction tile in shared memory.
+REGISTER = {
+    "tiled-reduction": M().tile(4, 4, 2).mapToThreads(2, 2).mapToBlocks(2, 2)
+    .useRegisterTiling(True).useSharedMemory(True).usePrivateMemory(True).unroll(4),
+    "deeper-shared": M().tile(4, 4, 4, 2).mapToThreads(2, 2).mapToBlocks(3)
+    .useRegisterTiling(True).useSharedMemory(True).usePrivateMemory(True).sharedDepth(3)
+    .useReadOnlyCache(True).unroll(8),
+}
+
+
+@pytest.mark.parametrize("variant", list(REGISTER))
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_paper_kernels_with_register_tiling_match_numpy(kernel, variant):
+    check(kernel, REGISTER[variant])
 
 
 def f32(*shape):
@@ -219,15 +238,73 @@ def test_indirect_reads(options):
     L, I = f32(13, 6), rng.integers(0, 13, (5, 4)).astype(np.int32)
     k = _compile(src, "gather", L, I, options=options)
     np.testing.assert_allclose(k(L, I), L[I].sum(axis=1), rtol=1e-5, atol=1e-5)
-    # an indirect subscript may reach any row: the tile spans the whole table, which fits
-    # here; a table too large for shared memory stays in global memory
+    # a 4000-row table fits no buffer whole, and each gathered row is summed once
     big = f32(4000, 4)
     k = _compile(src, "gather", big, I, options=options)
     np.testing.assert_allclose(k(big, I), big[I].sum(axis=1), rtol=1e-5, atol=1e-5)
     assert not any(p.tensor == "L" for p in k.compiled.promoted.promotions)
-    if options.use_shared_memory:
-        assert any(d.startswith("shared L") and "exceed" in d
-                   for d in k.compiled.promoted.declined)
+    assert any(d.startswith("shared L") and "no element is used twice" in d
+               for d in k.compiled.promoted.declined)
+
+
+# The paper's O[1 + Idx[i][j]][k], used by every m: the rows are gathered once per block.
+GATHER = """def ind(float(E,K) O, int32(I,J) Idx, float(K,M) W) -> (R) {
+  R(i,j,m) +=! O(1 + Idx(i,j), k) * W(k,m)
+}"""
+
+
+def _gather_inputs(rows=5000):
+    O = f32(rows, 8)
+    Idx = rng.integers(0, rows - 1, (6, 5)).astype(np.int32)
+    return O, Idx, f32(8, 7)
+
+
+@pytest.mark.parametrize("options", ALL + [M().tile(2, 4, 8).mapToThreads(8, 4)
+                                           .mapToBlocks(3, 2).useSharedMemory(True)])
+def test_two_stage_promotion_of_an_indirectly_read_table(options):
+    O, Idx, W = _gather_inputs()
+    k = _compile(GATHER, "ind", O, Idx, W, options=options)
+    np.testing.assert_allclose(k(O, Idx, W), np.einsum("ijk,km->ijm", O[1 + Idx], W),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_gathered_buffer_takes_the_index_tile_as_dimensions():
+    """shared_O[i][j][k] = O[1 + Idx[i][j]][k]: the buffer's first dimensions are the index
+    array's 2 x 4 tile, the last the affine k; the copy reads Idx, the computation does not."""
+    O, Idx, W = _gather_inputs()
+    k = _compile(GATHER, "ind", O, Idx, W, options=M().tile(2, 4, 8).mapToThreads(8, 4)
+                 .mapToBlocks(3, 2).useSharedMemory(True))
+    [p] = k.compiled.promoted.promotions
+    assert (p.tensor, p.memory, p.sizes, p.padded) == ("O", "shared", (2, 4, 8), (2, 4, 9))
+    assert p.gather.index_tensors == ("Idx",) and "gathered through Idx" in p.describe()
+    copy = next(line for line in k.cuda_source.splitlines() if line.startswith("#define _0in"))
+    assert "Idx[" in copy and "shared_O[" in copy
+    compute = next(line for line in k.cuda_source.splitlines() if line.startswith("#define S1"))
+    assert "Idx" not in compute and "shared_O[" in compute
+    # Idx's own reference is now needed by no statement: not promoted in its own right
+    assert any(d.startswith("shared Idx") and "index" in d for d in k.compiled.promoted.declined)
+
+
+def test_gathering_needs_read_only_tables_and_indices():
+    """A table or an index array the kernel writes may change between copy and use: neither
+    is gathered, and the results stay right."""
+    options = M().tile(2, 4).mapToThreads(4, 2).mapToBlocks(2, 2).useSharedMemory(True)
+    written_table = """def g(float(E,K) T0, int32(I) Idx, float(K,M) W) -> (T, R) {
+      T(e,k) = 2 * T0(e,k)
+      R(i,m) +=! T(Idx(i), k) * W(k,m)
+    }"""
+    T0, Idx, W = f32(3000, 4), rng.integers(0, 3000, 6).astype(np.int32), f32(4, 5)
+    k = _compile(written_table, "g", T0, Idx, W, options=options)
+    assert not any(p.gather for p in k.compiled.promoted.promotions)
+    np.testing.assert_allclose(k(T0, Idx, W)[1], 2 * T0[Idx] @ W, rtol=1e-5, atol=1e-5)
+    written_index = """def g(float(E,K) T, int32(I) Idx0, float(K,M) W) -> (Idx, R) {
+      Idx(i) = Idx0(i) + 1
+      R(i,m) +=! T(Idx(i), k) * W(k,m)
+    }"""
+    Idx0 = rng.integers(0, 2999, 6).astype(np.int32)
+    k = _compile(written_index, "g", T0, Idx0, W, options=options)
+    assert not any(p.gather for p in k.compiled.promoted.promotions)
+    np.testing.assert_allclose(k(T0, Idx0, W)[1], T0[Idx0 + 1] @ W, rtol=1e-5, atol=1e-5)
 
 
 def test_private_promotion_refuses_elements_other_threads_read():
@@ -245,3 +322,48 @@ def test_private_promotion_refuses_elements_other_threads_read():
     O2, O3 = k(I, W2, W3)
     np.testing.assert_allclose(O2, I @ W2.T, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(O3, I @ W2.T @ W3.T, rtol=1e-4, atol=1e-4)
+
+
+# -- register tiling --------------------------------------------------------------------------
+
+TILED_TMM = M().tile(32, 32, 8).mapToThreads(8, 8).mapToBlocks(4, 4).useSharedMemory(True) \
+    .usePrivateMemory(True).unroll(16)
+
+
+def _macro_calls(source: str, name: str) -> list[str]:
+    return re.findall(rf"\b{name}\(([^;]*)\);", source.split("const int b0")[1])
+
+
+def test_register_tiling_keeps_each_thread_sub_tile_in_registers():
+    """Each of the 8 x 8 threads owns a 4 x 4 sub-tile of C (rows t1, t1 + 8, ...: a strided
+    tile stored densely), accumulated in private memory across all of K and written once; A and
+    B come through shared memory 8 columns at a time; and one reduction step updates the
+    whole sub-tile (16 unrolled updates with the same k) before the next."""
+    A, B = f32(128, 64), f32(96, 64)
+    k = _compile(TMM, "tmm", A, B, options=TILED_TMM.useRegisterTiling(True))
+    np.testing.assert_allclose(k(A, B), A @ B.T, rtol=1e-4, atol=1e-4)
+    by_tensor = {(p.tensor, p.memory): p for p in k.compiled.promoted.promotions}
+    c = by_tensor["C", "private"]
+    assert (c.sizes, c.strides, c.copy_in, c.copy_out is not None) == ((4, 4), (8, 8), None,
+                                                                       True)
+    assert by_tensor["A", "shared"].sizes == (32, 8) and by_tensor["B", "shared"].sizes == (32, 8)
+    updates = _macro_calls(k.cuda_source, "S1")
+    assert len(updates) == 16 and len({u.split(", ")[-1] for u in updates}) == 1
+    assert len(_macro_calls(k.cuda_source, "_2out")) == 16  # after the reduction, not in it
+    # without it, each thread finishes one output's step before the next: k varies fastest
+    plain = _compile(TMM, "tmm", A, B, options=TILED_TMM)
+    assert len({u.split(", ")[-1] for u in _macro_calls(plain.cuda_source, "S1")}) > 1
+    np.testing.assert_allclose(plain(A, B), A @ B.T, rtol=1e-4, atol=1e-4)
+
+
+def test_private_depth_above_the_reduction_tile_loop():
+    """privateDepth(2) puts the scope between the block loops and the reduction's tile loop
+    (the tile band is split there): C is copied out once, after the whole reduction. A depth
+    above the block loops stays below them."""
+    A, B = f32(64, 32), f32(64, 32)
+    for depth in (2, 0):
+        k = _compile(TMM, "tmm", A, B, options=TILED_TMM.privateDepth(depth))
+        np.testing.assert_allclose(k(A, B), A @ B.T, rtol=1e-4, atol=1e-4)
+        [c] = [p for p in k.compiled.promoted.promotions if p.memory == "private"]
+        # one copy per value of the two block loops, none per reduction tile
+        assert (c.tensor, c.sizes, c.copy_in, c.prefix_dims) == ("C", (4, 4), None, 2)

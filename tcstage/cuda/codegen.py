@@ -210,7 +210,10 @@ class _ValuePrinter:
         args = [f"_{k}" for k in range(p.prefix_dims + rank)]
         element = args[p.prefix_dims:]
         local = {a: f"({a})" for a in element}
-        halide_args = tuple(("var", a) for a in reversed(element))
+        subscripts = [("var", a) for a in element]
+        if p.gather is not None:  # the buffer's dimensions index the index tensors
+            subscripts = p.gather.tensor_subscripts(subscripts)
+        halide_args = tuple(reversed(subscripts))
         outside = self.element(p.tensor, halide_args, local, write=not inward, promoted=False)
         offsets = [_c_of(o, args[:p.prefix_dims]) for o in p.copy_offsets]
         inside = _buffer_element(p, [f"({a})" for a in element], offsets)
@@ -226,6 +229,8 @@ class _ValuePrinter:
             text = f"{tensor}(" + ", ".join(tree_to_str(a) for a in args) + ")"
             p = self.promoted.get((self.current, text))
             if p is not None:
+                if p.gather is not None:
+                    args = p.gather.buffer_subscripts(args)
                 return _buffer_element(p, [self.expr(a, local)[0] for a in args],
                                        self._tile_offsets(p))
         if not args:
@@ -327,11 +332,15 @@ class _ValuePrinter:
 
 
 def _buffer_element(p: Promotion, subscripts, offsets) -> str:
-    """buffer[s0 - o0][s1 - o1]..., the tile-relative element of a promoted tensor."""
+    """buffer[(s0 - o0) / k0][s1 - o1]..., the tile-relative element of a promoted tensor (k:
+    the tile's strides, which divide the distances exactly)."""
     if not subscripts:
         return f"{p.buffer}[0]"
-    return p.buffer + "".join(f"[{s} - {_parenthesized(o)}]" if o != "0" else f"[{s}]"
-                              for s, o in zip(subscripts, offsets))
+    out = []
+    for s, o, k in zip(subscripts, offsets, p.strides):
+        index = f"{s} - {_parenthesized(o)}" if o != "0" else s
+        out.append(f"[({index}) / {k}]" if k > 1 else f"[{index}]")
+    return p.buffer + "".join(out)
 
 
 def _c_of(pa: isl.PwAff, names) -> str:

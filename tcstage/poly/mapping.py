@@ -49,8 +49,9 @@ from tcstage.poly.schedule import (keeps_value, member_map, node_at, outermost_b
 BLOCK_IDS = ("b0", "b1", "b2")  # blockIdx.x, .y, .z
 THREAD_IDS = ("t0", "t1", "t2")  # threadIdx.x, .y, .z
 SYNC = "_sync"  # the extension statement that prints as __syncthreads()
-# Marks left for memory promotion: KERNEL sits below each block-mapped band (where a block's
-# work begins), THREADS + k above each thread filter (k: the band member on threadIdx.x).
+# Marks left for memory promotion: KERNEL + n sits below each block-mapped band (where a block's
+# work on one tile begins; its first n members are on blocks), THREADS + k above each thread
+# filter (k: the band member on threadIdx.x).
 KERNEL = "kernel"
 THREADS = "threads_x"
 
@@ -87,7 +88,7 @@ def map_to_gpu(schedule: isl.Schedule, dependences: isl.UnionMap, context: isl.S
         for d, size in enumerate(band.sizes):
             block[d] = max(block[d], size)
     insert = _Insert(decide, decide.cross_thread(schedule.get_domain(), n_threads), n_threads,
-                     options.unroll_factor)
+                     options.unroll_factor, options.use_register_tiling)
     node = insert.visit(schedule.get_root(), (), under_threads=False, in_loop=False)[0]
     grid = blocks.grid
     ids = [f"0 <= {b} < {g}" for b, g in zip(BLOCK_IDS, grid)]
@@ -155,7 +156,9 @@ def _map_blocks(schedule, deps, blocks: Sequence[int]) -> tuple[isl.Schedule, _B
         filter_ = filter_.intersect_params(
             isl.Set(f"[{', '.join(BLOCK_IDS[:n_dims])}] -> {{ : {' and '.join(zero)} }}"))
         band = band.insert_filter(filter_).child(0)
-        band = band.child(0).insert_mark(isl.Id(KERNEL)).parent()
+        # the mark's name counts the leading members that blocks take (promotion stays below)
+        blocked = max(k for k, _ in members) + 1 if members else 0
+        band = band.child(0).insert_mark(isl.Id(f"{KERNEL}{blocked}")).parent()
         schedule = band.get_schedule()
         bands[path_of(band)] = dict(members)
         own = None
@@ -186,6 +189,13 @@ class _ThreadDecisions:
         if key not in self._counts:
             self._counts[key] = value_count(member_map(node, k))
         return self._counts[key]
+
+    def renumber(self, path: tuple[int, ...], order: Sequence[int]) -> None:
+        """The band at path now has member order[k] at position k."""
+        counts = {k: self._counts[(path, k)] for k in order if (path, k) in self._counts}
+        for new, old in enumerate(order):
+            if old in counts:
+                self._counts[(path, new)] = counts[old]
 
     def visit(self, node: isl.ScheduleNode, path: tuple[int, ...]) -> int:
         below = max((self.visit(node.child(i), path + (i,)) for i in range(node.n_children())),
@@ -249,8 +259,10 @@ class _ThreadDecisions:
 # -- threads: inserting filters, barriers and unroll marks --------------------------------------
 
 class _Insert:
-    def __init__(self, decide: _ThreadDecisions, deps, n_threads: int, unroll: int):
+    def __init__(self, decide: _ThreadDecisions, deps, n_threads: int, unroll: int,
+                 register_tiling: bool):
         self.decide, self.deps, self.n_threads, self.unroll = decide, deps, n_threads, unroll
+        self.register_tiling = register_tiling
         self.syncs = self.unrolled = 0
         self.ends_with_sync: set[tuple[int, ...]] = set()  # subtrees whose last act is a barrier
 
@@ -276,6 +288,8 @@ class _Insert:
             self.ends_with_sync.add(path)
         if kind == _T.band:
             on_blocks = self.decide.blocks.bands.get(path, {})
+            if band is not None and self.register_tiling and not on_blocks:
+                node, band = self._sequential_first(node, path, band)
             node, copies, full = self._unroll(node, path, band, on_blocks, copies, full)
             if band is not None:
                 node = node.insert_filter(self._thread_filter(node, band))
@@ -283,6 +297,29 @@ class _Insert:
         if kind == _T.leaf and self.n_threads and not under_threads:
             node = node.insert_filter(node.get_domain().intersect_params(self._zero_threads(0)))
         return node, copies, full
+
+    def _sequential_first(self, node, path, band: _ThreadBand):
+        """Register tiling: the band's members that threads do not split move outermost (a
+        permutable band allows any order), so that each thread runs a reduction step over all
+        its points before the next step. Returns the band and its thread members renumbered."""
+        n = node.band_n_member()
+        order = [k for k in range(n) if k not in band.members] + \
+            [k for k in range(n) if k in band.members]
+        if order == list(range(n)) or not node.band_get_permutable():
+            return node, band
+        partial = node.band_get_partial_schedule()
+        permuted = partial
+        for new, old in enumerate(order):
+            permuted = permuted.set_union_pw_aff(new, partial.get_union_pw_aff(old))
+        coincident = [node.band_member_get_coincident(k) for k in order]
+        node = node.delete().insert_partial_schedule(permuted).band_set_permutable(True)
+        for new, flag in enumerate(coincident):
+            node = node.band_member_set_coincident(new, flag)
+        self.decide.renumber(path, order)
+        members = tuple(order.index(k) for k in band.members)
+        band = _ThreadBand(members, band.sizes)
+        self.decide.bands[path] = band
+        return node, band
 
     def _iterates(self, band_node, path) -> bool:
         """Whether a band's loops may run more than once in a block (a barrier inside then

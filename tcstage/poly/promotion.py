@@ -45,11 +45,51 @@ import numpy as np
 from tcstage.options import MappingOptions
 from tcstage.poly.mapping import KERNEL, THREAD_IDS, THREADS, Mapped, sync_graft
 from tcstage.poly.schedule import path_of
-from tcstage.poly.scop import Scop
+from tcstage.halide.solver import tree_to_str, tree_vars
+from tcstage.poly.scop import Access, Scop, Statement, reads_in
 
 SHARED_BYTES = 48 * 1024  # static shared memory a block may declare without opting in
 PRIVATE_ELEMENTS = 64  # per thread: more would spill registers
 _T = isl.schedule_node_type
+
+
+@attrs.frozen
+class Gather:
+    """How the buffer of an indirectly read tensor is indexed (the paper's two-stage promotion):
+    `shared_O[i][j][k]` holds `O[1 + Idx[i][j]][k]`. Per tensor dimension, None where the
+    subscript is affine (one buffer dimension, as usual), else the indirect subscript (a Halide
+    tree) with its one read of an index tensor (the read node), whose element coordinates
+    replace the subscript as buffer dimensions."""
+
+    subscripts: tuple  # per tensor dimension: None or (subscript tree, index read node)
+    index_tensors: tuple[str, ...]
+
+    def buffer_subscripts(self, args: Sequence) -> list:
+        """A reference's subscripts (TC order) -> its subscripts in the buffer."""
+        out = []
+        for arg, gathered in zip(args, self.subscripts):
+            if gathered is None:
+                out.append(arg)
+            else:
+                (read,) = [n for n in reads_in([arg]) if n[1] == gathered[1][1]]
+                out.extend(reversed(read[2]))
+        return out
+
+    def tensor_subscripts(self, element: Sequence) -> list:
+        """A buffer element (trees, TC order) -> the tensor element a copy reads there: each
+        indirect subscript with its index read moved to the element's coordinates."""
+        out, k = [], 0
+        for gathered in self.subscripts:
+            if gathered is None:
+                out.append(element[k])
+                k += 1
+            else:
+                tree, read = gathered
+                rank = len(read[2])
+                at = ("read", read[1], tuple(reversed(element[k:k + rank])))
+                out.append(_replace(tree, read, at))
+                k += rank
+        return out
 
 
 @attrs.frozen
@@ -58,7 +98,11 @@ class Reference:
     text: str  # Access.text: identifies the reference within its statement
     write: bool
     exact: bool
-    relation: isl.Map  # instance -> tensor element
+    relation: isl.Map  # instance -> tensor element (a gathered one: -> buffer element)
+    gather: Gather | None = None
+    direct: isl.Map | None = None  # a gathered one's access to the tensor itself (may-access)
+    index_reads: tuple[str, ...] = ()  # a gathered one's index reads (texts), which its
+    # buffer makes unnecessary
 
 
 @attrs.frozen
@@ -77,6 +121,8 @@ class Promotion:
     copy_out: str | None
     copy_offsets: tuple  # the offsets as isl.PwAff over the copy's prefix dims
     prefix_dims: int
+    strides: tuple[int, ...]  # element a is at (a - offset) / stride in the buffer
+    gather: Gather | None = None
 
     @property
     def elements(self) -> int:
@@ -92,7 +138,10 @@ class Promotion:
         copies = ", ".join(c for c, name in (("copy-in", self.copy_in), ("copy-out",
                                                                            self.copy_out)) if name)
         dims = "".join(f"[{d}]" for d in self.padded)
-        return (f"{self.memory} {self.tensor}: {self.buffer}{dims} {self.dtype}, tile {tile}, "
+        through = f" gathered through {', '.join(self.gather.index_tensors)}" \
+            if self.gather else ""
+        return (f"{self.memory} {self.tensor}: {self.buffer}{dims} {self.dtype}, tile {tile}"
+                f"{through}, "
                 f"{self.nbytes} bytes{' per thread' if self.memory == 'private' else ''}; "
                 f"{copies or 'no copies'}; references {refs}")
 
@@ -147,21 +196,39 @@ class _State:
         self.declined: list[str] = []
         self.syncs = 0
         self.buffers: set[str] = set()
+        self.written = {s.write.tensor for s in scop.statements}
+        self.views: dict[tuple, str] = {}  # gathered views: (tensor, subscripts) -> tuple name
 
     # -- one scope ---------------------------------------------------------------------------------
     def promote_at(self, path: tuple[int, ...]) -> None:
         """Decides on the untouched tree (isl cannot analyse below extension nodes), then grafts
         the deeper scope's copies first so that the shallower scope's path stays valid."""
+        private_depth = self.options.private_depth
+        if private_depth is None and self.options.use_register_tiling:
+            private_depth = 0  # just below the blocks: a thread's outputs over the reduction
+        wanted = [(m, d) for m, use, d in (
+            ("shared", self.options.use_shared_memory, self.options.shared_depth),
+            ("private", self.options.use_private_memory, private_depth)) if use]
+        # Finding a scope may split a band. Splitting the tile band above the mark leaves the
+        # path of that band (the anchor) as it is; the first pass makes every split, the second
+        # finds each scope in the final tree.
         kernel = _node_at(self.schedule, path)
+        anchor = path[:-1] if kernel.parent().get_type() == _T.band else path
+        scopes = {}
+        for _ in range(2):
+            for memory, depth in wanted:
+                node = _descend(_kernel_below(_node_at(self.schedule, anchor)), depth)
+                self.schedule = node.get_schedule()
+                scopes[memory] = path_of(node)
+        self.unneeded: set[tuple[str, str]] = set()  # index reads served by gathered buffers
         plans = []
         shared_tensors: set[str] = set()
-        if self.options.use_shared_memory:
-            node = _descend(kernel, self.options.shared_depth)
-            plan = self._shared(node)
+        if "shared" in scopes:
+            plan = self._shared(_node_at(self.schedule, scopes["shared"]))
             shared_tensors = {p.tensor for p in plan.promotions}
             plans.append(plan)
-        if self.options.use_private_memory:
-            plans.append(self._private(_descend(kernel, self.options.private_depth),
+        if "private" in scopes:
+            plans.append(self._private(_node_at(self.schedule, scopes["private"]),
                                        shared_tensors))
         for plan in sorted(plans, key=lambda p: -len(p.path)):
             node = _node_at(self.schedule, plan.path)
@@ -176,42 +243,82 @@ class _State:
             self.schedule = node.ancestor(node.get_tree_depth() - depth).get_schedule()
 
     def _references(self, domain: isl.UnionSet) -> dict[str, list[Reference]]:
-        """The references of the statements in domain, per tensor in order of appearance."""
+        """The references of the statements in domain, per tensor in order of appearance
+        (indirect reads that can be gathered in their gathered view)."""
         out: dict[str, list[Reference]] = {}
         for s in self.scop.statements:
             mine = domain.extract_set(s.domain.get_space())
             if mine.is_empty():
                 continue
             for a, write in [(r, False) for r in s.reads] + [(s.write, True)]:
-                out.setdefault(a.tensor, []).append(
-                    Reference(s.name, a.text, write, a.exact, a.relation.intersect_domain(mine)))
+                ref = Reference(s.name, a.text, write, a.exact, a.relation.intersect_domain(mine))
+                if not a.exact and not write:
+                    ref = self._gathered(s, a, ref) or ref
+                out.setdefault(a.tensor, []).append(ref)
         return out
+
+    def _gathered(self, statement: Statement, access: Access, ref: Reference) -> Reference | None:
+        """ref seen as a read of a buffer indexed by index-tensor elements (Gather), or None
+        where the paper's two-stage promotion does not apply: the tensor and its index tensors
+        must be read-only, and each non-affine subscript must read one element of an index
+        tensor at affine subscripts and depend on the loops through that read alone."""
+        if access.tensor in self.written or not access.subscripts:
+            return None
+        loops = set(statement.halide_iterators)
+        domain = ref.relation.domain()
+        parts, subscripts, key, indices = [], [], [], []
+        for k, tree in enumerate(access.subscripts):
+            reads = list(reads_in([tree]))
+            if not reads:
+                own = _dimension(access.relation, k)
+                if not own.is_single_valued():  # not affine, and no index tensor to gather by
+                    return None
+                parts.append(own)
+                subscripts.append(None)
+                key.append("")
+                continue
+            if len(reads) != 1:
+                return None
+            read = reads[0]
+            index = next((r for r in statement.reads if r.halide_name == read[1]
+                          and r.subscripts == tuple(reversed(read[2]))), None)
+            if index is None or not index.exact or index.tensor in self.written \
+                    or tree_vars(_replace(tree, read, ("int", 0))) & loops:
+                return None
+            parts.append(index.relation.reset_tuple_id(isl.dim_type.out))
+            subscripts.append((tree, read))
+            key.append(f"{index.tensor}:{tree_to_str(_replace(tree, read, ('var', '_')))}")
+            indices.append(index)
+        relation = parts[0]
+        for part in parts[1:]:
+            relation = relation.flat_range_product(part)
+        view = self.views.setdefault((access.tensor, tuple(key)),
+                                     f"{access.tensor}_gathered{len(self.views)}")
+        relation = relation.set_tuple_name(isl.dim_type.out, view).intersect_domain(domain)
+        gather = Gather(tuple(subscripts), tuple(dict.fromkeys(i.tensor for i in indices)))
+        return attrs.evolve(ref, exact=True, relation=relation, direct=ref.relation,
+                            gather=gather, index_reads=tuple(i.text for i in indices))
 
     def _candidates(self, node, domain):
         """The groups of references at node (of the instances in domain), with their tiles:
-        (tensor, references, tile or None, prefix map)."""
+        (tensor, references, tile or None, prefix map). A gathered group is seen directly
+        (its indirect subscripts reaching the whole tensor) where that tile is no larger."""
         prefix = node.get_prefix_schedule_union_map().intersect_domain(domain)
         context = self.mapped.context
         for tensor, refs in self._references(domain).items():
-            groups = [[r] for r in refs]
-            tiles = [_tile(_footprint(g, prefix), context) for g in groups]
-            merged = True
-            while merged:
-                merged = False
-                for i in range(len(groups)):
-                    for j in range(i + 1, len(groups)):
-                        union = groups[i] + groups[j]
-                        tile = _tile(_footprint(union, prefix), context)
-                        if _must_group(groups[i], groups[j], prefix) or _smaller(
-                                tile, tiles[i], tiles[j]):
-                            groups[i], tiles[i] = union, tile
-                            del groups[j], tiles[j]
-                            merged = True
-                            break
-                    if merged:
-                        break
-            for g, tile in zip(groups, tiles):
-                yield tensor, g, tile, prefix
+            spaces: dict[str, list[Reference]] = {}  # the tensor, or a gathered view of it
+            for r in refs:
+                spaces.setdefault(r.relation.get_tuple_name(isl.dim_type.out), []).append(r)
+            for same in spaces.values():
+                for group, tile in _groups(same, prefix, context):
+                    if group[0].gather is not None:
+                        direct = [attrs.evolve(r, exact=False, relation=r.direct, gather=None,
+                                               direct=None, index_reads=()) for r in group]
+                        direct_tile = _tile(_footprint(direct, prefix), context)
+                        if direct_tile is not None and (
+                                tile is None or math.prod(direct_tile.sizes) <= math.prod(tile.sizes)):
+                            group, tile = direct, direct_tile
+                    yield tensor, group, tile, prefix
 
     # -- shared memory -----------------------------------------------------------------------------
     def _shared(self, node) -> "_Plan":
@@ -220,16 +327,20 @@ class _State:
         chosen = []
         for tensor, refs, tile, prefix in self._candidates(node, domain):
             label = f"shared {tensor} ({', '.join(sorted({r.text for r in refs}))})"
+            if all((r.statement, r.text) in self.unneeded for r in refs):
+                self.declined.append(f"{label}: read only to index promoted gathered tensors")
+                continue
             if tile is None:
                 self.declined.append(f"{label}: no fixed-size tile")
                 continue
             if not _reused(refs, prefix):
                 self.declined.append(f"{label}: no element is used twice in a block")
                 continue
-            if all(_coalesced(r, leaves) for r in refs):
+            # the paper drops the coalescing test for gathered tensors: their rows are scattered
+            if refs[0].gather is None and all(_coalesced(r, leaves) for r in refs):
                 self.declined.append(f"{label}: every access is coalesced")
                 continue
-            sizes = tile[1]
+            sizes = tile.sizes
             padded = _padded(sizes)
             nbytes = math.prod(padded) * self.itemsize[tensor]
             if nbytes > self.shared_left:
@@ -238,6 +349,7 @@ class _State:
                 continue
             self.shared_left -= nbytes
             chosen.append((tensor, refs, tile, prefix, padded))
+            self.unneeded |= _index_reads(refs)
         made, copies_in, copies_out = self._build("shared", chosen)
         before = copies_in + ([self._sync(node)] if copies_in else [])
         # barrier first: other threads wrote the data
@@ -267,6 +379,9 @@ class _State:
             label = f"private {tensor} ({', '.join(sorted({r.text for r in refs}))})"
             if tensor in shared_tensors:
                 continue
+            if all((r.statement, r.text) in self.unneeded for r in refs):
+                self.declined.append(f"{label}: read only to index promoted gathered tensors")
+                continue
             if tile is None:
                 self.declined.append(f"{label}: no fixed-size tile per thread")
                 continue
@@ -276,13 +391,14 @@ class _State:
             if not _reused(refs, prefix):
                 self.declined.append(f"{label}: no element is used twice by a thread")
                 continue
-            count = math.prod(tile[1])
+            count = math.prod(tile.sizes)
             if count > budget:
                 self.declined.append(f"{label}: {count} elements exceed the {budget} private "
                                      "elements per thread left")
                 continue
             budget -= count
-            chosen.append((tensor, refs, tile, prefix, tile[1]))
+            chosen.append((tensor, refs, tile, prefix, tile.sizes))
+            self.unneeded |= _index_reads(refs)
         made, before, after = self._build("private", chosen)
         return _Plan(path_of(node), made, before, after, None)
 
@@ -290,9 +406,8 @@ class _State:
     def _build(self, memory: str, chosen):
         """The promotions of the chosen groups, with their copy-in and copy-out trees."""
         made, copies_in, copies_out = [], [], []
-        for tensor, refs, (offsets, sizes), prefix, padded in chosen:
-            promotion, copy_in, copy_out = self._make(tensor, memory, refs, offsets, sizes,
-                                                      padded, prefix)
+        for tensor, refs, tile, prefix, padded in chosen:
+            promotion, copy_in, copy_out = self._make(tensor, memory, refs, tile, padded, prefix)
             made.append(promotion)
             threads = memory == "shared"
             if copy_in is not None:
@@ -301,7 +416,7 @@ class _State:
                 copies_out.append(self._copy_tree(copy_out, promotion, threads))
         return made, copies_in, copies_out
 
-    def _make(self, tensor, memory, refs, offsets, sizes, padded, prefix):
+    def _make(self, tensor, memory, refs, tile: "_Tile", padded, prefix):
         """The Promotion and its copy-in / copy-out footprints ({prefix -> element})."""
         base = f"{memory}_{tensor}"
         buffer, k = base, 1
@@ -309,6 +424,7 @@ class _State:
             buffer, k = f"{base}_{k}", k + 1
         self.buffers.add(buffer)
         n = len(self.promotions)
+        offsets, sizes = tile.offsets, tile.sizes
         offset_map = isl.Map.from_pw_multi_aff(offsets)
         per_statement = {}
         for r in refs:
@@ -330,7 +446,7 @@ class _State:
         promotion = Promotion(tensor, memory, buffer, self.dtypes[tensor], sizes, padded,
                               tuple((r.statement, r.text) for r in refs), per_statement,
                               copy_in and copy_in[0], copy_out and copy_out[0], copy_offsets,
-                              n_prefix)
+                              n_prefix, tile.strides, refs[0].gather)
         self.promotions.append(promotion)
         return promotion, copy_in, copy_out
 
@@ -344,6 +460,10 @@ class _State:
         relative = pairs.apply_range(pairs.range().unwrap().deltas_map())
         relative = relative.flatten_domain().set_tuple_name(isl.dim_type.in_, name) \
             .reset_tuple_id(isl.dim_type.out)
+        if any(s > 1 for s in promotion.strides):  # buffer coordinates, not distances
+            d = [f"d{k}" for k in range(len(promotion.strides))]
+            q = [f"floor({v}/{s})" if s > 1 else v for v, s in zip(d, promotion.strides)]
+            relative = relative.apply_range(isl.Map(f"{{ [{', '.join(d)}] -> [{', '.join(q)}] }}"))
         extension = footprint.domain_map().reverse().flatten_range() \
             .set_tuple_name(isl.dim_type.out, name)
         root = isl.ScheduleNode.from_extension(isl.UnionMap.from_map(extension))
@@ -368,6 +488,51 @@ class _State:
 
 # -- footprints and tiles ---------------------------------------------------------------------
 
+def _groups(refs: list[Reference], prefix, context):
+    """refs (of one tensor, or one gathered view) in groups, with their tiles: references that
+    must share a buffer, and groups whose union has a smaller box than the two."""
+    groups = [[r] for r in refs]
+    tiles = [_tile(_footprint(g, prefix), context) for g in groups]
+    merged = True
+    while merged:
+        merged = False
+        for i in range(len(groups)):
+            for j in range(i + 1, len(groups)):
+                union = groups[i] + groups[j]
+                tile = _tile(_footprint(union, prefix), context)
+                if _must_group(groups[i], groups[j], prefix) or _smaller(tile, tiles[i],
+                                                                         tiles[j]):
+                    groups[i], tiles[i] = union, tile
+                    del groups[j], tiles[j]
+                    merged = True
+                    break
+            if merged:
+                break
+    return list(zip(groups, tiles))
+
+
+def _index_reads(refs) -> set[tuple[str, str]]:
+    """(statement, text) of the index reads of gathered references: once their buffer holds
+    the gathered elements, the kernel no longer reads these indices."""
+    return {(r.statement, t) for r in refs for t in r.index_reads}
+
+
+def _dimension(relation: isl.Map, k: int) -> isl.Map:
+    """instance -> [a_k]: one subscript of an access."""
+    n = relation.dim(isl.dim_type.out)
+    return relation.project_out(isl.dim_type.out, k + 1, n - k - 1) \
+        .project_out(isl.dim_type.out, 0, k).reset_tuple_id(isl.dim_type.out)
+
+
+def _replace(tree, old, new):
+    """tree with every occurrence of the subtree old replaced by new."""
+    if tree == old:
+        return new
+    if isinstance(tree, tuple):
+        return tuple(_replace(t, old, new) for t in tree)
+    return tree
+
+
 def _footprint(refs: Sequence[Reference], prefix: isl.UnionMap) -> isl.Map | None:
     """{prefix -> element} over the references."""
     out = None
@@ -377,14 +542,24 @@ def _footprint(refs: Sequence[Reference], prefix: isl.UnionMap) -> isl.Map | Non
     return isl.Map.from_union_map(out) if out is not None and not out.is_empty() else None
 
 
-def _tile(footprint: isl.Map | None, context: isl.Set):
-    """(offsets as a PwMultiAff {prefix -> tensor[...]}, sizes) or None where no box of fixed
-    size covers the footprint (or a reference is not affine)."""
+@attrs.frozen
+class _Tile:
+    """An array tile: element a of the footprint is at (a - offsets) / strides in the buffer."""
+
+    offsets: isl.PwMultiAff  # {prefix -> tensor[...]}
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+
+
+def _tile(footprint: isl.Map | None, context: isl.Set) -> _Tile | None:
+    """The footprint's array tile, or None where no box of fixed size covers it. Along a
+    dimension where every element the footprint has lies on one residue of a stride (a thread's
+    share of a strided mapping: rows t, t + 16, t + 32, ...) the buffer keeps only those."""
     if footprint is None:
         return None
     footprint = footprint.intersect_params(context)
     n = footprint.dim(isl.dim_type.out)
-    lows, sizes = None, []
+    lows, sizes, strides = None, [], []
     for k in range(n):
         one = footprint.project_out(isl.dim_type.out, k + 1, n - k - 1) \
             .project_out(isl.dim_type.out, 0, k)
@@ -394,7 +569,9 @@ def _tile(footprint: isl.Map | None, context: isl.Set):
         extent = distances.dim_max_val(0)
         if not extent.is_int():
             return None
-        sizes.append(extent.to_python() + 1)
+        stride = max(one.get_range_stride_info(0).get_stride().to_python(), 1)
+        sizes.append(extent.to_python() // stride + 1)
+        strides.append(stride)
         lows = lo if lows is None else lows.flat_range_product(lo)
     if lows is None:
         space = footprint.get_space()
@@ -402,14 +579,14 @@ def _tile(footprint: isl.Map | None, context: isl.Set):
             isl.Map.from_domain_and_range(footprint.domain(), isl.Set.universe(
                 space.range())))
     tensor = footprint.get_tuple_id(isl.dim_type.out)
-    return lows.set_tuple_id(isl.dim_type.out, tensor), tuple(sizes)
+    return _Tile(lows.set_tuple_id(isl.dim_type.out, tensor), tuple(sizes), tuple(strides))
 
 
 def _smaller(union_tile, a, b) -> bool:
     """Whether one box for both groups is smaller than their two boxes."""
     if union_tile is None or a is None or b is None:
         return False
-    return math.prod(union_tile[1]) < math.prod(a[1]) + math.prod(b[1])
+    return math.prod(union_tile.sizes) < math.prod(a.sizes) + math.prod(b.sizes)
 
 
 def _must_group(a, b, prefix) -> bool:
@@ -526,7 +703,8 @@ def _coalesced(ref: Reference, leaves) -> bool:
 # -- the tree -------------------------------------------------------------------------------------
 
 def _find(node: isl.ScheduleNode, mark: str, path=()) -> list[tuple[int, ...]]:
-    if node.get_type() == _T.mark and node.mark_get_id().get_name() == mark:
+    """The paths of the marks whose names start with `mark`, outermost ones only."""
+    if node.get_type() == _T.mark and node.mark_get_id().get_name().startswith(mark):
         return [path]
     out = []
     for i in range(node.n_children()):
@@ -541,11 +719,19 @@ def _node_at(schedule: isl.Schedule, path) -> isl.ScheduleNode:
     return node
 
 
-def _descend(node: isl.ScheduleNode, depth: int | None) -> isl.ScheduleNode:
-    """The scope of a kernel mark: its child, then down single-child nodes until `depth` band
-    members lie above, never past a thread mark. Where the block-mapped band is also mapped to
-    threads (an untiled band), the thread mark above it."""
-    above, outermost = node.parent(), None
+def _kernel_below(node: isl.ScheduleNode) -> isl.ScheduleNode:
+    """The kernel mark at node or down its chain of single children."""
+    while not (node.get_type() == _T.mark and node.mark_get_id().get_name().startswith(KERNEL)):
+        node = node.child(0)
+    return node
+
+
+def _descend(kernel: isl.ScheduleNode, depth: int | None) -> isl.ScheduleNode:
+    """The scope that `depth` asks for at a kernel mark: where `depth` band members lie above,
+    between the block-mapped members (blocks cannot share a buffer) and the first thread mark
+    or branching below; None: the mark's child, below the whole tile band. Where the
+    block-mapped band is also mapped to threads (an untiled band), the thread mark above it."""
+    above, outermost = kernel.parent(), None
     while True:
         if above.get_type() == _T.mark and above.mark_get_id().get_name().startswith(THREADS):
             outermost = above
@@ -554,7 +740,9 @@ def _descend(node: isl.ScheduleNode, depth: int | None) -> isl.ScheduleNode:
         above = above.parent()
     if outermost is not None:
         return outermost
-    node = node.child(0)
+    if depth is not None and depth < kernel.get_schedule_depth():
+        return _ascend(kernel, depth)
+    node = kernel.child(0)
     while depth is not None and node.get_schedule_depth() < depth:
         kind = node.get_type()
         if kind == _T.mark and node.mark_get_id().get_name().startswith(THREADS) \
@@ -571,6 +759,26 @@ def _descend(node: isl.ScheduleNode, depth: int | None) -> isl.ScheduleNode:
             break
     return node
 
+
+def _ascend(kernel: isl.ScheduleNode, depth: int) -> isl.ScheduleNode:
+    """A scope above the kernel mark, within the tile band right above it (split there if
+    needed), never above the block-mapped members the mark's name counts."""
+    chain = []  # the bands right above the mark (the tile band, split or not), innermost first
+    node = kernel.parent()
+    while node.get_type() == _T.band:
+        chain.append(node)
+        node = node.parent()
+    if not chain:
+        return kernel.child(0)
+    blocked = int(kernel.mark_get_id().get_name()[len(KERNEL):] or 0)
+    target = max(depth, chain[-1].get_schedule_depth() + blocked)
+    for band in chain:
+        start = band.get_schedule_depth()
+        if start == target:
+            return band
+        if start < target < start + band.band_n_member():
+            return band.band_split(target - start).child(0)
+    return kernel.child(0)
 
 @attrs.frozen
 class _Leaf:

@@ -33,6 +33,8 @@ class Access:
     relation: isl.Map  # statement domain -> tensor[...]
     exact: bool  # False: a may-access (some subscript is not affine)
     text: str  # the access as written in Halide terms, for messages
+    subscripts: tuple = ()  # its subscripts as Halide value trees, in TC order
+    halide_name: str = ""  # the Func or input buffer that Halide's value trees read
 
 
 @attrs.frozen
@@ -182,7 +184,7 @@ def _statement(name, tensor, index, tc_index, d, tensor_bounds, halide_names, is
     domain = isl.Set(f"{param_text} -> {{ {name}[{vec}] : {' and '.join(conds) or 'true'} }}") \
         .intersect_params(context)
 
-    def access(t: str, args: tuple) -> Access:
+    def access(t: str, args: tuple, source: str) -> Access:
         subs, exact = [], True
         for k, a in enumerate(reversed(args)):
             try:
@@ -197,31 +199,32 @@ def _statement(name, tensor, index, tc_index, d, tensor_bounds, halide_names, is
         if not exact:  # may-access: anywhere within the tensor along the unknown subscripts
             rel = rel.intersect_range(extents[t])
         text = f"{t}(" + ", ".join(tree_to_str(a) for a in reversed(args)) + ")"
-        return Access(t, rel, exact, text)
+        return Access(t, rel, exact, text, tuple(reversed(args)), source)
 
     reads = []
-    for node in _reads_in(d["values"]):
+    for node in reads_in(d["values"]):
         t = halide_names.get(node[1])
         if t is None:
             raise TCError(f"statement {name} reads '{node[1]}', which is neither a tensor of the "
                           "function nor one of its inputs")
-        reads.append(access(t, node[2]))
+        reads.append(access(t, node[2], node[1]))
     return Statement(name, tensor, index, tc_index, tuple(local[v] for v in iterators),
-                     tuple(iterators), domain, access(tensor, lhs), tuple(reads), lhs,
+                     tuple(iterators), domain, access(tensor, lhs, ""), tuple(reads), lhs,
                      d["values"][0], tuple(local[v] for v in iterators if v in rvars))
 
 
-def _reads_in(trees):
+def reads_in(trees):
+    """The read nodes of value trees, each before the reads in its subscripts."""
     for t in trees:
         if not isinstance(t, tuple):
             continue
         if t and t[0] == "read":
             yield t
-            yield from _reads_in(t[2])
+            yield from reads_in(t[2])
         elif t and t[0] == "call":
-            yield from _reads_in(t[2])
+            yield from reads_in(t[2])
         else:
-            yield from _reads_in(t[1:])
+            yield from reads_in(t[1:])
 
 
 def _canonical_schedule(statements, context: isl.Set) -> isl.Schedule:
