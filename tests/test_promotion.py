@@ -14,6 +14,7 @@ import pytest
 
 import tcstage as tc
 from tcstage.cuda.emulate import EmulationRaceError, emulate
+from tcstage.cuda.nvcc import nvcc_path, ptx
 
 from test_cuda_mapping import KERNELS, check
 
@@ -367,3 +368,24 @@ def test_private_depth_above_the_reduction_tile_loop():
         [c] = [p for p in k.compiled.promoted.promotions if p.memory == "private"]
         # one copy per value of the two block loops, none per reduction tile
         assert (c.tensor, c.sizes, c.copy_in, c.prefix_dims) == ("C", (4, 4), None, 2)
+
+
+@pytest.mark.skipif(nvcc_path() is None, reason="needs nvcc to see the PTX")
+def test_register_tiled_tmm_compiles_to_registers_and_reused_shared_loads():
+    """What nvcc makes of it (PTX for sm_90): with register tiling the 4 x 4 outputs live in
+    registers (no local memory) and each shared-memory load feeds two multiply-adds (4 + 4
+    loads, 16 FMAs per step); without it, the outputs spill to local memory and each FMA needs
+    more than one shared load."""
+    shapes = ((1024, 1024), (1024, 1024))
+    options = M().tile(64, 64, 16).mapToThreads(16, 16).mapToBlocks(16, 16) \
+        .useSharedMemory(True).usePrivateMemory(True).privateDepth(2).unroll(16)
+    counts = {}
+    for register in (True, False):
+        k = _compile(TMM, "tmm", *shapes, options=options.useRegisterTiling(register))
+        code = ptx(k.cuda_source)
+        counts[register] = {op: len(re.findall(pattern, code)) for op, pattern in (
+            ("shared", r"ld\.shared\.f32"), ("fma", r"fma\.rn\.f32"),
+            ("local", r"(ld|st)\.local"))}
+    tiled, plain = counts[True], counts[False]
+    assert tiled["local"] == 0 and tiled["fma"] >= 2 * tiled["shared"] > 0, counts
+    assert plain["local"] > 0 and plain["fma"] < plain["shared"], counts
