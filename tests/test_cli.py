@@ -81,8 +81,29 @@ def test_show_schedule_lists_promotion_decisions(capsys):
     out = capsys.readouterr().out
     assert "promotion: 4752 bytes of shared memory per block" in out
     assert "shared A: shared_A[4][33] float32, tile 4 x 32, 528 bytes; copy-in" in out
+    # references as the TC writes them, not in Halide's names (A(m, C_r$x))
+    assert "references S1: A(m, kk)" in out and "B(n, kk)" in out and "$" not in out
     assert "private C: private_C[4][1] float32, tile 4 x 1, 16 bytes per thread" in out
     assert "not promoted: shared C" in out and "coalesced" in out
+
+
+def test_show_schedule_names_gathered_and_strided_tiles(capsys):
+    """Two-stage promotion and a thread's strided register tile, as `show` prints them."""
+    options = ("MappingOptions().tile(4, 32).mapToThreads(32, 4).mapToBlocks(32, 2)"
+               ".usePrivateMemory(True).useSharedMemory(True)")
+    assert main(["show", str(EXAMPLES / "lut.tc"), "--fn", "1LUT", "--schedule", "--options",
+                 options, "--sizes", "E1=1000,D=64,B=128,L1=50"]) == 0
+    out = capsys.readouterr().out
+    assert "not promoted: shared LUT1 (LUT1(max(min(I1(i, k), 0 + E1 - 1), 0), j)): no element " \
+        "is used twice in a block" in out
+    options = ("MappingOptions().tile(32, 32, 8).mapToThreads(8, 8).mapToBlocks(2, 2)"
+               ".useSharedMemory(True)"
+               ".usePrivateMemory(True).useRegisterTiling(True).unroll(16)")
+    assert main(["show", str(EXAMPLES / "tmm.tc"), "--schedule", "--options", options,
+                 "--sizes", "M=64,K=64,N=64"]) == 0
+    out = capsys.readouterr().out
+    assert "private C: private_C[4][4] float32, tile 4 x 4 (strides 8 x 8), 64 bytes per " \
+        "thread; copy-out" in out
 
 
 def test_run_on_the_emulated_gpu_compares_with_the_cpu(capsys):

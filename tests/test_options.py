@@ -69,8 +69,8 @@ def test_every_option_sets_its_attribute():
          .outerScheduleAllowSkewing(True).outerSchedulePositiveOrthant(False)
          .intraTileScheduleAllowSkewing(True).intraTileSchedulePositiveOrthant(False)
          .scheduleSpecialize(True).fixParametersBeforeScheduling(True)
-         .tileImperfectlyNested(True).matchLibraryCalls(True))
-    assert o.unroll_copy_shared and o.unroll_gpu_tile and o.use_private_memory
+         .tileImperfectlyNested(True).matchLibraryCalls(True).useRegisterTiling(True))
+    assert o.use_register_tiling and o.unroll_copy_shared and o.unroll_gpu_tile and o.use_private_memory
     assert (o.max_shared_memory, o.shared_depth, o.private_depth) == (49152, 2, 3)
     assert o.use_read_only_cache and o.outer_schedule_allow_skewing
     assert not o.outer_schedule_positive_orthant and not o.intra_tile_schedule_positive_orthant
@@ -126,6 +126,7 @@ BAD_CALLS = [
     (lambda: M().unrollCopyShared(0), "unrollCopyShared", "0", "True or False"),
     (lambda: M().unrollGpuTile(None), "unrollGpuTile", "None", "True or False"),
     (lambda: M().useReadOnlyCache(1), "useReadOnlyCache", "1", "True or False"),
+    (lambda: M().useRegisterTiling("yes"), "useRegisterTiling", "'yes'", "True or False"),
     (lambda: M().matchLibraryCalls("yes"), "matchLibraryCalls", "'yes'", "True or False"),
     (lambda: M().fixParametersBeforeScheduling(1), "fixParametersBeforeScheduling", "1",
      "True or False"),
@@ -470,7 +471,7 @@ _BOOL_METHODS = ["unrollCopyShared", "unrollGpuTile", "useSharedMemory", "usePri
                  "useReadOnlyCache", "outerScheduleAllowSkewing", "outerSchedulePositiveOrthant",
                  "intraTileScheduleAllowSkewing", "intraTileSchedulePositiveOrthant",
                  "scheduleSpecialize", "fixParametersBeforeScheduling", "tileImperfectlyNested",
-                 "matchLibraryCalls"]
+                 "matchLibraryCalls", "useRegisterTiling"]
 
 _call = st.one_of(
     st.lists(st.integers(0, 4096), min_size=1, max_size=6).flatmap(_sizes_args)

@@ -16,7 +16,9 @@ import tcstage as tc
 from tcstage.cuda.emulate import EmulationRaceError, emulate
 from tcstage.cuda.nvcc import nvcc_path, ptx
 
-from test_cuda_mapping import KERNELS, check
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_cuda_mapping import _EXAMPLES, KERNELS, check, random_options
 
 M = tc.MappingOptions
 rng = np.random.default_rng(11)
@@ -58,6 +60,23 @@ REGISTER = {
 @pytest.mark.parametrize("kernel", list(KERNELS))
 def test_paper_kernels_with_register_tiling_match_numpy(kernel, variant):
     check(kernel, REGISTER[variant])
+
+
+_depth = st.none() | st.integers(0, 6)
+random_memory = st.builds(
+    lambda o, shared, private, registers, ldg, copies, sd, pd: (
+        o.useSharedMemory(shared).usePrivateMemory(private).useRegisterTiling(registers)
+        .useReadOnlyCache(ldg).unrollCopyShared(copies)
+        ._with("shared_depth", sd)._with("private_depth", pd)),
+    random_options, st.booleans(), st.booleans(), st.booleans(), st.booleans(),
+    st.booleans(), _depth, _depth)
+
+
+@settings(max_examples=_EXAMPLES, deadline=None, derandomize=_EXAMPLES <= 12,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(kernel=st.sampled_from(sorted(KERNELS)), options=random_memory)
+def test_random_memory_options(kernel, options):
+    check(kernel, options, seed=2)
 
 
 def f32(*shape):

@@ -22,7 +22,7 @@ import islpy as isl
 
 from tcstage.errors import TCError
 from tcstage.halide.lower import Lowered
-from tcstage.halide.solver import Tree, isl_name, tree_to_str
+from tcstage.halide.solver import Tree, isl_name
 from tcstage.lang.types import ScalarType
 from tcstage.poly.mapping import BLOCK_IDS, SYNC, THREAD_IDS, Mapped
 from tcstage.poly.promotion import Promoted, Promotion
@@ -152,6 +152,7 @@ class _ValuePrinter:
         self.lowered, self.scop, self.fn = lowered, scop, lowered.fn
         self.promoted = {ref: p for p in promotions for ref in p.references}
         self.statement_iterators = {s.name: s.iterators for s in scop.statements}
+        self.tc_statement = {s.name: s.tc_statement for s in scop.statements}
         self.current: str | None = None  # the statement being printed
         self._offsets: dict[tuple[str, str], list[str]] = {}  # (statement, buffer) -> C text
         self.read_only = {t.name for t in self.fn.inputs if t.rank and t.type.name != "bool"} \
@@ -226,7 +227,7 @@ class _ValuePrinter:
         bounds = self.lowered.ranges.tensors[tensor]
         args = list(reversed(halide_args))
         if promoted and self.current is not None:
-            text = f"{tensor}(" + ", ".join(tree_to_str(a) for a in args) + ")"
+            text = self.lowered.reference_text(self.tc_statement[self.current], tensor, args)
             p = self.promoted.get((self.current, text))
             if p is not None:
                 if p.gather is not None:

@@ -16,7 +16,7 @@ the same way by Halide itself.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 import halide as hl
@@ -49,6 +49,15 @@ class Lowered:
     funcs: dict  # defined tensor name -> hl.Func
     outputs: list  # one hl.Func per output, in return order, in storage types
     order: list  # (tensor, definition index, TC statement index) in program order
+    # per TC statement: the Halide names of its RDom variables -> its TC index names
+    var_names: list = attrs.field(factory=list)
+
+    def reference_text(self, statement: int, tensor: str, args: Sequence[Tree]) -> str:
+        """`T(a, b)` as the TC statement reads or writes it, from Halide subscript trees (TC
+        order): TC names for index variables, tensors and sizes (`A(m, kk)`, not
+        `A(m, C_r$x)`). It also identifies a reference within its statement."""
+        names = {**self.halide_names(), **self.size_symbols(), **self.var_names[statement]}
+        return f"{tensor}(" + ", ".join(tree_to_str(_as_tc(a, names)) for a in args) + ")"
 
     def halide_names(self) -> dict[str, str]:
         """Tensor name for each Func or buffer name that Halide expressions read."""
@@ -109,11 +118,13 @@ def lower(fn: C.Function, ranges: FunctionRanges, scalars: Mapping[str, int] | N
                 symbols[d] = p.dim(t.rank - 1 - k).extent()
     funcs: dict[str, hl.Func] = {}
     order: list[tuple[str, int, int]] = []
+    var_names: list[dict[str, str]] = []
     for n, (st, sr) in enumerate(zip(fn.statements, ranges.statements)):
         shapes_tensor = ranges.shaped_by.get(st.tensor) == n or fn.tensors[st.tensor].inout \
             and st.first_definition
         before = funcs[st.tensor].num_update_definitions() + 1 if st.tensor in funcs else 0
-        _lower_statement(fn, st, sr, ranges, params, inout_params, funcs, symbols, shapes_tensor)
+        var_names.append(_lower_statement(fn, st, sr, ranges, params, inout_params, funcs,
+                                          symbols, shapes_tensor))
         after = funcs[st.tensor].num_update_definitions() + 1
         order += [(st.tensor, k, n) for k in range(before, after)]
     outputs = []
@@ -124,7 +135,7 @@ def lower(fn: C.Function, ranges: FunctionRanges, scalars: Mapping[str, int] | N
             view[f.args()] = hl.reinterpret(hl.Int(64), f[f.args()])
             f = view
         outputs.append(f)
-    return Lowered(fn, ranges, params, inout_params, funcs, outputs, order)
+    return Lowered(fn, ranges, params, inout_params, funcs, outputs, order, var_names)
 
 
 def _load(value: hl.Expr | hl.Param, t: ScalarType) -> hl.Expr:
@@ -148,7 +159,9 @@ def _combine(op: str, a: hl.Expr, b: hl.Expr) -> hl.Expr:
 
 
 def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, inout_params,
-                     funcs, symbols, shapes_tensor: bool):
+                     funcs, symbols, shapes_tensor: bool) -> dict[str, str]:
+    """Adds the statement's definitions to its Func; returns the Halide names of its RDom
+    variables -> their TC names."""
     tensor = fn.tensors[st.tensor]
     bounds = ranges.tensors[st.tensor]
 
@@ -181,6 +194,10 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
         names[v] = hl.Expr(lhs_args[-1])
     for j, v in enumerate(rvars):
         names[v] = hl.Expr(full_rdom[len(partial) + j])
+    rdom_names = {full_rdom[j].name(): v for j, v in enumerate(partial + rvars)} \
+        if full_rdom is not None else {}
+    if lhs_rdom is not None:
+        rdom_names.update({lhs_rdom[j].name(): v for j, v in enumerate(partial)})
 
     def read(r: C.Read, args: list[hl.Expr]) -> hl.Expr:
         b = ranges.tensors[r.tensor]
@@ -201,7 +218,7 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
     if st.first_definition:
         if st.reduction is None:
             func[pure_lhs] = rhs
-            return
+            return rdom_names
         if st.init:
             func[pure_lhs] = _identity(st.reduction, tensor.type)
         else:
@@ -214,6 +231,20 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
         func[lhs] = rhs
     else:
         func[lhs] = _combine(st.reduction, func[lhs], rhs)
+    return rdom_names
+
+
+def _as_tc(tree: Tree, names: Mapping[str, str]) -> Tree:
+    """tree as the TC writes it: variables and read Funcs renamed by `names` (others kept),
+    the subscripts of reads in TC order (Halide lists them innermost first)."""
+    if not isinstance(tree, tuple) or not tree:
+        return tree
+    if tree[0] == "var":
+        return ("var", names.get(tree[1], tree[1]))
+    if tree[0] == "read":
+        return ("read", names.get(tree[1], tree[1]),
+                tuple(_as_tc(a, names) for a in reversed(tree[2])))
+    return tuple(_as_tc(t, names) if isinstance(t, tuple) else t for t in tree)
 
 
 def _covers(r: Range, lo: Tree, extent: Tree) -> bool:

@@ -138,10 +138,12 @@ class Promotion:
         copies = ", ".join(c for c, name in (("copy-in", self.copy_in), ("copy-out",
                                                                            self.copy_out)) if name)
         dims = "".join(f"[{d}]" for d in self.padded)
-        through = f" gathered through {', '.join(self.gather.index_tensors)}" \
+        how = f" gathered through {', '.join(self.gather.index_tensors)}" \
             if self.gather else ""
+        if any(k > 1 for k in self.strides):
+            how += f" (strides {' x '.join(map(str, self.strides))})"
         return (f"{self.memory} {self.tensor}: {self.buffer}{dims} {self.dtype}, tile {tile}"
-                f"{through}, "
+                f"{how}, "
                 f"{self.nbytes} bytes{' per thread' if self.memory == 'private' else ''}; "
                 f"{copies or 'no copies'}; references {refs}")
 

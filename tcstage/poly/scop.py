@@ -24,7 +24,7 @@ import islpy as isl
 from tcstage.errors import TCError
 from tcstage.halide import _native
 from tcstage.halide.lower import Lowered
-from tcstage.halide.solver import Tree, isl_name, tree_to_isl, tree_to_str
+from tcstage.halide.solver import Tree, isl_name, tree_to_isl
 
 
 @attrs.frozen
@@ -32,7 +32,7 @@ class Access:
     tensor: str
     relation: isl.Map  # statement domain -> tensor[...]
     exact: bool  # False: a may-access (some subscript is not affine)
-    text: str  # the access as written in Halide terms, for messages
+    text: str  # the access as the TC writes it (Lowered.reference_text)
     subscripts: tuple = ()  # its subscripts as Halide value trees, in TC order
     halide_name: str = ""  # the Func or input buffer that Halide's value trees read
 
@@ -134,7 +134,8 @@ def extract_scop(lowered: Lowered, sizes: Mapping[str, int] | None = None) -> Sc
     for k, (tensor, index, tc_index) in enumerate(lowered.order):
         d = definitions[tensor][index]
         statements.append(_statement(f"S{k}", tensor, index, tc_index, d, bounds_text[tensor],
-                                     halide_names, isl_text, param_text, context, extents))
+                                     halide_names, isl_text, param_text, context, extents,
+                                     lowered.reference_text))
     schedule = _canonical_schedule(statements, context)
     return Scop(fn.name, params, {isl_name(s): s for s in tc_sizes}, context,
                 tuple(statements), extents, schedule)
@@ -163,7 +164,7 @@ def specialize(scop: Scop, sizes: Mapping[str, int]) -> Scop:
 
 
 def _statement(name, tensor, index, tc_index, d, tensor_bounds, halide_names, isl_text,
-               param_text, context, extents) -> Statement:
+               param_text, context, extents, reference_text) -> Statement:
     lhs = d["args"]
     rvars = {rv[0]: rv for rv in d["rvars"]}
     # Loop variables: the left-hand ones in TC order (outermost first), then the remaining RDom
@@ -198,7 +199,7 @@ def _statement(name, tensor, index, tc_index, d, tensor_bounds, halide_names, is
                       f"{' and '.join(eqs) or 'true'} }}").intersect_domain(domain)
         if not exact:  # may-access: anywhere within the tensor along the unknown subscripts
             rel = rel.intersect_range(extents[t])
-        text = f"{t}(" + ", ".join(tree_to_str(a) for a in reversed(args)) + ")"
+        text = reference_text(tc_index, t, tuple(reversed(args)))
         return Access(t, rel, exact, text, tuple(reversed(args)), source)
 
     reads = []
