@@ -305,6 +305,22 @@ def test_gathered_buffer_takes_the_index_tile_as_dimensions():
     assert any(d.startswith("shared Idx") and "index" in d for d in k.compiled.promoted.declined)
 
 
+def test_references_through_one_index_share_a_gathered_buffer():
+    """O(Idx(i), k) and O(Idx(i), k + 1) gather the same rows: one buffer of 9 columns, not
+    two of 8. (Halide binds the repeated clamped index to a let; the scop inlines it, or the
+    subscript would look unknown and the table would stay in global memory.)"""
+    src = """def g(float(E,L) O, int32(I) Idx, float(K,M) W) -> (R) {
+      R(i,m) +=! O(Idx(i), k) * O(Idx(i), k + 1) * W(k,m)
+    }"""
+    O, Idx, W = f32(3000, 9), rng.integers(0, 3000, 12).astype(np.int32), f32(8, 6)
+    k = _compile(src, "g", O, Idx, W, options=M().tile(4, 8).mapToThreads(8, 4)
+                 .mapToBlocks(3).useSharedMemory(True))
+    [p] = [p for p in k.compiled.promoted.promotions if p.tensor == "O"]
+    assert p.gather and p.sizes == (4, 9) and len(p.references) == 2
+    G = O[Idx]
+    np.testing.assert_allclose(k(O, Idx, W), (G[:, :8] * G[:, 1:]) @ W, rtol=1e-5, atol=1e-5)
+
+
 def test_gathering_needs_read_only_tables_and_indices():
     """A table or an index array the kernel writes may change between copy and use: neither
     is gathered, and the results stay right."""

@@ -22,7 +22,7 @@ import islpy as isl
 
 from tcstage.errors import TCError
 from tcstage.halide.lower import Lowered
-from tcstage.halide.solver import Tree, isl_name
+from tcstage.halide.solver import Tree, inline_lets, isl_name
 from tcstage.lang.types import ScalarType
 from tcstage.poly.mapping import BLOCK_IDS, SYNC, THREAD_IDS, Mapped
 from tcstage.poly.promotion import Promoted, Promotion
@@ -313,8 +313,8 @@ class _ValuePrinter:
             return f"({c} ? {a} : {b})", ta
         if tag == "call":
             return self.call(t[1], [self.expr(a, local) for a in t[2]])
-        if tag == "let":  # C has no let-expression: substitute (Halide's lets are small)
-            return self.expr(_substitute(t[3], t[1], t[2]), local)
+        if tag == "let":  # C has no let-expression (scop extraction inlines them already)
+            return self.expr(inline_lets(t), local)
         raise TCError(f"the CUDA printer cannot print a '{tag}' node")
 
     def call(self, name: str, args: list[tuple[str, str]]) -> tuple[str, str]:
@@ -368,22 +368,6 @@ def _parenthesized(text: str) -> str:
         if depth == 0 and i < len(text) - 1 or i == 0 and ch != "(":
             return f"({text})"
     return text
-
-
-def _substitute(tree: Tree, name: str, value: Tree) -> Tree:
-    if tree[0] == "var":
-        return value if tree[1] == name else tree
-    if tree[0] in ("int", "float"):
-        return tree
-    if tree[0] in ("read", "call"):
-        return (tree[0], tree[1], tuple(_substitute(a, name, value) for a in tree[2]))
-    if tree[0] == "cast":
-        return ("cast", tree[1], _substitute(tree[2], name, value))
-    if tree[0] == "let":
-        inner = _substitute(tree[2], name, value)
-        body = tree[3] if tree[1] == name else _substitute(tree[3], name, value)
-        return ("let", tree[1], inner, body)
-    return (tree[0], *(_substitute(c, name, value) for c in tree[1:]))
 
 
 def _float_literal(value: float, ty: str) -> str:

@@ -457,6 +457,38 @@ def evaluate(tree: Tree, values: Mapping[str, Number]) -> Number:
 # ---------------------------------------------------------------------------
 
 
+def substitute(tree: Tree, name: str, value: Tree) -> Tree:
+    """tree with the free variable `name` replaced by the tree `value`."""
+    if tree[0] == "var":
+        return value if tree[1] == name else tree
+    if tree[0] in ("int", "float"):
+        return tree
+    if tree[0] in ("read", "call"):
+        return (tree[0], tree[1], tuple(substitute(a, name, value) for a in tree[2]))
+    if tree[0] == "cast":
+        return ("cast", tree[1], substitute(tree[2], name, value))
+    if tree[0] == "let":
+        inner = substitute(tree[2], name, value)
+        body = tree[3] if tree[1] == name else substitute(tree[3], name, value)
+        return ("let", tree[1], inner, body)
+    return (tree[0], *(substitute(c, name, value) for c in tree[1:]))
+
+
+def inline_lets(tree: Tree) -> Tree:
+    """tree without let-expressions, each bound name replaced by its value. Halide's CSE binds
+    repeated subexpressions (a clamped index used twice) to lets; the polyhedral model needs
+    every subscript written out to see what it accesses."""
+    if not isinstance(tree, tuple) or not tree or tree[0] in ("int", "float", "var"):
+        return tree
+    if tree[0] == "let":
+        return inline_lets(substitute(tree[3], tree[1], inline_lets(tree[2])))
+    if tree[0] in ("read", "call"):
+        return (tree[0], tree[1], tuple(inline_lets(a) for a in tree[2]))
+    if tree[0] == "cast":
+        return ("cast", tree[1], inline_lets(tree[2]))
+    return (tree[0], *(inline_lets(c) for c in tree[1:]))
+
+
 def tree_vars(tree: Tree) -> frozenset[str]:
     """Names of the free variables of ``tree`` (let-bound names excluded)."""
     tag = tree[0]

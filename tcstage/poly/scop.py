@@ -24,7 +24,7 @@ import islpy as isl
 from tcstage.errors import TCError
 from tcstage.halide import _native
 from tcstage.halide.lower import Lowered
-from tcstage.halide.solver import Tree, isl_name, tree_to_isl
+from tcstage.halide.solver import Tree, inline_lets, isl_name, tree_to_isl
 
 
 @attrs.frozen
@@ -202,8 +202,9 @@ def _statement(name, tensor, index, tc_index, d, tensor_bounds, halide_names, is
         text = reference_text(tc_index, t, tuple(reversed(args)))
         return Access(t, rel, exact, text, tuple(reversed(args)), source)
 
+    values = [inline_lets(v) for v in d["values"]]
     reads = []
-    for node in reads_in(d["values"]):
+    for node in reads_in(values):
         t = halide_names.get(node[1])
         if t is None:
             raise TCError(f"statement {name} reads '{node[1]}', which is neither a tensor of the "
@@ -211,7 +212,7 @@ def _statement(name, tensor, index, tc_index, d, tensor_bounds, halide_names, is
         reads.append(access(t, node[2], node[1]))
     return Statement(name, tensor, index, tc_index, tuple(local[v] for v in iterators),
                      tuple(iterators), domain, access(tensor, lhs, ""), tuple(reads), lhs,
-                     d["values"][0], tuple(local[v] for v in iterators if v in rvars))
+                     values[0], tuple(local[v] for v in iterators if v in rvars))
 
 
 def reads_in(trees):
