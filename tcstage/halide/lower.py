@@ -50,7 +50,7 @@ class Lowered:
     outputs: list  # one hl.Func per output, in return order, in storage types
     order: list  # (tensor, definition index, TC statement index) in program order
     # per TC statement: the Halide names of its RDom variables -> its TC index names
-    var_names: list = attrs.field(factory=list)
+    var_names: list
 
     def reference_text(self, statement: int, tensor: str, args: Sequence[Tree]) -> str:
         """`T(a, b)` as the TC statement reads or writes it, from Halide subscript trees (TC
