@@ -29,6 +29,10 @@ barriers: only loops and sequences that do not depend on the thread ids lie abov
 Sizes are tightened to what the iteration space needs: a dimension with 10 tiles gets 10 blocks,
 not 64; a member with 26 values gets 26 threads, not 32.
 
+Register tiling (`useRegisterTiling`): in a thread-mapped band that is permutable and not
+mapped to blocks, the members threads do not split (a reduction) move outermost, so that each
+thread runs one reduction step over all its points before the next.
+
 Unrolling (`unroll(n)`): from the innermost loops outwards, a loop is unrolled while the product
 of the unrolled trip counts along any path stays at most n.
 """

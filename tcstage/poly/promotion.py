@@ -4,21 +4,26 @@ into the mapped schedule tree as extension nodes.
 
 Where: at each *kernel scope*, the mark that mapping leaves below a block-mapped band (or at the
 top when nothing is mapped to blocks): everything below it is one block's work on one tile.
-`sharedDepth(d)` / `privateDepth(d)` move the scope down a chain of single-child nodes until d
-band members lie above it, never below a thread-mapped band. The *prefix* `p` is the value of
-the band members above the scope: a copy runs once per prefix value.
+`sharedDepth(d)` / `privateDepth(d)` put the scope where d band members lie above it: down a
+chain of single-child nodes, never below a thread-mapped band, or up into the tile band, never
+above its block-mapped members (splitting a band there). The *prefix* `p` is the value of the
+band members above the scope: a copy runs once per prefix value.
 
 What: for each tensor, its references under the scope are grouped. References whose footprints
 overlap, one of them writing, must share one buffer; others are merged when the box of the
 union is smaller than the two boxes. A group's *array tile* is the smallest box of constant
 size whose offset is a (piecewise quasi-affine) function of the prefix that covers the group's
 footprint; per dimension, the lexicographic minimum of the footprint is the offset and the
-largest extent over all prefixes is the size. Groups with a non-affine (indirect) reference
-have no tile.
+largest extent over all prefixes is the size, divided by the stride all elements share (a
+thread's rows t, t + 16, ... are stored densely). An indirect read of a read-only tensor
+through a read-only index tensor is also seen *gathered* (the paper's two-stage promotion):
+its buffer is indexed by the index tensor's elements, `shared_O[i][j][k] = O[1 + Idx[i][j]][k]`;
+the smaller of the two views' tiles is kept. Other non-affine references have no tile.
 
 Shared memory, greedily in order of first reference while the budget lasts, takes a group if
 it has a tile, its elements are used more than once in the block, and some reference is not
-coalesced: consecutive x threads do not access consecutive elements of the last dimension.
+coalesced: consecutive x threads do not access consecutive elements of the last dimension (a
+gathered group needs no such reference, as in the paper).
 Copy-in brings the elements that are read before the block writes them, copy-out writes back
 what the block wrote; copies put the last dimension on threadIdx.x (coalesced), and the last
 dimension of a rank >= 2 buffer is padded to an odd length against bank conflicts. Barriers:
@@ -30,7 +35,9 @@ Private memory takes, per thread, a group with a tile that the thread uses more 
 whose elements no other thread touches when it is written (a thread-private group), within
 PRIVATE_ELEMENTS elements per thread. Its copies run in the thread that owns them and are
 unrolled, so that with the compute loops unrolled too (`unroll`) nvcc keeps the buffer in
-registers; otherwise it lives in local memory (cached, still per thread).
+registers; otherwise it lives in local memory (cached, still per thread). Under register
+tiling (mapping moved the reduction outside each thread's points) the private scope defaults to
+just below the blocks, so a thread's outputs stay private across the whole reduction.
 """
 
 from __future__ import annotations
