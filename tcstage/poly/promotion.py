@@ -207,6 +207,7 @@ class _State:
         self.buffers: set[str] = set()
         self.written = {s.write.tensor for s in scop.statements}
         self.views: dict[tuple, str] = {}  # gathered views: (tensor, subscripts) -> tuple name
+        self.unneeded: set[tuple[str, str]] = set()  # index reads served by gathered buffers
 
     # -- one scope ---------------------------------------------------------------------------------
     def promote_at(self, path: tuple[int, ...]) -> None:
@@ -229,7 +230,7 @@ class _State:
                 node = _descend(_kernel_below(_node_at(self.schedule, anchor)), depth)
                 self.schedule = node.get_schedule()
                 scopes[memory] = path_of(node)
-        self.unneeded: set[tuple[str, str]] = set()  # index reads served by gathered buffers
+        self.unneeded = set()  # per scope
         plans = []
         shared_tensors: set[str] = set()
         if "shared" in scopes:
@@ -308,10 +309,10 @@ class _State:
         return attrs.evolve(ref, exact=True, relation=relation, direct=ref.relation,
                             gather=gather, index_reads=tuple(i.text for i in indices))
 
-    def _candidates(self, node, domain):
+    def _candidates(self, node, domain, memory: str):
         """The groups of references at node (of the instances in domain), with their tiles:
-        (tensor, references, tile or None, prefix map). A gathered group is seen directly
-        (its indirect subscripts reaching the whole tensor) where that tile is no larger."""
+        (label for messages, tensor, references, tile or None, prefix map). Groups that are
+        only index reads of gathered buffers already chosen are declined here."""
         prefix = node.get_prefix_schedule_union_map().intersect_domain(domain)
         context = self.mapped.context
         for tensor, refs in self._references(domain).items():
@@ -320,25 +321,21 @@ class _State:
                 spaces.setdefault(r.relation.get_tuple_name(isl.dim_type.out), []).append(r)
             for same in spaces.values():
                 for group, tile in _groups(same, prefix, context):
+                    label = f"{memory} {tensor} ({', '.join(sorted({r.text for r in group}))})"
+                    if all((r.statement, r.text) in self.unneeded for r in group):
+                        self.declined.append(f"{label}: read only to index promoted gathered "
+                                             "tensors")
+                        continue
                     if group[0].gather is not None:
-                        direct = [attrs.evolve(r, exact=False, relation=r.direct, gather=None,
-                                               direct=None, index_reads=()) for r in group]
-                        direct_tile = _tile(_footprint(direct, prefix), context)
-                        if direct_tile is not None and (
-                                tile is None or math.prod(direct_tile.sizes) <= math.prod(tile.sizes)):
-                            group, tile = direct, direct_tile
-                    yield tensor, group, tile, prefix
+                        group, tile = _smaller_view(group, tile, prefix, context)
+                    yield label, tensor, group, tile, prefix
 
     # -- shared memory -----------------------------------------------------------------------------
     def _shared(self, node) -> "_Plan":
         domain = node.get_domain()
         leaves = _leaves(node)
         chosen = []
-        for tensor, refs, tile, prefix in self._candidates(node, domain):
-            label = f"shared {tensor} ({', '.join(sorted({r.text for r in refs}))})"
-            if all((r.statement, r.text) in self.unneeded for r in refs):
-                self.declined.append(f"{label}: read only to index promoted gathered tensors")
-                continue
+        for label, tensor, refs, tile, prefix in self._candidates(node, domain, "shared"):
             if tile is None:
                 self.declined.append(f"{label}: no fixed-size tile")
                 continue
@@ -384,12 +381,8 @@ class _State:
         thread_map = _thread_map(per_thread)
         budget = PRIVATE_ELEMENTS
         chosen = []
-        for tensor, refs, tile, prefix in self._candidates(node, per_thread):
-            label = f"private {tensor} ({', '.join(sorted({r.text for r in refs}))})"
+        for label, tensor, refs, tile, prefix in self._candidates(node, per_thread, "private"):
             if tensor in shared_tensors:
-                continue
-            if all((r.statement, r.text) in self.unneeded for r in refs):
-                self.declined.append(f"{label}: read only to index promoted gathered tensors")
                 continue
             if tile is None:
                 self.declined.append(f"{label}: no fixed-size tile per thread")
@@ -518,6 +511,19 @@ def _groups(refs: list[Reference], prefix, context):
             if merged:
                 break
     return list(zip(groups, tiles))
+
+
+def _smaller_view(group: list[Reference], tile, prefix, context):
+    """A gathered group and its tile, or the same references seen directly (their indirect
+    subscripts reaching the whole tensor) where that tile is no larger: a small table may fit
+    whole."""
+    direct = [attrs.evolve(r, exact=False, relation=r.direct, gather=None, direct=None,
+                           index_reads=()) for r in group]
+    direct_tile = _tile(_footprint(direct, prefix), context)
+    if direct_tile is not None and (tile is None or
+                                    math.prod(direct_tile.sizes) <= math.prod(tile.sizes)):
+        return direct, direct_tile
+    return group, tile
 
 
 def _index_reads(refs) -> set[tuple[str, str]]:
