@@ -1,0 +1,308 @@
+"""Long fuzz and differential campaigns against tcstage (the generators live in tests/fuzz/).
+
+    python3 benchmarks/fuzz_campaign.py frontend --inputs 100000 --timeout 5
+    python3 benchmarks/fuzz_campaign.py differential --programs 1000 --options 3 --timeout 300
+
+`frontend`: `tc.define` on random text, token soup in TC's shape, syntactically valid TC with
+random meaning and mutants of the examples and of generated programs; every result other than
+success or a `TCError`, and every input slower than --timeout seconds, is counted.
+
+`differential`: random well-formed programs (seeds --first .. --first + --programs) on the CPU
+(default schedule and schedule=None) and under emulation with --options random MappingOptions
+each, against the explicit-loop reference; mismatches, crashes, rejections of valid programs,
+races and hangs (a program slower than --timeout) are counted.
+
+Each input runs in a worker process that is killed and replaced on a hang or a crash of the
+interpreter. The summary groups findings into classes (kind, stage, error, message shape) and
+writes a reproducer for the first few of each class to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import multiprocessing
+import os
+import sys
+import time
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+sys.path.insert(0, str(TESTS))
+
+
+# -- the worker ------------------------------------------------------------------------------
+
+def _frontend_task(kind: str, seed: int) -> dict | None:
+    import warnings
+
+    import tcstage as tc
+    from fuzz import frontend
+
+    text = frontend.input_for(kind, seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            tc.define(text)
+        except tc.TCError:
+            return None
+        except BaseException as e:  # noqa: BLE001 - that is the finding
+            import traceback
+            tb = traceback.extract_tb(e.__traceback__)
+            where = next((f"{f.filename.split('/tcstage/')[-1]}:{f.lineno} in {f.name}"
+                          for f in reversed(tb) if "/tcstage/" in f.filename), "")
+            return {"kind": "crash", "stage": "define", "error": type(e).__name__,
+                    "detail": f"{str(e)[:300]} [{where}]", "options": None}
+    return None
+
+
+def _differential_task(seed: int, n_options: int, nvcc: bool, send) -> list[dict]:
+    import random
+
+    import attrs
+
+    from fuzz import differential, mapping, programs
+
+    case = programs.case(seed)
+    rng = random.Random(f"options/{seed}")
+    options = [mapping.random_options(rng) for _ in range(n_options)]
+    findings = differential.check(case, options, nvcc=nvcc,
+                                  progress=lambda stage, o: send(("stage", stage, str(o))))
+    return [attrs.asdict(f) for f in findings]
+
+
+def _worker(conn, mode: str, config: dict) -> None:
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    while True:
+        task = conn.recv()
+        if task is None:
+            return
+        conn.send(("start",))
+        try:
+            if mode == "frontend":
+                result = _frontend_task(*task)
+                result = [result] if result else []
+            else:
+                result = _differential_task(task, config["options"], config["nvcc"], conn.send)
+        except Exception as e:  # noqa: BLE001 - a failure of the harness itself
+            result = [{"kind": "harness", "stage": "generate", "error": type(e).__name__,
+                       "detail": str(e)[:300], "options": None}]
+        conn.send(("done", result))
+
+
+class Pool:
+    """One worker process, replaced when it hangs or dies."""
+
+    def __init__(self, mode: str, config: dict):
+        self.mode, self.config = mode, config
+        self.ctx = multiprocessing.get_context("spawn")
+        self.proc = None
+        self.start()
+
+    def start(self) -> None:
+        self.conn, child = self.ctx.Pipe()
+        self.proc = self.ctx.Process(target=_worker, args=(child, self.mode, self.config),
+                                     daemon=True)
+        self.proc.start()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join()
+        self.start()
+
+    def run(self, task, timeout: float) -> tuple[str, list, str]:
+        """('done', findings, last stage) or ('hang'|'died', [], last stage)."""
+        self.conn.send(task)
+        deadline = time.monotonic() + timeout
+        stage = "start"
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                ready = self.conn.poll(max(0.0, left))
+            except (EOFError, OSError):
+                ready = False
+            if not ready:
+                if not self.proc.is_alive():
+                    code = self.proc.exitcode
+                    self.kill()
+                    return "died", [], f"{stage} (exit code {code})"
+                if left <= 0:
+                    self.kill()
+                    return "hang", [], stage
+                continue
+            try:
+                message = self.conn.recv()
+            except (EOFError, OSError):
+                code = (self.proc.join(5), self.proc.exitcode)[1]
+                self.kill()
+                return "died", [], f"{stage} (exit code {code})"
+            if message[0] == "stage":
+                stage = f"{message[1]}" + (f" under {message[2]}" if message[2] != "None" else "")
+            elif message[0] == "done":
+                return "done", message[1], stage
+
+    def close(self) -> None:
+        try:
+            self.conn.send(None)
+            self.proc.join(10)
+        finally:
+            if self.proc.is_alive():
+                self.proc.kill()
+
+
+# -- campaigns ---------------------------------------------------------------------------------
+
+def _signature(f: dict) -> str:
+    sys.path.insert(0, str(TESTS))
+    from fuzz.differential import Finding
+    return Finding(f.get("seed", -1), f["kind"], f["stage"], f["options"], f["error"],
+                   f["detail"]).signature
+
+
+def frontend(args) -> dict:
+    from fuzz import frontend as F
+
+    pool = Pool("frontend", {})
+    kinds = list(F.GENERATORS)
+    counts = collections.Counter()
+    classes: dict = collections.defaultdict(list)
+    slowest = (0.0, None)
+    start = time.monotonic()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        for n in range(args.first, args.first + args.inputs):
+            kind = kinds[n % len(kinds)]
+            seed = n // len(kinds)
+            t0 = time.monotonic()
+            status, findings, stage = pool.run((kind, seed), args.timeout)
+            took = time.monotonic() - t0
+            slowest = max(slowest, (took, f"{kind}/{seed}"), key=lambda x: x[0])
+            counts["inputs"] += 1
+            counts[f"inputs:{kind}"] += 1
+            if status != "done":
+                findings = [{"kind": "hang" if status == "hang" else "crash",
+                             "stage": "define", "error": status, "detail": stage,
+                             "options": None}]
+            for f in findings:
+                f["input"] = f"{kind}/{seed}"
+                counts[f["kind"]] += 1
+                sig = _signature(f)
+                classes[sig].append(f)
+                if len(classes[sig]) <= 3:
+                    text = F.input_for(kind, seed)
+                    (out / f"frontend-{kind}-{seed}.py").write_text(
+                        f"# {sig}\nimport tcstage as tc\ntc.define({text!r})\n")
+            if args.progress and counts["inputs"] % args.progress == 0:
+                print(f"  {counts['inputs']} inputs, {counts['crash']} crashes, "
+                      f"{counts['hang']} hangs, {time.monotonic() - start:.0f} s", flush=True)
+    finally:
+        pool.close()
+    return {"counts": dict(counts), "classes": {k: [f["input"] for f in v]
+                                                 for k, v in classes.items()},
+            "slowest": slowest, "seconds": time.monotonic() - start}
+
+
+def differential(args) -> dict:
+    pool = Pool("differential", {"options": args.options, "nvcc": args.nvcc})
+    counts = collections.Counter()
+    classes: dict = collections.defaultdict(list)
+    failing_seeds = set()
+    start = time.monotonic()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        for seed in range(args.first, args.first + args.programs):
+            status, findings, stage = pool.run(seed, args.timeout)
+            counts["programs"] += 1
+            counts["option sets"] += args.options
+            if status != "done":
+                findings = [{"kind": "hang" if status == "hang" else "crash", "stage": stage,
+                             "error": status, "detail": f"no answer within {args.timeout} s"
+                             if status == "hang" else "the worker died", "options": None}]
+            for f in findings:
+                f["seed"] = seed
+                counts[f["kind"]] += 1
+                failing_seeds.add(seed)
+                sig = _signature(f)
+                classes[sig].append(f)
+                if len(classes[sig]) <= 3:
+                    _write_reproducer(out, seed, f, sig)
+            if args.progress and counts["programs"] % args.progress == 0:
+                _progress(counts, start)
+    finally:
+        pool.close()
+    return {"counts": dict(counts), "failing programs": len(failing_seeds),
+            "classes": {k: sorted({f["seed"] for f in v}) for k, v in classes.items()},
+            "seconds": time.monotonic() - start}
+
+
+def _progress(counts, start) -> None:
+    print(f"  {counts['programs']} programs: {counts['mismatch']} mismatches, "
+          f"{counts['crash']} crashes, {counts['rejected']} rejections, {counts['race']} races, "
+          f"{counts['hang']} hangs, {time.monotonic() - start:.0f} s", flush=True)
+
+
+def _write_reproducer(out: Path, seed: int, f: dict, sig: str) -> None:
+    from fuzz import differential, programs
+
+    name = f"{f['kind']}-{f['stage'].split()[0]}-seed{seed}.py"
+    try:
+        case = programs.case(seed)
+        finding = differential.Finding(seed, f["kind"], f["stage"].split()[0], f["options"],
+                                       f["error"], f["detail"])
+        text = f"# {sig}\n" + differential.reproducer(case, finding)
+    except Exception as e:  # noqa: BLE001
+        text = f"# {sig}\n# (no reproducer: {e})\n"
+    (out / name).write_text(text)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", choices=("frontend", "differential"))
+    parser.add_argument("--inputs", type=int, default=100_000, help="front-end inputs")
+    parser.add_argument("--programs", type=int, default=1000, help="differential programs")
+    parser.add_argument("--options", type=int, default=3, help="MappingOptions per program")
+    parser.add_argument("--first", type=int, default=0, help="first seed")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds per input (frontend: 5) or program (differential: 300)")
+    parser.add_argument("--nvcc", action="store_true", help="also compile each kernel with nvcc")
+    parser.add_argument("--out", default="fuzz-findings", help="directory for reproducers")
+    parser.add_argument("--json", help="write the summary here too")
+    parser.add_argument("--progress", type=int, default=0, help="print a line every N inputs")
+    args = parser.parse_args(argv)
+    if args.timeout is None:
+        args.timeout = 5.0 if args.mode == "frontend" else 300.0
+    summary = frontend(args) if args.mode == "frontend" else differential(args)
+    _print_summary(args.mode, summary)
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=1, default=str))
+    bad = sum(summary["counts"].get(k, 0) for k in
+              ("mismatch", "crash", "hang", "rejected", "race"))
+    return 1 if bad else 0
+
+
+def _print_summary(mode: str, summary: dict) -> None:
+    c = summary["counts"]
+    print(f"\n== {mode} campaign: {summary['seconds']:.0f} s ==")
+    if mode == "frontend":
+        print(f"inputs: {c.get('inputs', 0)} ("
+              + ", ".join(f"{k.split(':')[1]} {v}" for k, v in sorted(c.items())
+                          if k.startswith("inputs:")) + ")")
+        print(f"non-TCError exceptions: {c.get('crash', 0)}; hangs: {c.get('hang', 0)}; "
+              f"slowest input: {summary['slowest'][0]:.2f} s ({summary['slowest'][1]})")
+    else:
+        print(f"programs: {c.get('programs', 0)}; option sets: {c.get('option sets', 0)}; "
+              f"programs with a finding: {summary['failing programs']}")
+        print(f"mismatches: {c.get('mismatch', 0)}; crashes: {c.get('crash', 0)}; "
+              f"hangs: {c.get('hang', 0)}; rejections of valid programs: "
+              f"{c.get('rejected', 0)}; races: {c.get('race', 0)}; slow stages: "
+              f"{c.get('slow', 0)}; harness errors: {c.get('harness', 0)}")
+    print(f"{len(summary['classes'])} classes:")
+    for sig, where in sorted(summary["classes"].items(), key=lambda kv: -len(kv[1])):
+        print(f"  {len(where):5d}  {sig}\n         e.g. {', '.join(map(str, where[:6]))}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""One program through every path tcstage has, against the reference.
+
+Paths: `tc.define`; the CPU call with the default schedule and with `schedule=None`;
+`tc.compile(..., target="cuda-emulated")` and the emulated run for each MappingOptions (and
+optionally nvcc on the CUDA source). The program is well-formed (the reference ran it), so:
+
+- a `TCError` anywhere is a *rejected valid program* (`EmulationRaceError`: a *race*),
+- any other exception is a *crash*,
+- a result that differs from the reference in shape, dtype or values is a *mismatch*,
+- a stage slower than `slow_s` is *slow* (the campaign kills and reports real hangs).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import traceback
+import warnings
+
+import attrs
+import numpy as np
+
+import tcstage as tc
+
+from .programs import Case
+
+_DEFAULT = object()
+CPU_SCHEDULES = (_DEFAULT, None)
+
+
+@attrs.frozen
+class Finding:
+    seed: int
+    kind: str  # 'mismatch', 'crash', 'rejected', 'race', 'slow', 'hang'
+    stage: str  # 'define', 'cpu', 'cpu-unscheduled', 'compile', 'emulate', 'nvcc'
+    options: str | None
+    error: str  # the exception's type, or 'mismatch'
+    detail: str
+
+    @property
+    def signature(self) -> str:
+        """What findings of one class share: kind, stage, error and the message's shape."""
+        first = self.detail.strip().splitlines()[0] if self.detail.strip() else ""
+        first = re.sub(r"'[^']*'", "'_'", first)
+        first = re.sub(r"\b[A-Za-z_]*\d+[A-Za-z_\d$]*\b", "#", first)
+        first = re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "#", first)
+        return f"{self.kind}/{self.stage}/{self.error}: {first[:120]}"
+
+    def __str__(self) -> str:
+        where = f" under {self.options}" if self.options else ""
+        return f"seed {self.seed}: {self.kind} at {self.stage}{where}: {self.error}: {self.detail}"
+
+
+def tolerance(t: str) -> float:
+    return 2e-4 if t == "float32" else 1e-9
+
+
+def compare(case: Case, got, what: str = "") -> str | None:
+    """Why `got` (a call's result) differs from the reference, or None."""
+    outs = got if isinstance(got, tuple) else (got,)
+    names = case.program.outputs
+    if len(outs) != len(names):
+        return f"{len(outs)} results for {len(names)} outputs"
+    for name, g in zip(names, outs):
+        ref = case.expected.tensors[name]
+        g = np.asarray(g)
+        if g.shape != ref.extents:
+            return f"{name}: shape {g.shape}, expected {ref.extents}"
+        if g.dtype != ref.values.dtype:
+            return f"{name}: dtype {g.dtype}, expected {ref.values.dtype}"
+        mask = ref.defined
+        expected, actual = ref.values, g
+        if case.exact[name] or not np.issubdtype(g.dtype, np.floating):
+            bad = mask & (actual != expected)
+        else:
+            scale = max(1.0, float(np.abs(expected[mask]).max(initial=0)))
+            t = tolerance(str(g.dtype))
+            bad = mask & ~np.isclose(actual, expected, rtol=t, atol=t * scale)
+        if bad.any():
+            at = tuple(int(x) for x in np.argwhere(bad)[0])
+            index = tuple(a + m for a, m in zip(at, ref.mins))
+            return (f"{name}{list(index)}: got {actual[at]!r}, expected {expected[at]!r} "
+                    f"({int(bad.sum())} of {int(mask.sum())} elements differ"
+                    f"{'' if case.exact[name] else ', tolerant'})")
+    return None
+
+
+def _error(e: BaseException) -> tuple[str, str, str]:
+    """(kind, error type, detail) of an exception a stage raised."""
+    name = type(e).__name__
+    if isinstance(e, tc.TCError):
+        kind = "race" if name == "EmulationRaceError" else "rejected"
+        return kind, name, str(e)
+    tb = traceback.extract_tb(e.__traceback__)
+    where = next((f"{f.filename.split('/tcstage/')[-1]}:{f.lineno} in {f.name}"
+                  for f in reversed(tb) if "/tcstage/" in f.filename), "")
+    return "crash", name, f"{e} [{where}]" if where else str(e)
+
+
+class _Runner:
+    def __init__(self, case: Case, progress, slow_s: float):
+        self.case, self.progress, self.slow_s = case, progress, slow_s
+        self.findings: list[Finding] = []
+
+    def stage(self, stage: str, options, fn):
+        """fn() with its failure recorded; returns (ok, value)."""
+        if self.progress:
+            self.progress(stage, options)
+        start = time.perf_counter()
+        try:
+            value = fn()
+        except Exception as e:  # noqa: BLE001 - every exception is a finding
+            kind, error, detail = _error(e)
+            self.findings.append(Finding(self.case.seed, kind, stage, _text(options), error,
+                                         detail))
+            return False, None
+        took = time.perf_counter() - start
+        if took > self.slow_s:
+            self.findings.append(Finding(self.case.seed, "slow", stage, _text(options),
+                                         "slow", f"{took:.1f} s"))
+        return True, value
+
+    def result(self, stage: str, options, got) -> None:
+        why = compare(self.case, got)
+        if why:
+            self.findings.append(Finding(self.case.seed, "mismatch", stage, _text(options),
+                                         "mismatch", why))
+
+
+def _text(options) -> str | None:
+    return None if options is None else str(options)
+
+
+def check(case: Case, options=(), *, cpu_schedules=CPU_SCHEDULES, nvcc: bool = False,
+          progress=None, slow_s: float = 60.0) -> list[Finding]:
+    """Every finding for `case` on the CPU (each schedule) and under emulation (each options)."""
+    run = _Runner(case, progress, slow_s)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        ok, prog = run.stage("define", None, lambda: tc.define(case.source))
+        if not ok:
+            return run.findings
+        fn = prog[case.name]
+        for schedule in cpu_schedules:
+            stage = "cpu" if schedule is _DEFAULT else f"cpu-{schedule or 'unscheduled'}"
+            kwargs = {} if schedule is _DEFAULT else {"schedule": schedule}
+            ok, got = run.stage(stage, None,
+                                lambda: fn(*case.args, out=case.fresh_outs(), **kwargs))
+            if ok:
+                run.result(stage, None, got)
+        if cpu_schedules:
+            ok, mins = run.stage("cpu", None,
+                                 lambda: fn.output_mins(*case.args, out=case.fresh_outs()))
+            expected = [case.expected.tensors[o].mins for o in case.program.outputs]
+            if ok and [tuple(m) for m in mins] != expected:
+                run.findings.append(Finding(case.seed, "mismatch", "cpu", None, "mismatch",
+                                            f"output_mins {mins}, expected {expected}"))
+        for options in options:
+            ok, kernel = run.stage("compile", options, lambda: tc.compile(
+                prog, case.name, *case.args, out=case.fresh_outs(), options=options,
+                target="cuda-emulated"))
+            if not ok:
+                continue
+            if nvcc:
+                from tcstage.cuda.nvcc import compile_check
+                run.stage("nvcc", options, lambda: compile_check(kernel.cuda_source))
+            ok, got = run.stage("emulate", options,
+                                lambda: kernel(*case.args, out=case.fresh_outs()))
+            if ok:
+                run.result("emulate", options, got)
+    return run.findings
+
+
+# -- reproducers -----------------------------------------------------------------------------
+
+def _literal(a) -> str:
+    if isinstance(a, np.ndarray):
+        return f"np.array({a.tolist()!r}, dtype=np.{a.dtype})"
+    return repr(a)
+
+
+def reproducer(case: Case, finding: Finding) -> str:
+    """A standalone script that shows `finding` (the expected values come from the reference,
+    the explicit-loop interpreter of tests/fuzz/reference.py)."""
+    args = ",\n        ".join(_literal(a) for a in case.args)
+    outs = case.fresh_outs()
+    outs_text = "None" if outs is None else (
+        _literal(outs) if not isinstance(outs, tuple) else
+        "(" + ", ".join(_literal(o) for o in outs) + ",)")
+    expected = ",\n            ".join(
+        f"{_literal(case.expected.tensors[o].values)}" for o in case.program.outputs)
+    if finding.stage in ("compile", "emulate", "nvcc"):
+        call = (f"kernel = tc.compile(prog, {case.name!r}, *args, out=outs(), "
+                f"options={finding.options!r}, target='cuda-emulated')\n"
+                f"got = kernel(*args, out=outs())")
+    elif finding.stage == "cpu-unscheduled":
+        call = f"got = prog[{case.name!r}](*args, out=outs(), schedule=None)"
+    else:
+        call = f"got = prog[{case.name!r}](*args, out=outs())"
+    return f'''"""{finding.kind} at {finding.stage} (fuzz seed {case.seed}).
+{finding.error}: {finding.detail.splitlines()[0] if finding.detail else ''}
+Regenerate: sys.path.insert(0, 'tests'); from fuzz import programs; programs.case({case.seed})
+"""
+import numpy as np
+import tcstage as tc
+
+source = """{case.source}"""
+args = [{args}]
+
+
+def outs():
+    starting = {outs_text}
+    return None if starting is None else (
+        tuple(np.array(o) for o in starting) if isinstance(starting, tuple) else np.array(starting))
+
+
+# reference values (explicit loops over the ranges spec 001 gives; elements no statement writes
+# are not compared)
+expected = [{expected}]
+prog = tc.define(source)
+{call}
+got = got if isinstance(got, tuple) else (got,)
+for g, e in zip(got, expected):
+    print(g.shape, g.dtype, "expected", e.shape, e.dtype)
+    print("max difference", np.max(np.abs(g.astype(float) - e.astype(float)), initial=0)
+          if g.shape == e.shape else "shapes differ")
+'''

@@ -1,0 +1,56 @@
+"""Random valid MappingOptions: every option within its documented range (docs/cuda.md), with
+the presets now and then. Thread counts stay small so that emulation stays fast."""
+
+from __future__ import annotations
+
+import random
+
+import tcstage as tc
+
+PRESETS = ("naive", "pointwise", "mlp", "conv", "group_conv", "reduction")
+_FUSION = ("Max", "Preserve3Coincident", "Min")
+
+
+def random_options(rng: random.Random) -> tc.MappingOptions:
+    if rng.random() < 0.15:
+        return tc.MappingOptions.named(rng.choice(PRESETS))
+    o = tc.MappingOptions()
+    if rng.random() < 0.85:
+        o = o.tile(*[rng.choice((0, 1, 2, 3, 4, 8)) for _ in range(rng.randint(1, 4))])
+    threads = [rng.choice((1, 2, 3, 4, 8, 32)) for _ in range(rng.randint(1, 3))]
+    while _product(threads) > 128:
+        threads[threads.index(max(threads))] //= 2
+    o = o.mapToThreads(*threads)
+    o = o.mapToBlocks(*[rng.choice((1, 2, 3, 4, 8)) for _ in range(rng.randint(1, 3))])
+    o = o.unroll(rng.choice((1, 1, 2, 4, 8, 32)))
+    flags = {
+        "useSharedMemory": 0.4, "usePrivateMemory": 0.4, "unrollCopyShared": 0.2,
+        "useReadOnlyCache": 0.3, "useRegisterTiling": 0.15, "unrollGpuTile": 0.1,
+        "scheduleSpecialize": 0.15, "fixParametersBeforeScheduling": 0.2,
+        "tileImperfectlyNested": 0.2, "outerScheduleAllowSkewing": 0.1,
+        "intraTileScheduleAllowSkewing": 0.1, "matchLibraryCalls": 0.1,
+    }
+    for method, p in flags.items():
+        if rng.random() < p:
+            o = getattr(o, method)(True)
+    for method in ("outerSchedulePositiveOrthant", "intraTileSchedulePositiveOrthant"):
+        if rng.random() < 0.1:
+            o = getattr(o, method)(False)
+    if rng.random() < 0.5:
+        o = o.outerScheduleFusionStrategy(rng.choice(_FUSION))
+    if rng.random() < 0.3:
+        o = o.intraTileScheduleFusionStrategy(rng.choice(_FUSION))
+    if o.use_shared_memory and rng.random() < 0.2:
+        o = o.sharedDepth(rng.randint(0, 3))
+    if o.use_private_memory and rng.random() < 0.2:
+        o = o.privateDepth(rng.randint(0, 3))
+    if o.use_shared_memory and rng.random() < 0.15:
+        o = o.maxSharedMemory(rng.choice((0, 16, 256, 48 * 1024)))
+    return o
+
+
+def _product(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out

@@ -1,0 +1,382 @@
+"""The oracle: TC semantics by brute force, sharing nothing with tcstage but the documents.
+
+Range inference follows spec 001 and docs/language.md literally, with integers instead of a
+solver: variables in a `where` clause take that range; then, in rounds, every subscript with
+exactly one unresolved variable `v` gives the set of integers `v` in a window for which the
+subscript stays inside its tensor *for every value* of the variables resolved in earlier rounds
+(`and_condition_over_domain`); that set, a contiguous run, is the maximal interval
+(`solve_for_inner_interval`); conditions on one variable in one round intersect. A variable
+with no lower bound starts at 0. Accesses are the reads of tensors with a known shape and, once
+the written tensor has a shape, the write. Subscripts computed from tensor values are not used.
+A tensor's shape is the range of its first statement's left-hand variables, or, where that
+statement cannot bound them, of the first later statement of the tensor that can.
+
+Statements then run in order over their whole iteration space with numpy: the right-hand side
+is evaluated on the grid of all index values, converted to the tensor's type, reduced over the
+reduction variables, and stored (`=`), stored from the identity (`op=!`), or combined with the
+old values (`op=`). Types follow nodes.py; integers are computed in int64 and checked for
+overflow of their type.
+
+Anything that makes a program not well-formed by these rules (an unbounded or empty range, a
+read out of bounds or of an element nothing wrote, integer overflow, a NaN or infinity, a
+division by zero) raises `Invalid`: such programs are not used for differential testing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+
+from . import nodes as N
+
+WINDOW = 64  # candidate index values are -WINDOW..WINDOW; sizes stay far below
+
+
+class Invalid(Exception):
+    """The program is not well-formed (the reason says why); not a tcstage bug."""
+
+
+@attrs.define
+class Tensor:
+    type: str
+    mins: tuple[int, ...]
+    values: np.ndarray  # shape = the extents
+    defined: np.ndarray  # bool, same shape: elements some statement (or the caller) wrote
+
+    @property
+    def extents(self) -> tuple[int, ...]:
+        return self.values.shape
+
+
+@attrs.frozen
+class Result:
+    tensors: dict  # name -> Tensor after the last statement (inputs included)
+    ranges: tuple  # per statement: {var: (lo, hi)}, half-open
+    types: dict  # non-input tensor -> its type
+
+    def output(self, name: str) -> Tensor:
+        return self.tensors[name]
+
+
+def numpy_type(t: str) -> np.dtype:
+    return np.dtype(np.bool_ if t == "bool" else t)
+
+
+# -- values ------------------------------------------------------------------------------------
+
+def _storage(t: str) -> np.dtype:
+    """How values of type t are held while evaluating: integers as int64, checked for range."""
+    return np.dtype(np.int64) if t in N.INT_TYPES else numpy_type(t)
+
+
+def _check(v: np.ndarray, t: str) -> np.ndarray:
+    if t in N.INT_TYPES:
+        limit = 2 ** (N.bits(t) - 1)
+        if v.size and (v.min() < -limit or v.max() >= limit):
+            raise Invalid(f"{t} overflow")
+    elif N.is_float(t) and v.size and not np.isfinite(v).all():
+        raise Invalid("a NaN or infinity")
+    return v
+
+
+def convert(v: np.ndarray, frm: str, to: str) -> np.ndarray:
+    v = np.asarray(v)
+    if to == "bool":
+        return v != 0
+    if to in N.INT_TYPES and N.is_float(frm):
+        v = np.trunc(v)  # C's conversion rounds toward zero
+    return _check(v.astype(_storage(to)), to)
+
+
+def _euclid_div(a, b):
+    if np.any(b == 0):
+        raise Invalid("integer division by zero")
+    r = np.mod(a, np.abs(b))
+    return (a - r) // b
+
+
+def _euclid_mod(a, b):
+    if np.any(b == 0):
+        raise Invalid("integer modulo by zero")
+    return np.mod(a, np.abs(b))
+
+
+def _round_half_even(x):
+    return np.round(x)  # numpy rounds ties to even, as Halide's round does
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+_UNARY_FN = {
+    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh, "sin": np.sin,
+    "cos": np.cos, "floor": np.floor, "ceil": np.ceil, "round": _round_half_even,
+    "trunc": np.trunc, "fabs": np.abs, "abs": np.abs, "exp2": np.exp2, "atan": np.arctan,
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+    "erf": lambda x: _erf(x).astype(x.dtype),
+}
+_BINARY_FN = {
+    "fmax": np.fmax, "fmin": np.fmin, "max": np.maximum, "min": np.minimum, "pow": np.power,
+    "fmod": np.fmod, "atan2": np.arctan2,
+}
+_ARITH = {"+": np.add, "-": np.subtract, "*": np.multiply}
+_COMPARE = {"==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equal,
+            ">": np.greater, ">=": np.greater_equal}
+
+
+class Evaluator:
+    """Evaluates expressions on numpy grids: `env` maps index variables to broadcastable arrays."""
+
+    def __init__(self, tensors: dict, sizes: dict, scalars: dict, env: dict):
+        self.tensors, self.sizes, self.scalars, self.env = tensors, sizes, scalars, env
+
+    def __call__(self, e: N.Expr) -> np.ndarray:
+        if isinstance(e, N.Num):
+            return convert(np.array(e.value), "float64" if isinstance(e.value, float) else
+                           "int64", e.type)
+        if isinstance(e, N.Var):
+            return self.env[e.name]
+        if isinstance(e, N.Size):
+            return np.array(self.sizes[e.name], np.int64)
+        if isinstance(e, N.Dim):
+            return np.array(self.tensors[e.tensor].extents[e.k], np.int64)
+        if isinstance(e, N.Scalar):
+            return np.array(self.scalars[e.name], _storage(e.type))
+        if isinstance(e, N.Read):
+            return self.read(e)
+        if isinstance(e, N.Unary):
+            x = self(e.x)
+            if e.op == "!":
+                return ~convert(x, e.x.type, "bool")
+            return _check(-convert(x, e.x.type, e.type), e.type)
+        if isinstance(e, N.Binary):
+            return self.binary(e)
+        if isinstance(e, N.Call):
+            return self.call(e)
+        if isinstance(e, N.Select):
+            cond = convert(self(e.cond), e.cond.type, "bool")
+            return np.where(cond, convert(self(e.a), e.a.type, e.type),
+                            convert(self(e.b), e.b.type, e.type))
+        raise TypeError(e)
+
+    def read(self, e: N.Read) -> np.ndarray:
+        t = self.tensors[e.tensor]
+        if not e.args:
+            if not t.defined.all():
+                raise Invalid(f"read of {e.tensor}, which nothing wrote")
+            return _check(t.values.astype(_storage(t.type)), t.type)
+        subs = [self(a) for a in e.args]
+        subs = np.broadcast_arrays(*subs)
+        index = []
+        for k, (s, lo, ext) in enumerate(zip(subs, t.mins, t.extents)):
+            if s.size and (s.min() < lo or s.max() >= lo + ext):
+                raise Invalid(f"read of {e.tensor} out of bounds in dimension {k}")
+            index.append(s - lo)
+        index = tuple(index)
+        if not t.defined[index].all():
+            raise Invalid(f"read of an element of {e.tensor} that nothing wrote")
+        return t.values[index].astype(_storage(t.type))
+
+    def binary(self, e: N.Binary) -> np.ndarray:
+        t = e.operand_type
+        a = convert(self(e.a), e.a.type, t)
+        b = convert(self(e.b), e.b.type, t)
+        if e.op in ("&&", "||"):
+            return np.logical_and(a, b) if e.op == "&&" else np.logical_or(a, b)
+        if e.op in _COMPARE:
+            return _COMPARE[e.op](a, b)
+        if e.op in _ARITH:
+            return _check(_ARITH[e.op](a, b), t)
+        if e.op == "/":
+            return _check(_euclid_div(a, b) if t in N.INT_TYPES else a / b, t)
+        if e.op == "%":
+            return _check(_euclid_mod(a, b), t)
+        raise TypeError(e.op)
+
+    def call(self, e: N.Call) -> np.ndarray:
+        args = [convert(self(a), a.type, e.operand_type) for a in e.args]
+        fn = _UNARY_FN.get(e.canonical) if len(args) == 1 else _BINARY_FN.get(e.canonical)
+        if e.canonical in ("log", "sqrt") and (args[0] < (1e-30 if e.canonical == "log" else 0)).any():
+            raise Invalid(f"{e.canonical} of a value out of its domain")
+        with np.errstate(all="ignore"):
+            v = fn(*args)
+        return _check(np.asarray(v).astype(_storage(e.type)), e.type)
+
+
+# -- range inference ---------------------------------------------------------------------------
+
+def _accesses(st: N.Statement, shapes: dict, write_constrains: bool) -> list:
+    """(subscript, lo, hi) for every subscript of every access to a tensor of known shape."""
+    out = []
+    reads = [r for r in N.reads(st.rhs) if r.args and r.tensor in shapes]
+    if write_constrains and st.tensor in shapes and st.lhs:
+        reads.append(N.Read(st.tensor, tuple(N.Var(v) for v in st.lhs), "int32"))
+    for r in reads:
+        mins, extents = shapes[r.tensor]
+        for arg, lo, ext in zip(r.args, mins, extents):
+            if not N.reads(arg):  # subscripts computed from tensor values bound nothing
+                out.append((arg, lo, lo + ext))
+    return out
+
+
+def _solve(arg: N.Expr, lo: int, hi: int, v: str, resolved: dict, ev: Evaluator):
+    """The integers v for which lo <= arg < hi for every value of the resolved variables, as
+    (first, end) with None for a side that the window cannot bound."""
+    others = sorted(N.index_vars(arg) - {v})
+    shape_rank = 1 + len(others)
+    env = {v: np.arange(-WINDOW, WINDOW + 1).reshape((-1,) + (1,) * len(others))}
+    for k, o in enumerate(others, start=1):
+        shape = [1] * shape_rank
+        shape[k] = -1
+        env[o] = np.arange(*resolved[o]).reshape(shape)
+    ev = Evaluator(ev.tensors, ev.sizes, ev.scalars, env)
+    try:
+        value = np.broadcast_to(ev(arg), [2 * WINDOW + 1] + [resolved[o][1] - resolved[o][0]
+                                                              for o in others])
+    except Invalid:
+        raise Invalid(f"a subscript of '{v}' cannot be evaluated") from None
+    ok = ((value >= lo) & (value < hi)).reshape(2 * WINDOW + 1, -1).all(axis=1)
+    found = np.flatnonzero(ok)
+    if found.size == 0:
+        raise Invalid(f"empty range for '{v}'")
+    if found[-1] - found[0] + 1 != found.size:
+        raise Invalid(f"the values of '{v}' in bounds are not an interval")
+    first, last = found[0] - WINDOW, found[-1] - WINDOW
+    return (None if first == -WINDOW else int(first)), (None if last == WINDOW else int(last) + 1)
+
+
+def infer(st: N.Statement, shapes: dict, ev: Evaluator, write_constrains: bool) -> dict:
+    """{var: (lo, hi)} for one statement, or Invalid."""
+    resolved = {}
+    used = N.index_vars(st.rhs) | set(st.lhs)
+    for w in st.where:
+        if w.var not in used:
+            raise Invalid(f"the where clause constrains '{w.var}', which the statement does not use")
+        lo, hi = int(ev(w.lo)), int(ev(w.hi))
+        resolved[w.var] = (lo, hi)
+    unresolved = set(st.variables) - resolved.keys()
+    accesses = _accesses(st, shapes, write_constrains)
+    while unresolved:
+        found: dict = {}
+        for arg, lo, hi in accesses:
+            free = N.index_vars(arg) & unresolved
+            if len(free) != 1:
+                continue
+            (v,) = free
+            first, end = _solve(arg, lo, hi, v, resolved, ev)
+            was = found.get(v, (None, None))
+            found[v] = (first if was[0] is None else was[0] if first is None else max(first, was[0]),
+                        end if was[1] is None else was[1] if end is None else min(end, was[1]))
+        if not found:
+            raise Invalid(f"cannot infer the range of {', '.join(sorted(unresolved))}")
+        for v, (first, end) in found.items():
+            if end is None:
+                raise Invalid(f"no upper bound for '{v}'")
+            resolved[v] = (0 if first is None else first, end)
+        unresolved -= found.keys()
+    for v, (lo, hi) in resolved.items():
+        if hi <= lo:
+            raise Invalid(f"empty range for '{v}'")
+    return resolved
+
+
+# -- types -------------------------------------------------------------------------------------
+
+def tensor_types(p: N.Program) -> dict:
+    """Each defined tensor's type: its first statement's right-hand side's, unless that is only
+    a literal; then the first later statement with a typed right-hand side decides."""
+    types: dict = {}
+    for n, st in enumerate(p.statements):
+        if st.tensor in types:
+            continue
+        t = st.rhs.type
+        if st.rhs.weak:
+            t = next((s.rhs.type for s in p.statements[n + 1:]
+                      if s.tensor == st.tensor and not s.rhs.weak), t)
+        if st.op in ("+", "*") and t == "bool":
+            t = "int32"
+        types[st.tensor] = t
+    return types
+
+
+# -- running -----------------------------------------------------------------------------------
+
+_IDENTITY = {"+": np.add, "*": np.multiply, "min": np.minimum, "max": np.maximum}
+_REDUCE = {"+": np.sum, "*": np.prod, "min": np.min, "max": np.max}
+
+
+def run(p: N.Program, inputs: dict, outs: dict) -> Result:
+    """Runs p on `inputs` (name -> array or scalar) with in/out outputs starting from `outs`."""
+    tensors: dict = {}
+    scalars = {}
+    for i in p.inputs:
+        if i.dims:
+            a = np.asarray(inputs[i.name])
+            tensors[i.name] = Tensor(i.type, (0,) * a.ndim, a, np.ones(a.shape, bool))
+        else:
+            scalars[i.name] = inputs[i.name]
+    for name, a in outs.items():
+        a = np.array(a)
+        tensors[name] = Tensor(str(a.dtype), (0,) * a.ndim, a, np.ones(a.shape, bool))
+    types = tensor_types(p)
+    ev = Evaluator(tensors, p.sizes, scalars, {})
+    shapes = {name: (t.mins, t.extents) for name, t in tensors.items()}
+    shaped_by = {}
+    all_ranges = []
+    for n, st in enumerate(p.statements):
+        if st.tensor not in shapes:
+            shaped_by[st.tensor], shapes[st.tensor] = _shape(p, n, shapes, ev)
+            mins, extents = shapes[st.tensor]
+            tensors[st.tensor] = Tensor(types[st.tensor], mins,
+                                        np.zeros(extents, numpy_type(types[st.tensor])),
+                                        np.zeros(extents, bool))
+        ranges = infer(st, shapes, ev, write_constrains=shaped_by.get(st.tensor) != n)
+        all_ranges.append(ranges)
+        _execute(st, ranges, tensors[st.tensor], ev)
+    return Result(tensors, tuple(all_ranges), types)
+
+
+def _shape(p: N.Program, first: int, shapes: dict, ev: Evaluator):
+    st = p.statements[first]
+    candidates = [first] + [n for n in range(first + 1, len(p.statements))
+                            if p.statements[n].tensor == st.tensor]
+    reason = None
+    for n in candidates:
+        later = p.statements[n]
+        try:
+            r = infer(later, shapes, ev, write_constrains=False)
+        except Invalid as error:
+            reason = reason or error
+            continue
+        return n, (tuple(r[v][0] for v in later.lhs), tuple(r[v][1] - r[v][0] for v in later.lhs))
+    raise reason
+
+
+def _execute(st: N.Statement, ranges: dict, target: Tensor, ev: Evaluator) -> None:
+    names = st.variables
+    env = {}
+    for axis, v in enumerate(names):
+        shape = [1] * len(names)
+        shape[axis] = -1
+        env[v] = np.arange(*ranges[v]).reshape(shape)
+    grid = tuple(ranges[v][1] - ranges[v][0] for v in names)
+    value = Evaluator(ev.tensors, ev.sizes, ev.scalars, env)(st.rhs)
+    value = np.broadcast_to(convert(value, st.rhs.type, target.type), grid)
+    n_lhs = len(st.lhs)
+    if st.op != "=":
+        work = "float64" if N.is_float(target.type) else target.type
+        value = _check(_REDUCE[st.op](value.astype(_storage(work)),
+                                      axis=tuple(range(n_lhs, len(names)))), target.type)
+    region = tuple(slice(ranges[v][0] - m, ranges[v][1] - m) for v, m in zip(st.lhs, target.mins))
+    for k, (v, m, ext) in enumerate(zip(st.lhs, target.mins, target.extents)):
+        if ranges[v][0] < m or ranges[v][1] > m + ext:
+            raise Invalid(f"write of {st.tensor} out of its shape in dimension {k}")
+    if st.op != "=" and not st.init:
+        if not target.defined[region].all():
+            raise Invalid(f"accumulation into elements of {st.tensor} that nothing wrote")
+        old = target.values[region].astype(_storage(work))
+        value = _check(_IDENTITY[st.op](old, value), target.type)
+    target.values[region] = convert(value, target.type, target.type).astype(
+        numpy_type(target.type))
+    target.defined[region] = True
