@@ -5,11 +5,18 @@
     tcstage show examples/tmm.tc --ranges --halide
     tcstage show examples/tmm.tc --schedule --cuda --options "MappingOptions().tile(16, 16)
         .mapToThreads(16, 8).mapToBlocks(8, 8)" --sizes M=64,K=32,N=64
+
+Exit status: 0 on success, 2 for a mistake on the command line, 1 for an error in the TC file
+or while compiling and running it. Errors are one line (`tcstage: error: ...`), or the compiler's
+located message with a caret under the TC source.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import math
+import os
 import sys
 import time
 import warnings
@@ -18,110 +25,316 @@ import numpy as np
 
 import tcstage as tc
 from tcstage.errors import TCError
+from tcstage.halide.jit import AUTOSCHEDULERS, DEFAULT_SCHEDULE
 from tcstage.lang import checked as C
 
 DEFAULT_SIZE = 32
+# Under emulation every array exists three times: the caller's, and one private copy for each of
+# the two thread schedules the race check compares.
+_EMULATION_COPIES = 3
+
+
+class UsageError(Exception):
+    """A mistake on the command line (a flag, its value, a --sizes entry): exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(f"{message} (see '{self.prog} --help')")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tcstage", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    try:
+        args = _parser().parse_args(argv)
+        warnings.showwarning = _show_warning
+        _check_flags(args)
+        return _run(args) if args.command == "run" else _show(args)
+    except UsageError as e:
+        return _fail(f"tcstage: error: {e}", 2)
+    except TCError as e:  # located errors read like a compiler's, with the TC line and a caret
+        return _fail(str(e) if e.span else f"tcstage: {e}", 1)
+    except BrokenPipeError:  # the reader went away (e.g. `| head`): not an error
+        sys.stderr.close()
+        return 0
+    except OSError as e:
+        where = f": {e.filename}" if e.filename else ""
+        return _fail(f"tcstage: error: {e.strerror or e}{where}", 1)
+    except MemoryError:
+        return _fail("tcstage: error: out of memory; try smaller --sizes", 1)
+    except KeyboardInterrupt:
+        return _fail("tcstage: interrupted", 130)
+    except Exception as e:  # a bug in tcstage: say so in one line, unless asked for the traceback
+        if os.environ.get("TCSTAGE_TRACEBACK"):
+            raise
+        return _fail(f"tcstage: internal error: {type(e).__name__}: {e} (a bug in tcstage; set "
+                     "TCSTAGE_TRACEBACK=1 to see where)", 1)
+
+
+def _fail(message: str, status: int) -> int:
+    print(message, file=sys.stderr)
+    return status
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tcstage", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"tcstage {tc.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a TC function on random inputs on the CPU")
     show = sub.add_parser("show", help="print ranges, Halide Funcs, schedules and CUDA source")
     for p in (run, show):
         p.add_argument("file", help="a .tc source file")
-        p.add_argument("--fn", help="the function to use (default: the only one, or the last)")
-        p.add_argument("--sizes", default="", metavar="N=128,K=64",
+        p.add_argument("--fn", help="the function to use (default: the last one in the file)")
+        p.add_argument("--sizes", type=_size_items, default=(), metavar="N=128,K=64",
                        help=f"size variables and scalar inputs (unset sizes are {DEFAULT_SIZE})")
-        p.add_argument("--options", default=None, metavar="'MappingOptions()...'",
-                       help="CUDA mapping options: a chain or a preset name (default: naive)")
     run.add_argument("--target", default="cpu", choices=("cpu", "cuda", "cuda-emulated"),
                      help="cpu: Halide JIT (default); cuda: one CUDA kernel on the GPU (pycuda); "
                           "cuda-emulated: the same kernel run on the CPU")
-    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    run.add_argument("--repeat", type=int, default=10, help="timed runs after the first")
-    run.add_argument("--schedule", default="Mullapudi2016",
-                     help="CPU autoscheduler: Mullapudi2016 (default), Adams2019, Li2018 or none")
+    run.add_argument("--options", metavar="'MappingOptions()...'",
+                     help="CUDA mapping options of --target cuda and cuda-emulated: a chain or "
+                          "a preset name (default: naive)")
+    run.add_argument("--seed", type=_natural, default=0, help="seed of the random inputs")
+    run.add_argument("--repeat", type=_natural, default=10, help="timed runs after the first")
+    run.add_argument("--schedule", type=_schedule, metavar="NAME",
+                     help=f"CPU autoscheduler of --target cpu: {', '.join(AUTOSCHEDULERS)} or "
+                          f"none (default: {DEFAULT_SCHEDULE})")
     show.add_argument("--ranges", action="store_true", help="inferred ranges per statement")
     show.add_argument("--halide", action="store_true", help="the Halide Func definitions")
     show.add_argument("--schedule", action="store_true",
                       help="the schedule tree before and after tiling and mapping")
     show.add_argument("--cuda", action="store_true", help="the generated CUDA source")
-    args = parser.parse_args(argv)
-    warnings.showwarning = _show_warning
+    show.add_argument("--options", metavar="'MappingOptions()...'",
+                      help="CUDA mapping options for --schedule and --cuda: a chain or a preset "
+                           "name (default: naive)")
+    return parser
+
+
+def _natural(text: str) -> int:
     try:
-        return _run(args) if args.command == "run" else _show(args)
-    except TCError as e:
-        print(e, file=sys.stderr)
-        return 1
-    except BrokenPipeError:  # the reader went away (e.g. `| head`): not an error
-        sys.stderr.close()
-        return 0
-    except OSError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expects an integer >= 0, got '{text}'")
+    return value
+
+
+def _schedule(text: str) -> str:
+    """An autoscheduler's name in any case, or 'none'."""
+    by_lower = {s.lower(): s for s in (*AUTOSCHEDULERS, "none")}
+    if text.lower() not in by_lower:
+        raise argparse.ArgumentTypeError(
+            f"unknown CPU schedule '{text}'; choose one of {', '.join(by_lower.values())}")
+    return by_lower[text.lower()]
+
+
+def _size_items(text: str) -> tuple[tuple[str, str], ...]:
+    """'M=128, K=64' -> (('M', '128'), ('K', '64')); values are checked against the function."""
+    items = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, eq, value = (s.strip() for s in item.partition("="))
+        if not (eq and name and value):
+            raise argparse.ArgumentTypeError(
+                f"expects NAME=VALUE pairs separated by commas, got '{item}'")
+        if name in dict(items):
+            raise argparse.ArgumentTypeError(f"gives {name} twice")
+        items.append((name, value))
+    return tuple(items)
+
+
+def _check_flags(args) -> None:
+    """Flags that would be silently ignored in this combination are mistakes."""
+    if args.command == "run":
+        if args.options is not None and args.target == "cpu":
+            raise UsageError("--options maps the CUDA kernel and has no effect with --target cpu "
+                             "(add --target cuda-emulated or --target cuda)")
+        if args.schedule is not None and args.target != "cpu":
+            raise UsageError(f"--schedule chooses the CPU autoscheduler and has no effect with "
+                             f"--target {args.target}")
+    elif args.options is not None and not (args.schedule or args.cuda):
+        raise UsageError("--options maps the CUDA kernel, which only --schedule and --cuda show")
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
     print(f"warning: {message}", file=sys.stderr)
 
 
-def _load(args) -> tuple[tc.TCFunction, dict]:
-    with open(args.file, encoding="utf-8") as f:
-        prog = tc.define(f.read(), args.file)
-    name = args.fn or prog.names[-1]
-    return prog[name], _parse_sizes(args.sizes)
+# --- the function and its sizes --------------------------------------------------------------
 
 
-def _parse_sizes(text: str) -> dict[str, float]:
-    sizes = {}
-    for item in filter(None, (s.strip() for s in text.split(","))):
-        name, eq, value = item.partition("=")
-        try:
-            if not eq:
-                raise ValueError
-            sizes[name.strip()] = float(value) if "." in value else int(value)
-        except ValueError:
-            raise TCError(f"--sizes expects NAME=VALUE pairs separated by commas, got '{item}'") \
-                from None
-    return sizes
+def _load(args) -> tc.TCFunction:
+    with open(args.file, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TCError(f"{args.file} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+                      f"{e.start})") from None
+    prog = tc.define(text, args.file)
+    if args.fn is None:
+        return prog[prog.names[-1]]
+    if args.fn not in prog.names:
+        raise UsageError(f"--fn: {args.file} has no TC function named '{args.fn}'"
+                         f"{_did_you_mean(args.fn, prog.names)} (it defines "
+                         f"{', '.join(prog.names)})")
+    return prog[args.fn]
 
 
-def random_inputs(fn: C.Function, sizes: dict, seed: int) -> tuple[list, list, list[str]]:
-    """Random arguments for fn: (inputs, out= arrays, notes about defaulted values)."""
-    rng = np.random.default_rng(seed)
-    notes = []
+def _did_you_mean(name: str, candidates) -> str:
+    """'; did you mean 'X'?' for the closest candidate, ignoring case, or ''."""
+    by_lower = {c.lower(): c for c in candidates}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f"; did you mean '{by_lower[close[0]]}'?" if close else ""
 
-    def size(d: str) -> int:
-        if d.isdigit():
-            return int(d)
-        if d not in sizes:
-            sizes[d] = DEFAULT_SIZE
-            notes.append(f"{d}={DEFAULT_SIZE}")
-        return int(sizes[d])
 
-    bounds = index_bounds(fn, size)
-    args = []
-    for t in fn.inputs:
-        if t.rank == 0:
-            if t.name not in sizes:
-                sizes[t.name] = 1
-                notes.append(f"{t.name}=1")
-            args.append(sizes[t.name])
-            continue
-        args.append(_random_tensor(rng, t.type, tuple(size(d) for d in t.dims),
-                                   bounds.get(t.name)))
-    outs = []
+def size_names(fn: C.Function) -> tuple[str, ...]:
+    """What --sizes may set: size variables, the dimensions of in/out outputs (`T.0`), and
+    scalar inputs, in signature order."""
+    names = [d for t in fn.inputs for d in t.dims if not d.isdigit()]
+    names += [d for n in fn.outputs if fn.tensors[n].inout for d in fn.tensors[n].dims]
+    names += list(fn.scalar_inputs)
+    return tuple(dict.fromkeys(names))
+
+
+def given_sizes(fn: C.Function, items, label: str) -> dict[str, int | float | bool]:
+    """The --sizes items checked against fn: known names, positive integer sizes, and scalar
+    values of the scalar's type. `label` names fn in messages."""
+    known = size_names(fn)
+    values = {}
+    for name, text in items:
+        if name not in known:
+            listing = f"its sizes are {', '.join(known)}" if known else "it has no sizes"
+            raise UsageError(f"--sizes: '{label}' has no size or scalar named '{name}'"
+                             f"{_did_you_mean(name, known)} ({listing})")
+        t = fn.tensors.get(name) if name in fn.scalar_inputs else None
+        values[name] = _scalar_value(name, text, t.type) if t else _size_value(name, text)
+    return values
+
+
+def _size_value(name: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UsageError(f"--sizes: {name} must be a positive integer, got '{text}'")
+    return value
+
+
+def _scalar_value(name: str, text: str, t) -> int | float | bool:
+    try:
+        if t.is_float:
+            return float(text)
+        if t.kind == "bool":
+            return {"true": True, "1": True, "false": False, "0": False}[text.lower()]
+        value = int(text)
+    except (ValueError, KeyError):
+        raise UsageError(f"--sizes: scalar input {name} is {t}, got '{text}'") from None
+    info = np.iinfo(t.numpy)
+    if not info.min <= value <= info.max:
+        raise UsageError(f"--sizes: scalar input {name} is {t}; {value} is out of its range "
+                         f"[{info.min}, {info.max}]")
+    return value
+
+
+def complete_sizes(fn: C.Function, given: dict) -> tuple[dict, list[str]]:
+    """Every size and scalar fn needs: the given ones, the rest defaulted (and listed in notes).
+    The shape of an in/out output cannot be guessed, so it must be given."""
+    sizes, notes = dict(given), []
     for name in fn.outputs:
         t = fn.tensors[name]
-        if t.inout:
-            missing = [d for d in t.dims if d not in sizes]
-            if missing:
-                raise TCError(f"output '{name}' starts from the caller's values; give its shape "
-                              f"with --sizes {','.join(f'{d}=...' for d in t.dims)}")
-            outs.append(_random_tensor(rng, t.type, tuple(int(sizes[d]) for d in t.dims), None))
-    return args, outs, notes
+        missing = [d for d in t.dims if d not in sizes] if t.inout else []
+        if missing:
+            raise UsageError(f"output '{name}' starts from the caller's values; give its shape "
+                             f"with --sizes {','.join(f'{d}=...' for d in t.dims)}")
+    for name in size_names(fn):
+        if name not in sizes:
+            sizes[name] = 1 if name in fn.scalar_inputs else DEFAULT_SIZE
+            notes.append(f"{name}={sizes[name]}")
+    return sizes, notes
+
+
+def call_shapes(fn: C.Function, sizes: dict) -> tuple[list, list]:
+    """Arguments for shape-only calls (output_shapes, ranges, compile): input shapes and scalar
+    values, and the shapes of the in/out outputs."""
+    def shape(t: C.Tensor) -> tuple[int, ...]:
+        return tuple(int(d) if d.isdigit() else sizes[d] for d in t.dims)
+    inputs = [shape(t) if t.rank else sizes[t.name] for t in fn.inputs]
+    return inputs, [shape(fn.tensors[n]) for n in fn.outputs if fn.tensors[n].inout]
+
+
+def as_out(outs: list):
+    """The out= argument for a list of in/out arrays: None, one, or a tuple. (Shapes always go
+    as a tuple: a lone shape tuple would read as one shape per output.)"""
+    return (tuple(outs) if len(outs) > 1 else outs[0]) if outs else None
+
+
+def tensor_bytes(f: tc.TCFunction, sizes: dict) -> int:
+    """Bytes of every tensor of a call at these sizes: inputs, outputs and temporaries (each as
+    the bounding box of the ranges its statements write). Inputs are counted first, so absurd
+    sizes are measured without asking range inference about them."""
+    fn = f.checked
+    inputs, outs = call_shapes(fn, sizes)
+    out = tuple(outs) or None
+    total = sum(math.prod(s) * t.type.numpy.itemsize
+                for t, s in zip(fn.inputs, inputs) if t.rank)
+    if total > available_memory():
+        return total
+    for name, shape in zip(fn.outputs, f.output_shapes(*inputs, out=out)):
+        total += math.prod(shape) * fn.tensors[name].type.numpy.itemsize
+    boxes: dict[str, list[tuple[int, int]]] = {}
+    for st, report in zip(fn.statements, f.ranges(*inputs, out=out)):
+        if fn.tensors[st.tensor].kind == "temp":
+            ranges = [report.concrete[v] for v in st.indices]
+            old = boxes.setdefault(st.tensor, ranges)
+            boxes[st.tensor] = [(min(a[0], b[0]), max(a[1], b[1])) for a, b in zip(old, ranges)]
+    for name, box in boxes.items():
+        total += math.prod(max(0, hi - lo) for lo, hi in box) * fn.tensors[name].type.numpy.itemsize
+    return total
+
+
+def available_memory() -> int:
+    """Bytes the machine can give this process now (MemAvailable), or a huge number if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
+def _check_memory(f: tc.TCFunction, sizes: dict, target: str) -> None:
+    needed = tensor_bytes(f, sizes) * (_EMULATION_COPIES if target == "cuda-emulated" else 1)
+    available = available_memory()
+    if needed > available:
+        given = ",".join(f"{n}={sizes[n]}" for n in size_names(f.checked))
+        raise UsageError(f"--sizes {given}: '{f.name}' would need {_gib(needed)} of memory for "
+                         f"its tensors{' under emulation' if target == 'cuda-emulated' else ''}, "
+                         f"more than the {_gib(available)} available")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.3g} GiB"
+
+
+# --- random inputs ---------------------------------------------------------------------------
+
+
+def random_inputs(fn: C.Function, sizes: dict, seed: int) -> tuple[list, list]:
+    """Random arguments for fn at complete `sizes`: (inputs, out= arrays). Integer tensors read
+    inside subscripts hold indices within the extent they index."""
+    rng = np.random.default_rng(seed)
+    bounds = index_bounds(fn, lambda d: int(d) if d.isdigit() else sizes[d])
+    inputs, out_shapes = call_shapes(fn, sizes)
+    args = [_random_tensor(rng, t.type, s, bounds.get(t.name)) if t.rank else s
+            for t, s in zip(fn.inputs, inputs)]
+    inouts = [fn.tensors[n] for n in fn.outputs if fn.tensors[n].inout]
+    return args, [_random_tensor(rng, t.type, s, None) for t, s in zip(inouts, out_shapes)]
 
 
 def index_bounds(fn: C.Function, size) -> dict[str, int]:
@@ -140,19 +353,28 @@ def index_bounds(fn: C.Function, size) -> dict[str, int]:
 
 
 def _random_tensor(rng, t, shape, index_bound):
+    """Values drawn directly in the tensor's type: no float64 array twice the size first."""
     if t.is_float:
-        return rng.standard_normal(shape).astype(t.numpy)
+        direct = t.numpy in (np.float32, np.float64)
+        values = rng.standard_normal(shape, dtype=t.numpy if direct else np.float32)
+        return values if direct else values.astype(t.numpy)
     if t.kind == "bool":
-        return rng.random(shape) < 0.5
-    high = index_bound if index_bound else 10
-    return rng.integers(0, max(high, 1), size=shape).astype(t.numpy)
+        return rng.integers(0, 2, size=shape, dtype=np.bool_)
+    high = min(max(index_bound or 10, 1), int(np.iinfo(t.numpy).max) + 1)
+    return rng.integers(0, high, size=shape, dtype=t.numpy)
+
+
+# --- run and show ----------------------------------------------------------------------------
 
 
 def _run(args) -> int:
-    f, sizes = _load(args)
-    inputs, outs, notes = random_inputs(f.checked, sizes, args.seed)
-    schedule = None if args.schedule.lower() == "none" else args.schedule
-    out = (tuple(outs) if len(outs) > 1 else outs[0]) if outs else None
+    f = _load(args)
+    sizes, notes = complete_sizes(f.checked, given_sizes(f.checked, args.sizes, f.name))
+    _check_memory(f, sizes, args.target)
+    inputs, outs = random_inputs(f.checked, sizes, args.seed)
+    out = as_out(outs)
+    schedule = args.schedule or DEFAULT_SCHEDULE
+    schedule = None if schedule == "none" else schedule
     print(f"{f!r}")
     if notes:
         print(f"defaults: {', '.join(notes)}")
@@ -174,7 +396,7 @@ def _run(args) -> int:
     result = call()
     first = time.perf_counter() - start
     times = []
-    for _ in range(max(args.repeat, 0)):
+    for _ in range(args.repeat):
         start = time.perf_counter()
         call()
         times.append(time.perf_counter() - start)
@@ -205,28 +427,27 @@ def _fresh(out):
 
 
 def _show(args) -> int:
-    f, sizes = _load(args)
+    """Shows need shapes, not values: nothing is allocated, whatever the sizes."""
+    f = _load(args)
+    given = given_sizes(f.checked, args.sizes, f.name)
     if not (args.ranges or args.halide or args.schedule or args.cuda):
         args.ranges = True
-    call_args = None
-    if sizes or f.specialized_scalars or args.schedule or args.cuda:
-        inputs, outs, _ = random_inputs(f.checked, sizes, 0)
-        call_args = (inputs, (tuple(outs) if len(outs) > 1 else outs[0]) if outs else None)
+    call = None
+    if given or f.specialized_scalars or args.schedule or args.cuda:
+        inputs, outs = call_shapes(f.checked, complete_sizes(f.checked, given)[0])
+        call = (inputs, tuple(outs) or None)
     if args.ranges:
         print(f"# ranges of {f.name}")
-        reports = f.ranges(*call_args[0], out=call_args[1]) if call_args else f.ranges()
-        for report in reports:
+        for report in f.ranges(*call[0], out=call[1]) if call else f.ranges():
             print(report)
-        if call_args:
-            shapes = f.output_shapes(*call_args[0], out=call_args[1])
-            for name, shape in zip(f.checked.outputs, shapes):
+        if call:
+            for name, shape in zip(f.checked.outputs, f.output_shapes(*call[0], out=call[1])):
                 print(f"output {name}: shape {shape}")
     if args.halide:
         print(f"# Halide Funcs of {f.name}")
-        lowered = f.lower(*call_args[0], out=call_args[1]) if call_args else f.lower()
-        print(lowered.describe())
+        print((f.lower(*call[0], out=call[1]) if call else f.lower()).describe())
     if args.schedule or args.cuda:
-        kernel = tc.compile(tc.Program({f.name: f}), f.name, *call_args[0], out=call_args[1],
+        kernel = tc.compile(tc.Program({f.name: f}), f.name, *call[0], out=call[1],
                             options=args.options, target="cuda")
         if args.schedule:
             print(f"# schedule of {f.name}")

@@ -1,12 +1,27 @@
 """`tcstage run` and `tcstage show`, driven through main() as a user would call them."""
 
+import shlex
+import tracemalloc
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import tcstage as tc
+from tcstage import cli
 from tcstage.cli import main
 
-EXAMPLES = Path(__file__).parent.parent / "examples"
+ROOT = Path(__file__).parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+def one_line_error(capsys) -> str:
+    """The error main() printed: exactly one line, `tcstage: error: ...`, nothing on stdout."""
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tcstage: error: "), captured.err
+    return lines[0]
 
 
 def test_run_prints_shapes_and_times(capsys):
@@ -16,12 +31,23 @@ def test_run_prints_shapes_and_times(capsys):
     assert "run: median" in out
 
 
+EXAMPLE_SIZES = {"B": 2, "C": 3, "D": 4, "E1": 9, "E2": 7, "F": 4, "G": 2, "H": 9, "IP": 2,
+                 "K": 5, "KH": 3, "KW": 3, "L1": 3, "L2": 2, "M": 6, "N": 2, "O": 3, "OP": 3,
+                 "P": 4, "Q": 3, "W": 9, "sh": 2, "sw": 2}
+
+
 def test_run_every_example(capsys):
+    """Every function of every example, each given exactly the sizes it has."""
+    ran = 0
     for path in sorted(EXAMPLES.glob("*.tc")):
-        sizes = "sh=2,sw=2,H=9,W=9,KH=3,KW=3,N=2,C=3,F=4" if "sconv" in path.name else \
-            "N=2,G=2,F=3,C=2,H=6,W=6,KH=3,KW=3,B=2,IP=2,OP=3" if "conv" in path.name else "B=4"
-        assert main(["run", str(path), "--sizes", sizes, "--repeat", "1"]) == 0, path
-    assert "output:" in capsys.readouterr().out
+        for name in tc.define(path.read_text()).names:
+            fn = tc.define(path.read_text())[name].checked
+            sizes = ",".join(f"{n}={EXAMPLE_SIZES[n]}" for n in cli.size_names(fn))
+            argv = ["run", str(path), "--fn", name, "--sizes", sizes, "--repeat", "0"]
+            assert main(argv) == 0, (argv, capsys.readouterr().err)
+            assert "defaults:" not in capsys.readouterr().out
+            ran += 1
+    assert ran == 10
 
 
 def test_show_ranges_and_halide(capsys):
@@ -41,26 +67,25 @@ def test_errors_are_compiler_messages_not_tracebacks(tmp_path, capsys):
     assert err.startswith(f"{bad}:2:17: error: unknown tensor or function 'x'")
     assert "Traceback" not in err
     assert main(["run", str(tmp_path / "missing.tc")]) == 1
-    assert "No such file" in capsys.readouterr().err
-    assert main(["run", str(EXAMPLES / "tmm.tc"), "--sizes", "M16"]) == 1
-    assert "NAME=VALUE" in capsys.readouterr().err
-    assert main(["run", str(EXAMPLES / "tmm.tc"), "--fn", "nope"]) == 1
-    assert "no TC function named 'nope'" in capsys.readouterr().err
+    assert "No such file" in one_line_error(capsys)
+    assert main(["run", str(EXAMPLES / "tmm.tc"), "--sizes", "M16"]) == 2
+    assert "NAME=VALUE" in one_line_error(capsys)
+    assert main(["run", str(EXAMPLES / "tmm.tc"), "--fn", "TMM"]) == 2
+    assert "no TC function named 'TMM'; did you mean 'tmm'?" in one_line_error(capsys)
 
 
 def test_in_out_outputs_need_their_shape(tmp_path, capsys):
     src = tmp_path / "acc.tc"
     src.write_text("def acc(float(N) X) -> (Y) { Y(i) += X(i) }\n")
-    assert main(["run", str(src)]) == 1
-    assert "--sizes Y.0=..." in capsys.readouterr().err
+    assert main(["run", str(src)]) == 2
+    assert "--sizes Y.0=..." in one_line_error(capsys)
     assert main(["run", str(src), "--sizes", "N=5,Y.0=5", "--repeat", "0"]) == 0
 
 
-@pytest.mark.parametrize("argv", [["run"], ["frobnicate", "x.tc"]])
-def test_usage_errors(argv):
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert e.value.code == 2
+@pytest.mark.parametrize("argv", [["run"], ["frobnicate", "x.tc"], ["run", "x.tc", "--nope"]])
+def test_usage_errors(argv, capsys):
+    assert main(argv) == 2
+    assert "see 'tcstage" in one_line_error(capsys)
 
 
 def test_show_schedule_and_cuda_for_options(capsys):
@@ -120,3 +145,150 @@ def test_bad_options_are_reported_with_a_caret(capsys):
                  "MappingOptions().mapToThreads(2048)"]) == 1
     err = capsys.readouterr().err
     assert "mapToThreads" in err and "^" in err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out == f"tcstage {tc.__version__}\n"
+
+
+@pytest.mark.parametrize("sizes, message", [
+    ("m=8", "'tmm' has no size or scalar named 'm'; did you mean 'M'? (its sizes are M, K, N)"),
+    ("M=8,Q=2", "'tmm' has no size or scalar named 'Q' (its sizes are M, K, N)"),
+    ("M=-3", "M must be a positive integer, got '-3'"),
+    ("K=0", "K must be a positive integer, got '0'"),
+    ("N=2.5", "N must be a positive integer, got '2.5'"),
+    ("N=", "NAME=VALUE pairs"),
+    ("M=4,M=5", "gives M twice"),
+])
+def test_bad_sizes_are_named(sizes, message, capsys):
+    """Misspelled sizes used to be ignored (the run used 32), bad values ended in tracebacks."""
+    assert main(["run", str(EXAMPLES / "tmm.tc"), "--sizes", sizes]) == 2
+    assert message in one_line_error(capsys)
+
+
+def test_scalar_inputs_take_values_of_their_type(tmp_path, capsys):
+    src = tmp_path / "scale.tc"
+    src.write_text("def scale(float(N) X, float a, int8 k) -> (Y) { Y(i) = X(i) * a + k }\n")
+    for sizes, message in [("a=x", "scalar input a is float32, got 'x'"),
+                           ("k=1.5", "scalar input k is int8, got '1.5'"),
+                           ("k=300", "scalar input k is int8; 300 is out of its range")]:
+        assert main(["run", str(src), "--sizes", sizes]) == 2
+        assert message in one_line_error(capsys)
+    assert main(["run", str(src), "--sizes", "N=3,a=-0.5,k=-2", "--repeat", "0"]) == 0
+    assert "output:  Y(3,) float32" in capsys.readouterr().out
+
+
+def test_sizes_beyond_the_machines_memory_are_refused_up_front(capsys):
+    assert main(["run", str(EXAMPLES / "tmm.tc"), "--sizes", "M=100000,K=100000,N=100000"]) == 2
+    need = 2 * 100000 * 100000 * 4 / 2**30  # A and B, before any output is considered
+    assert f"'tmm' would need {need:.3g} GiB of memory" in one_line_error(capsys)
+
+
+def test_memory_estimate_counts_outputs_and_temporaries(tmp_path, monkeypatch, capsys):
+    src = tmp_path / "outer.tc"
+    src.write_text("def outer(float(I) A, float(J) B) -> (C) {\n"
+                   "  T(i, j) = A(i) * B(j)\n  C(i, j) = T(i, j) + 1\n}\n")
+    need = 4 * (64 + 32 + 64 * 32 + 64 * 32)  # A, B, the temporary T and the output C
+    argv = ["run", str(src), "--sizes", "I=64,J=32", "--repeat", "0"]
+    monkeypatch.setattr(cli, "available_memory", lambda: need - 1)
+    assert main(argv) == 2
+    assert f"would need {need / 2**30:.3g} GiB" in one_line_error(capsys)
+    monkeypatch.setattr(cli, "available_memory", lambda: 3 * need - 1)  # emulation copies them
+    assert main([*argv, "--target", "cuda-emulated"]) == 2
+    assert "under emulation" in one_line_error(capsys)
+    monkeypatch.setattr(cli, "available_memory", lambda: need)
+    assert main(argv) == 0
+
+
+def test_random_inputs_are_drawn_in_their_own_type():
+    """No float64 array twice the input's size is made first (it doubled peak memory)."""
+    fn = tc.define("def f(float(M,K) A, float16(K) H, int(K) I, bool(K) F) -> (C) "
+                   "{ C(m) +=! A(m,k) * H(k) * I(k) * F(k) }").f.checked
+    sizes = {"M": 512, "K": 512}
+    tracemalloc.start()
+    try:
+        args, outs = cli.random_inputs(fn, sizes, seed=0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [a.dtype for a in args] == [np.float32, np.float16, np.int32, np.bool_] and outs == []
+    assert peak < 1.25 * sum(a.nbytes for a in args)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "tmm.tc", "--options", "mlp"], "--options maps the CUDA kernel and has no effect "
+                                            "with --target cpu"),
+    (["run", "tmm.tc", "--target", "cuda-emulated", "--schedule", "Adams2019"],
+     "--schedule chooses the CPU autoscheduler and has no effect with --target cuda-emulated"),
+    (["show", "tmm.tc", "--ranges", "--options", "mlp"], "only --schedule and --cuda show"),
+    (["run", "tmm.tc", "--repeat", "-1"], "argument --repeat: expects an integer >= 0, got '-1'"),
+    (["run", "tmm.tc", "--seed", "-4"], "argument --seed: expects an integer >= 0, got '-4'"),
+    (["run", "tmm.tc", "--schedule", "fastest"], "unknown CPU schedule 'fastest'"),
+])
+def test_flags_that_cannot_take_effect_are_errors(argv, message, monkeypatch, capsys):
+    monkeypatch.chdir(EXAMPLES)
+    assert main(argv) == 2
+    assert message in one_line_error(capsys)
+
+
+def test_unreadable_files_are_one_line_errors(tmp_path, capsys):
+    binary = tmp_path / "latin1.tc"
+    binary.write_bytes(b"# caf\xe9\ndef f(float(N) A) -> (B) { B(i) = A(i) }\n")
+    assert main(["run", str(binary)]) == 1
+    assert "is not UTF-8 text (byte 0xe9 at offset 5)" in one_line_error(capsys)
+    assert main(["run", str(tmp_path)]) == 1
+    assert "Is a directory" in one_line_error(capsys)
+
+
+def test_internal_errors_are_one_line(monkeypatch, capsys):
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(cli, "random_inputs", broken)
+    monkeypatch.delenv("TCSTAGE_TRACEBACK", raising=False)
+    assert main(["run", str(EXAMPLES / "tmm.tc"), "--sizes", "M=2,K=2,N=2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("tcstage: internal error: RuntimeError: boom") and err.count("\n") == 1
+
+
+def readme_commands() -> list[list[str]]:
+    """Every `tcstage ...` command of the README, continuation lines joined as a shell would."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    commands = []
+    for k, line in enumerate(lines):
+        for part in line.split("&&"):
+            if part.strip().startswith("tcstage ") and line.startswith("    "):
+                text = part.strip()
+                for more in lines[k + 1:]:
+                    if not more.startswith("        "):
+                        break
+                    text += "\n" + more
+                commands.append(shlex.split(text))
+    return commands
+
+
+def test_readme_commands_name_real_functions_and_sizes(monkeypatch):
+    """Flags, file, function and every size of each README command are right (its LUT example
+    gave 2LUT's sizes to 1LUT, the last function of its file); `slow` runs them for real."""
+    commands = readme_commands()
+    assert len(commands) >= 6 and ["tcstage", "--version"] in commands
+    monkeypatch.chdir(ROOT)
+    for argv in commands:
+        if argv == ["tcstage", "--version"]:
+            continue
+        args = cli._parser().parse_args(argv[1:])
+        cli._check_flags(args)
+        fn = cli._load(args).checked
+        cli.given_sizes(fn, args.sizes, fn.name)
+
+
+@pytest.mark.slow
+def test_readme_commands_run(monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    for argv in readme_commands():
+        if argv != ["tcstage", "--version"]:
+            assert main(argv[1:]) == 0, (argv, capsys.readouterr().err)
+    out = capsys.readouterr().out
+    assert "output:  O1(128, 64) float32" in out and "output:  O2(128, 64) float32" in out
