@@ -38,6 +38,12 @@ def constant(value, t: ScalarType) -> hl.Expr:
         else hl.u64(value)
 
 
+def _erf(x):
+    """Halide's erf takes float32 only (a polynomial of float32 accuracy): other float types
+    go through float32."""
+    return hl.erf(x) if x.type() == hl.Float(32) else hl.cast(x.type(), hl.erf(hl.f32(x)))
+
+
 def _fmod(x, y):
     return x - y * hl.trunc(x / y)
 
@@ -45,7 +51,7 @@ def _fmod(x, y):
 _UNARY: dict[str, Callable] = {
     "exp": hl.exp, "log": hl.log, "sqrt": hl.sqrt, "rsqrt": lambda x: 1 / hl.sqrt(x),
     "tanh": hl.tanh, "sin": hl.sin, "cos": hl.cos, "tan": hl.tan, "asin": hl.asin,
-    "acos": hl.acos, "atan": hl.atan, "sinh": hl.sinh, "cosh": hl.cosh, "erf": hl.erf,
+    "acos": hl.acos, "atan": hl.atan, "sinh": hl.sinh, "cosh": hl.cosh, "erf": _erf,
     "exp2": lambda x: hl.pow(hl.cast(x.type(), 2), x), "log2": lambda x: hl.log(x) / hl.log(
         hl.cast(x.type(), 2)), "log10": lambda x: hl.log(x) / hl.log(hl.cast(x.type(), 10)),
     "floor": hl.floor, "ceil": hl.ceil, "round": hl.round, "trunc": hl.trunc,

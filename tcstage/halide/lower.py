@@ -1,10 +1,23 @@
 """Lowering a checked, range-inferred TC function to Halide Funcs.
 
-Each tensor an statement defines becomes one `hl.Func`; each statement becomes the Func's pure
+Each tensor a statement defines becomes one `hl.Func`; each statement becomes the Func's pure
 definition (the first statement) or an update (later ones, and the reduction after an
 identity initialisation). Reduction variables become an `RDom` over their inferred ranges. A
-later statement whose left-hand ranges cover only part of the tensor writes through RDom
-variables, so exactly the inferred points are written.
+statement whose left-hand ranges cover only part of the tensor writes through RDom variables,
+so exactly the inferred points are written; when it is the tensor's first, a pure definition
+before it gives the other points the caller's values (an in/out output) or 0.
+
+Halide freezes a Func once another Func reads it, while TC lets a statement update a tensor
+that earlier statements read (they see it before the update). Such an update starts a new
+*version* of the tensor: a new Func whose pure definition copies the previous one. A statement
+that overwrites the whole tensor without reading it (`=`, or a reduction with `!`) starts a
+version of its own, without the copy. The versions share the tensor's storage in the
+polyhedral model (`Lowered.definitions` leaves the copies out), so only the CPU pipeline sees
+them.
+
+Reads that Halide's simplifier removes (`0 * A(i)`, a branch of `l < l ? A(l) : B(j)`) are
+left out of the definition: Halide's bounds inference gives them no region, and the
+Mullapudi2016 autoscheduler fails on a Func with none.
 
 This Func graph is the boundary to the polyhedral middle end, so it stays a faithful image of
 the TC: no scheduling here.
@@ -21,12 +34,18 @@ from collections.abc import Mapping, Sequence
 import attrs
 import halide as hl
 
+from tcstage.errors import TCError
 from tcstage.halide.exprs import constant, halide_type, to_halide
 from tcstage.halide.ranges import FunctionRanges, Range, simplify_tree
-from tcstage.halide import solver
+from tcstage.halide import _native, solver
 from tcstage.halide.solver import Tree, tree_to_expr, tree_to_str
 from tcstage.lang import checked as C
 from tcstage.lang.types import INT64, ScalarType
+
+
+# What the Halide bindings raise when Halide refuses something (its own errors, and pybind11's
+# conversions of arguments it cannot represent).
+HALIDE_FAILURES = (hl.HalideError, RuntimeError, TypeError, ValueError, OverflowError)
 
 
 def _halide_order(args) -> tuple:
@@ -38,6 +57,16 @@ def storage_type(t: ScalarType) -> ScalarType:
     return INT64 if t.name == "uint64" else t
 
 
+@attrs.frozen(eq=False)
+class Version:
+    """One Func of a tensor. A statement that updates a tensor another Func has read starts a
+    version whose pure definition copies the previous one; a statement that overwrites the
+    whole tensor without reading it starts one of its own."""
+
+    func: hl.Func
+    copies_previous: bool
+
+
 @attrs.define(eq=False)
 class Lowered:
     """The Halide image of one TC function (for one specialisation of its scalar inputs)."""
@@ -46,11 +75,21 @@ class Lowered:
     ranges: FunctionRanges
     params: dict  # input name -> hl.ImageParam (tensors) or hl.Param (scalars)
     inout_params: dict  # in/out output name -> hl.ImageParam holding the caller's values
-    funcs: dict  # defined tensor name -> hl.Func
+    funcs: dict  # defined tensor name -> hl.Func (its last version)
     outputs: list  # one hl.Func per output, in return order, in storage types
-    order: list  # (tensor, definition index, TC statement index) in program order
+    # (tensor, index in definitions(tensor), TC statement index) in program order
+    order: list
     # per TC statement: the Halide names of its RDom variables -> its TC index names
     var_names: list
+    versions: dict  # defined tensor name -> its Versions, oldest first (the last: funcs[name])
+
+    def definitions(self, tensor: str) -> list[dict]:
+        """The tensor's definitions as plain data (`_native.func_definitions`), in program
+        order over its versions, without the copies that start a later version."""
+        out = []
+        for v in self.versions[tensor]:
+            out += _native.func_definitions(v.func)["definitions"][int(v.copies_previous):]
+        return out
 
     def reference_text(self, statement: int, tensor: str, args: Sequence[Tree]) -> str:
         """`T(a, b)` as the TC statement reads or writes it, from Halide subscript trees (TC
@@ -61,7 +100,7 @@ class Lowered:
 
     def halide_names(self) -> dict[str, str]:
         """Tensor name for each Func or buffer name that Halide expressions read."""
-        names = {f.name(): t for t, f in self.funcs.items()}
+        names = {v.func.name(): t for t, vs in self.versions.items() for v in vs}
         for t, p in [*self.params.items(), *self.inout_params.items()]:
             if isinstance(p, hl.ImageParam):  # reads name its internal, uniquified Func
                 names[hl.Func(p).name()] = t
@@ -82,14 +121,17 @@ class Lowered:
             return tree_to_str(solver.to_tree(e))
 
         lines = []
-        for name, f in self.funcs.items():
+        for name, versions in self.versions.items():
             t = self.fn.tensors[name]
-            lines.append(f"Func {name} ({t.kind}, {t.type}), arguments innermost first:")
-            args = ", ".join(a.name() for a in f.args())
-            lines.append(f"  {name}({args}) = {text(f.value())}")
-            for k in range(f.num_update_definitions()):
-                upd = ", ".join(text(a) for a in f.update_args(k))
-                lines.append(f"  {name}({upd}) = {text(f.update_value(k))}")
+            for k, f in enumerate(v.func for v in versions):
+                version = f", version {k + 1}" if k else ""
+                lines.append(f"Func {name} ({t.kind}, {t.type}){version}, arguments innermost "
+                             "first:")
+                args = ", ".join(a.name() for a in f.args())
+                lines.append(f"  {name}({args}) = {text(f.value())}")
+                for u in range(f.num_update_definitions()):
+                    upd = ", ".join(text(a) for a in f.update_args(u))
+                    lines.append(f"  {name}({upd}) = {text(f.update_value(u))}")
         return "\n".join(lines)
 
 
@@ -117,16 +159,34 @@ def lower(fn: C.Function, ranges: FunctionRanges, scalars: Mapping[str, int] | N
             for k, d in enumerate(t.dims):
                 symbols[d] = p.dim(t.rank - 1 - k).extent()
     funcs: dict[str, hl.Func] = {}
+    versions: dict[str, list[Version]] = {}
+    listed: dict[str, int] = {}  # tensor -> its definitions in `order` so far
+    read_by_others: set[str] = set()  # tensors whose current Func another Func reads
     order: list[tuple[str, int, int]] = []
     var_names: list[dict[str, str]] = []
     for n, (st, sr) in enumerate(zip(fn.statements, ranges.statements)):
-        shapes_tensor = ranges.shaped_by.get(st.tensor) == n or fn.tensors[st.tensor].inout \
-            and st.first_definition
-        before = funcs[st.tensor].num_update_definitions() + 1 if st.tensor in funcs else 0
-        var_names.append(_lower_statement(fn, st, sr, ranges, params, inout_params, funcs,
-                                          symbols, shapes_tensor))
-        after = funcs[st.tensor].num_update_definitions() + 1
-        order += [(st.tensor, k, n) for k in range(before, after)]
+        partial = [] if ranges.shaped_by.get(st.tensor) == n else _partial_vars(
+            st, sr, ranges.tensors[st.tensor])
+        fresh = st.first_definition or not partial and _overwrites(st)
+        if fresh:
+            funcs[st.tensor] = hl.Func(st.tensor)
+            versions.setdefault(st.tensor, []).append(Version(funcs[st.tensor], False))
+        elif st.tensor in read_by_others:  # Halide would refuse the update: a new version
+            funcs[st.tensor] = _next_version(funcs[st.tensor], st.tensor)
+            versions[st.tensor].append(Version(funcs[st.tensor], True))
+        read_by_others.discard(st.tensor)  # funcs[st.tensor] is not read yet
+        before = _count_definitions(funcs[st.tensor])
+        try:
+            rdom_names, reads = _lower_statement(fn, st, sr, ranges, params, inout_params,
+                                                 funcs, symbols, partial, fresh)
+        except HALIDE_FAILURES as e:
+            raise TCError(f"internal error lowering '{fn.name}' to Halide, at statement "
+                          f"{n + 1}: {str(e).strip()}", st.span) from e
+        var_names.append(rdom_names)
+        read_by_others |= reads - {st.tensor}
+        added = _count_definitions(funcs[st.tensor]) - before
+        order += [(st.tensor, listed.get(st.tensor, 0) + k, n) for k in range(added)]
+        listed[st.tensor] = listed.get(st.tensor, 0) + added
     outputs = []
     for name in fn.outputs:
         f = funcs[name]
@@ -135,7 +195,33 @@ def lower(fn: C.Function, ranges: FunctionRanges, scalars: Mapping[str, int] | N
             view[f.args()] = hl.reinterpret(hl.Int(64), f[f.args()])
             f = view
         outputs.append(f)
-    return Lowered(fn, ranges, params, inout_params, funcs, outputs, order, var_names)
+    return Lowered(fn, ranges, params, inout_params, funcs, outputs, order, var_names,
+                   versions)
+
+
+def _count_definitions(f: hl.Func) -> int:
+    return f.num_update_definitions() + 1 if f.defined() else 0
+
+
+def _partial_vars(st: C.Statement, sr, bounds) -> list[str]:
+    """The left-hand variables whose range may not cover the tensor's extent."""
+    return [v for k, v in enumerate(st.indices)
+            if not _covers(sr.ranges[v], bounds.mins[k], bounds.extents[k])]
+
+
+def _overwrites(st: C.Statement) -> bool:
+    """Whether the statement (covering its whole tensor) replaces every value without reading
+    the old ones: then it needs no update of the tensor's Func, but can start a new one."""
+    return st.init or st.reduction is None and not any(
+        isinstance(r, C.Read) and r.tensor == st.tensor for r in C.walk(st.rhs))
+
+
+def _next_version(f: hl.Func, tensor: str) -> hl.Func:
+    """A new Func for `tensor`, starting as a copy of f (which other Funcs read)."""
+    new = hl.Func(tensor)
+    args = f.args()
+    new[args] = f[args]
+    return new
 
 
 def _load(value: hl.Expr | hl.Param, t: ScalarType) -> hl.Expr:
@@ -159,28 +245,21 @@ def _combine(op: str, a: hl.Expr, b: hl.Expr) -> hl.Expr:
 
 
 def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, inout_params,
-                     funcs, symbols, shapes_tensor: bool) -> dict[str, str]:
-    """Adds the statement's definitions to its Func; returns the Halide names of its RDom
-    variables -> their TC names."""
+                     funcs, symbols, partial: list[str], fresh: bool
+                     ) -> tuple[dict[str, str], frozenset]:
+    """Adds the statement's definitions to its tensor's Func (`fresh`: a Func without
+    definitions yet). Left-hand variables that cover the whole tensor stay pure (parallel)
+    Vars; the `partial` ones are RDom variables limited to the statement's range. Returns the
+    Halide names of its RDom variables -> their TC names, and the tensors it reads."""
     tensor = fn.tensors[st.tensor]
-    bounds = ranges.tensors[st.tensor]
 
     def tree(t: Tree) -> hl.Expr:
         return tree_to_expr(t, symbols)
 
-    if st.first_definition:
-        funcs[st.tensor] = hl.Func(st.tensor)
-        pure = [hl.Var(v) for v in st.indices]
-    else:
-        pure = [hl.Var(a.name()) for a in _halide_order(funcs[st.tensor].args())]
     func = funcs[st.tensor]
-
-    # Left-hand variables that cover the whole tensor stay pure (parallel) Vars; others are
-    # RDom variables limited to the statement's range.
+    pure = [hl.Var(v) for v in st.indices] if fresh else \
+        [hl.Var(a.name()) for a in _halide_order(func.args())]
     names: dict[str, hl.Expr] = dict(symbols)
-    partial = [] if shapes_tensor else [
-        v for k, v in enumerate(st.indices)
-        if not _covers(sr.ranges[v], bounds.mins[k], bounds.extents[k])]
     lhs_rdom = _rdom([sr.ranges[v] for v in partial], tree, f"{st.tensor}_lhs") if partial else None
     rvars = [v for v in st.reduction_vars]
     full_rdom = _rdom([sr.ranges[v] for v in partial + rvars], tree, f"{st.tensor}_r") \
@@ -199,26 +278,48 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
     if lhs_rdom is not None:
         rdom_names.update({lhs_rdom[j].name(): v for j, v in enumerate(partial)})
 
+    read_tensors: dict[str, str] = {}  # Halide name read -> tensor
+    dead: frozenset[str] = frozenset()  # Halide names whose reads the simplifier removes
+    variables = {t[1]: e for e in names.values() for t in [solver.to_tree(e)] if t[0] == "var"}
+
     def read(r: C.Read, args: list[hl.Expr]) -> hl.Expr:
         b = ranges.tensors[r.tensor]
-        args = [_clamp_if_data_dependent(a, x, b.mins[k], b.extents[k], tree)
-                for k, (a, x) in enumerate(zip(r.args, args))]
+        args = _halide_order([
+            _clamp(x, b.mins[k], b.extents[k], tree) if C.has_read(a) else
+            _simplified(x, variables) for k, (a, x) in enumerate(zip(r.args, args))])
         if r.tensor in params:
-            return _load(params[r.tensor][_halide_order(args)], fn.tensors[r.tensor].type)
-        if r.tensor == st.tensor and st.first_definition:  # an in/out output's old values
-            return _load(inout_params[r.tensor][_halide_order(args)], tensor.type)
-        return funcs[r.tensor][_halide_order(args)]
+            source = params[r.tensor]
+        elif r.tensor == st.tensor and st.first_definition:  # an in/out output's old values
+            source = inout_params[r.tensor]
+        else:
+            source = funcs[r.tensor]
+        name = hl.Func(source).name() if isinstance(source, hl.ImageParam) else source.name()
+        if name in dead:
+            return constant(0, r.type)
+        read_tensors[name] = r.tensor
+        if isinstance(source, hl.Func):  # a FuncRef: an Expr, so that select() takes it
+            return hl.Expr(source[args])
+        return _load(source[args], fn.tensors[r.tensor].type)
 
     def dim(d: C.DimOf) -> hl.Expr:
         return tree(ranges.tensors[d.tensor].extents[d.dim])
 
     rhs = to_halide(st.rhs, names, read=read, dim=dim)
+    dead = frozenset(read_tensors) - solver.read_names(solver.simplify(rhs))
+    if dead:
+        read_tensors.clear()
+        rhs = to_halide(st.rhs, names, read=read, dim=dim)
     lhs = _halide_order(lhs_args)
     pure_lhs = _halide_order(pure)
-    if st.first_definition:
+    if fresh and partial:
+        # The statement writes part of the tensor: the other points keep the caller's values
+        # (an in/out output) or are 0, and the statement is an update of those.
+        func[pure_lhs] = _load(inout_params[st.tensor][pure_lhs], tensor.type) \
+            if tensor.inout else constant(0, tensor.type)
+    if fresh and not partial:
         if st.reduction is None:
             func[pure_lhs] = rhs
-            return rdom_names
+            return rdom_names, frozenset(read_tensors.values())
         if st.init:
             func[pure_lhs] = _identity(st.reduction, tensor.type)
         else:
@@ -230,8 +331,8 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
     if st.reduction is None:
         func[lhs] = rhs
     else:
-        func[lhs] = _combine(st.reduction, func[lhs], rhs)
-    return rdom_names
+        func[lhs] = _combine(st.reduction, hl.Expr(func[lhs]), rhs)
+    return rdom_names, frozenset(read_tensors.values())
 
 
 def _as_tc(tree: Tree, names: Mapping[str, str]) -> Tree:
@@ -258,10 +359,17 @@ def _rdom(rs: list[Range], tree, name: str) -> hl.RDom:
     return hl.RDom([hl.Range(tree(r.lo), tree(r.hi) - tree(r.lo) + 1) for r in rs], name)
 
 
-def _clamp_if_data_dependent(arg: C.Expr, x: hl.Expr, lo: Tree, extent: Tree, tree) -> hl.Expr:
-    """Subscripts computed from tensor values are clamped into the tensor: TC leaves an
+def _clamp(x: hl.Expr, lo: Tree, extent: Tree, tree) -> hl.Expr:
+    """A subscript computed from tensor values, clamped into the tensor: TC leaves an
     out-of-range value undefined, and clamping keeps that from reading outside memory (it also
     gives Halide's bounds inference a finite region)."""
-    if not C.has_read(arg):
-        return x
     return hl.clamp(x, tree(lo), tree(lo) + tree(extent) - 1)
+
+
+def _simplified(x: hl.Expr, variables: Mapping[str, hl.Expr]) -> hl.Expr:
+    """An affine subscript, simplified: Halide's bounds inference takes `2*k - k` over
+    k in [0, 9] as [-9, 18], and an input buffer must then hold that whole region."""
+    try:
+        return tree_to_expr(solver.simplify(x), variables)
+    except ValueError:  # a form tree_to_expr does not rebuild: keep it as written
+        return x

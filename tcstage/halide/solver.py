@@ -89,7 +89,14 @@ def solve_inner_interval(cond: hl.Expr, var: str) -> Interval:
     ``Interval(('int', 1), ('int', 0))``.
     """
     lo, hi = _native.solve_for_inner_interval(cond, var)
+    if (lo, hi) == _EMPTY:  # the solver misses some unsimplified forms, such as 2*k - k
+        tree = simplify(cond)
+        lo, hi = _native.solve_for_inner_interval(
+            tree_to_expr(tree, {v: hl.Var(v) for v in tree_vars(tree)}), var)
     return Interval(lo, hi)
+
+
+_EMPTY = (("int", 1), ("int", 0))
 
 
 def and_over_domain(cond: hl.Expr, domain: Mapping[str, tuple[Any, Any]]) -> Tree:
@@ -487,6 +494,16 @@ def inline_lets(tree: Tree) -> Tree:
     if tree[0] == "cast":
         return ("cast", tree[1], inline_lets(tree[2]))
     return (tree[0], *(inline_lets(c) for c in tree[1:]))
+
+
+def read_names(tree: Tree) -> frozenset[str]:
+    """Names of the Funcs and buffers that ``tree`` reads (in subscripts too)."""
+    if not isinstance(tree, tuple) or not tree or tree[0] in ("int", "float", "var"):
+        return frozenset()
+    if tree[0] in ("read", "call"):
+        inner = frozenset().union(*(read_names(a) for a in tree[2]))
+        return inner | {tree[1]} if tree[0] == "read" else inner
+    return frozenset().union(*(read_names(a) for a in tree[1:] if isinstance(a, tuple)))
 
 
 def tree_vars(tree: Tree) -> frozenset[str]:

@@ -22,7 +22,6 @@ import attrs
 import islpy as isl
 
 from tcstage.errors import TCError
-from tcstage.halide import _native
 from tcstage.halide.lower import Lowered
 from tcstage.halide.solver import Tree, inline_lets, isl_name, tree_to_isl
 
@@ -129,7 +128,7 @@ def extract_scop(lowered: Lowered, sizes: Mapping[str, int] | None = None) -> Sc
             .intersect_params(context)
 
     halide_names = lowered.halide_names()
-    definitions = {t: _native.func_definitions(f)["definitions"] for t, f in lowered.funcs.items()}
+    definitions = {t: lowered.definitions(t) for t in lowered.funcs}  # over every version
     statements = []
     for k, (tensor, index, tc_index) in enumerate(lowered.order):
         d = definitions[tensor][index]
