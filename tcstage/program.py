@@ -7,14 +7,15 @@ pipeline, caching one compiled kernel per (shapes, dtypes, specialised scalars, 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import difflib
+from collections.abc import Mapping, Sequence
 
 import attrs
 import numpy as np
 
 from tcstage.errors import TCArgumentError, TCError, warn
 from tcstage.halide import ranges as R
-from tcstage.halide.jit import DEFAULT_SCHEDULE, CpuKernel
+from tcstage.halide.jit import DEFAULT_SCHEDULE, CpuKernel, schedule_name
 from tcstage.halide.lower import Lowered, lower
 from tcstage.halide.solver import evaluate
 from tcstage.lang import checked as C
@@ -117,25 +118,26 @@ class TCFunction:
             self._ranges[spec] = cached
         return cached
 
-    def bind(self, args: Sequence, out=None, shapes_only: bool = False) -> Binding:
-        return _bind(self.checked, args, out, shapes_only)
+    def bind(self, args: Sequence, out=None, shapes_only: bool = False, named=None) -> Binding:
+        """args (positional) and named (by TC name) checked against the signature."""
+        return _bind(self.checked, _positional(self.checked, args, named or {}), out, shapes_only)
 
     # -- user API ------------------------------------------------------------------------------
-    def output_shapes(self, *args, out=None) -> list[tuple[int, ...]]:
+    def output_shapes(self, *args, out=None, **named) -> list[tuple[int, ...]]:
         """Output shapes for inputs given as arrays or shapes (scalars as values)."""
-        b = self.bind(args, out, shapes_only=True)
+        b = self.bind(args, out, shapes_only=True, named=named)
         return [shape for shape, _ in self._output_layout(b)]
 
-    def output_mins(self, *args, out=None) -> list[tuple[int, ...]]:
+    def output_mins(self, *args, out=None, **named) -> list[tuple[int, ...]]:
         """The index of each output's first element (0 unless a range starts elsewhere)."""
-        b = self.bind(args, out, shapes_only=True)
+        b = self.bind(args, out, shapes_only=True, named=named)
         return [mins for _, mins in self._output_layout(b)]
 
-    def ranges(self, *args, out=None) -> list[StatementReport]:
+    def ranges(self, *args, out=None, **named) -> list[StatementReport]:
         """Inferred index ranges per statement. Without arguments they are symbolic only
         (functions that specialise on scalar inputs need the arguments)."""
-        if args:
-            b = self.bind(args, out, shapes_only=True)
+        if args or named:
+            b = self.bind(args, out, shapes_only=True, named=named)
             fr, values = self._infer(b.specialization(self)), {**b.sizes, **_int_scalars(b)}
         else:
             if self.specialized_scalars:
@@ -145,23 +147,28 @@ class TCFunction:
             fr, values = self._infer(()), None
         reports = []
         for st, sr in zip(self.checked.statements, fr.statements):
-            concrete = {v: r.evaluate(values) for v, r in sr.ranges.items()} if values else {}
+            concrete = {v: r.evaluate(values) for v, r in sr.ranges.items()} \
+                if values is not None else {}
             reports.append(StatementReport(
                 sr.tensor, st.span.text() if st.span else sr.tensor,
                 {v: r.text(v) for v, r in sr.ranges.items()}, concrete))
         return reports
 
-    def lower(self, *args, out=None) -> Lowered:
+    def lower(self, *args, out=None, **named) -> Lowered:
         """The Halide Funcs of this function (for the call's scalar specialisation)."""
-        spec = self.bind(args, out, shapes_only=True).specialization(self) if args else ()
+        spec = self.bind(args, out, shapes_only=True, named=named).specialization(self) \
+            if args or named else ()
         return lower(self.checked, self._infer(spec), dict(spec))
 
-    def __call__(self, *args, out=None, schedule=_DEFAULT):
-        """Runs on the CPU. Tensors are numpy arrays, scalars Python or numpy numbers.
+    def __call__(self, *args, out=None, schedule=_DEFAULT, **named):
+        """Runs on the CPU. Tensors are numpy arrays, scalars Python or numpy numbers, given in
+        signature order or by their TC names (`prog.tmm(A=a, B=b)`).
         `out` supplies in/out outputs (those that accumulate into the caller's values), as one
-        array or a tuple in output order. Returns an array, or a tuple for several outputs."""
-        schedule = DEFAULT_SCHEDULE if schedule is _DEFAULT else schedule
-        b = self.bind(args, out)
+        array or a tuple in output order; they are updated in place. `schedule`: one of
+        `jit.AUTOSCHEDULERS`, or None (or 'none') for Halide's unscheduled code.
+        Returns an array, or a tuple for several outputs."""
+        schedule = DEFAULT_SCHEDULE if schedule is _DEFAULT else schedule_name(schedule)
+        b = self.bind(args, out, named=named)
         for name, a in (*b.arrays.items(), *b.inout.items()):
             if not isinstance(a, np.ndarray):
                 raise TCArgumentError(
@@ -203,6 +210,30 @@ class TCFunction:
 
 def _int_scalars(b: Binding) -> dict:
     return {k: int(v) for k, v in b.scalars.items() if isinstance(v, (int, np.integer))}
+
+
+def _positional(fn: C.Function, args: Sequence, named: Mapping[str, object]) -> tuple:
+    """The arguments in signature order: `args` first, then `named` by TC input name."""
+    if not named:
+        return tuple(args)
+    inputs = [t.name for t in fn.inputs]
+    slots = dict(zip(inputs, args))
+    for name, value in named.items():
+        if name not in inputs:
+            near = difflib.get_close_matches(name, inputs, n=1)
+            raise TCArgumentError(
+                f"'{fn.name}' has no input named '{name}'"
+                + (f"; did you mean '{near[0]}'?" if near else "")
+                + f" Its inputs: {', '.join(inputs)}")
+        if name in slots:
+            raise TCArgumentError(f"'{fn.name}' got input '{name}' twice: as positional argument "
+                                  f"{inputs.index(name) + 1} and by name")
+        slots[name] = value
+    missing = [n for n in inputs if n not in slots]
+    if missing:
+        raise TCArgumentError(f"'{fn.name}' is missing input{'s' if len(missing) > 1 else ''} "
+                              f"{', '.join(missing)} (it takes {', '.join(inputs)})")
+    return tuple(slots[n] for n in inputs)
 
 
 def _bind(fn: C.Function, args: Sequence, out, shapes_only: bool) -> Binding:

@@ -8,27 +8,47 @@ and `schedule=None` gives Halide's unscheduled code (every tensor computed at th
 
 from __future__ import annotations
 
+import difflib
+import math
 import os
 from collections.abc import Mapping
 
 import halide as hl
 import numpy as np
 
-from tcstage.errors import TCArgumentError, TCError
-from tcstage.halide.lower import Lowered, storage_type
+from tcstage.errors import TCArgumentError, TCError, warn
+from tcstage.halide.lower import HALIDE_FAILURES, Lowered, lower, storage_type
 from tcstage.halide.solver import evaluate
 
 AUTOSCHEDULERS = ("Mullapudi2016", "Adams2019", "Li2018")
 DEFAULT_SCHEDULE = "Mullapudi2016"
 _loaded_plugins: set[str] = set()
+# Halide addresses a buffer with int32 element indices (and allocates at most 2**31 - 1 bytes
+# unless the target has LargeBuffers).
+MAX_ELEMENTS = 2**31 - 1
+
+
+def schedule_name(schedule) -> str | None:
+    """The autoscheduler a `schedule=` argument names (any case; None or 'none': no
+    schedule)."""
+    if schedule is None:
+        return None
+    if isinstance(schedule, str):
+        if schedule.lower() == "none":
+            return None
+        for name in AUTOSCHEDULERS:
+            if schedule.lower() == name.lower():
+                return name
+    near = difflib.get_close_matches(str(schedule), [*AUTOSCHEDULERS, "none"], n=1, cutoff=0.6)
+    raise TCError(f"unknown CPU schedule {schedule!r}"
+                  + (f"; did you mean '{near[0]}'?" if near else "")
+                  + f" Choose one of {', '.join(AUTOSCHEDULERS)}, or None (or 'none') for no "
+                  "schedule")
 
 
 def _load_autoscheduler(name: str) -> None:
     if name in _loaded_plugins:
         return
-    if name not in AUTOSCHEDULERS:
-        raise TCError(f"unknown CPU schedule '{name}'; choose one of "
-                      f"{', '.join(AUTOSCHEDULERS)} or None for no schedule")
     path = os.path.join(os.path.dirname(hl.__file__), "lib64",
                         f"libautoschedule_{name.lower()}.so")
     if not os.path.exists(path):
@@ -41,19 +61,54 @@ def _reversed_estimates(mins, extents) -> list[tuple[int, int]]:
     return [(int(m), max(1, int(e))) for m, e in reversed(list(zip(mins, extents)))]
 
 
+def _tensor_extents(lowered: Lowered, values: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
+    """The extents of every tensor of the function, for a call's sizes."""
+    return {name: tuple(evaluate(e, values) for e in b.extents)
+            for name, b in lowered.ranges.tensors.items() if lowered.fn.tensors[name].rank}
+
+
 class CpuKernel:
     """A TC function compiled by Halide's JIT for one set of input shapes."""
 
     def __init__(self, lowered: Lowered, values: Mapping[str, int], schedule: str | None):
         self.lowered = lowered
-        self.schedule = schedule
+        self.schedule = schedule = schedule_name(schedule)
         fn, ranges = lowered.fn, lowered.ranges
+        extents = _tensor_extents(lowered, values)
+        target = hl.get_jit_target_from_environment()
+        for name, shape in extents.items():
+            elements = math.prod(max(0, e) for e in shape)
+            if elements > MAX_ELEMENTS:
+                raise TCArgumentError(
+                    f"'{fn.name}' would need {fn.tensors[name].kind} {name} of shape {shape} "
+                    f"({elements} elements); the CPU back end (Halide) addresses at most "
+                    f"2**31 - 1 elements per tensor")
+            if elements * fn.tensors[name].type.bits // 8 > MAX_ELEMENTS:
+                target = target.with_feature(hl.TargetFeature.LargeBuffers)
         self.output_bounds = []
         for name in fn.outputs:
             b = ranges.tensors[name]
-            mins = tuple(evaluate(m, values) for m in b.mins)
-            extents = tuple(evaluate(e, values) for e in b.extents)
-            self.output_bounds.append((mins, extents))
+            self.output_bounds.append((tuple(evaluate(m, values) for m in b.mins),
+                                       tuple(evaluate(e, values) for e in b.extents)))
+        if schedule is not None:
+            try:
+                self.pipeline = self._compile(values, target)
+                return
+            except HALIDE_FAILURES as e:
+                # The schedule only makes the code fast: run unscheduled, and say so. The
+                # failed attempt may have scheduled some Funcs, so start from fresh ones.
+                warn(f"the {schedule} autoscheduler failed on '{fn.name}' "
+                     f"({_halide_message(e)}); '{fn.name}' runs unscheduled")
+                self.schedule = None
+                self.lowered = lower(fn, ranges, dict(ranges.scalars))
+        try:
+            self.pipeline = self._compile(values, target)
+        except HALIDE_FAILURES as e:
+            raise TCError(f"Halide could not compile '{fn.name}' for the CPU: "
+                          f"{_halide_message(e)}", notes=("this is a bug in tcstage",)) from e
+
+    def _compile(self, values: Mapping[str, int], target: hl.Target) -> hl.Pipeline:
+        lowered, fn = self.lowered, self.lowered.fn
         for name, p in lowered.params.items():
             t = fn.tensors[name]
             if t.rank:
@@ -65,19 +120,21 @@ class CpuKernel:
         for f, (mins, extents) in zip(lowered.outputs, self.output_bounds):
             if mins:
                 f.set_estimates(_reversed_estimates(mins, extents))
-        self.pipeline = hl.Pipeline(lowered.outputs)
-        target = hl.get_jit_target_from_environment()
-        if schedule is None:
-            for name, f in lowered.funcs.items():
-                if fn.tensors[name].kind == "temp":
-                    f.compute_root()
+        pipeline = hl.Pipeline(lowered.outputs)
+        if self.schedule is None:
+            final = {f.name() for f in lowered.outputs}
+            for versions in lowered.versions.values():
+                for v in versions:
+                    if v.func.name() not in final:
+                        v.func.compute_root()
         else:
-            _load_autoscheduler(schedule)
+            _load_autoscheduler(self.schedule)
             # All three take 'parallelism' (Adams2019 and Li2018 assume 16 cores otherwise).
             # Never pass a parameter a plugin does not define: Halide aborts the process.
             params = {"parallelism": str(os.cpu_count() or 1)}
-            self.pipeline.apply_autoscheduler(target, hl.AutoschedulerParams(schedule, params))
-        self.pipeline.compile_jit(target)
+            pipeline.apply_autoscheduler(target, hl.AutoschedulerParams(self.schedule, params))
+        pipeline.compile_jit(target)
+        return pipeline
 
     def __call__(self, arrays: Mapping[str, np.ndarray], scalars: Mapping[str, object],
                  inout: Mapping[str, np.ndarray]) -> list[np.ndarray]:
@@ -106,11 +163,17 @@ class CpuKernel:
         try:
             self.pipeline.realize(buffers)
         except Exception as e:  # Halide reports a failed runtime check (e.g. a read out of bounds)
-            raise TCArgumentError(f"running '{low.fn.name}' failed: {e}") from None
+            raise TCArgumentError(f"running '{low.fn.name}' failed: {_halide_message(e)}") \
+                from None
         finally:
             del keep
         return [o.view(low.fn.tensors[n].type.numpy) if o.dtype != low.fn.tensors[n].type.numpy
                 else o for n, o in zip(low.fn.outputs, outs)]
+
+
+def _halide_message(e: Exception) -> str:
+    text = str(e).strip()
+    return text if text not in ("", "Error:") else f"{type(e).__name__} without a message"
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, alignment: int = 128) -> np.ndarray:
@@ -128,5 +191,27 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, alignment: int = 128)
 
 
 def _storage_view(a: np.ndarray, t) -> np.ndarray:
-    a = np.ascontiguousarray(a)
+    """a as an array `hl.Buffer` takes, with a's values: C-contiguous (Halide's innermost
+    stride is 1), aligned and in native byte order (copied only where it is not), uint64 as
+    int64 bits (Halide's Python buffers have no uint64). A read-only array is used in place
+    through a writable alias: Halide only reads inputs and the old values of in/out outputs."""
+    native = a.dtype.newbyteorder("=")
+    if a.dtype != native or not (a.flags.c_contiguous and a.flags.aligned):
+        a = np.array(a, dtype=native, order="C")
+    if not a.flags.writeable:
+        a = _writable_alias(a)
     return a.view(np.int64) if t.name == "uint64" else a
+
+
+class _Alias:
+    """Exposes an array's memory through the array interface with the read-only flag off;
+    holds the array, so the memory outlives the alias."""
+
+    def __init__(self, a: np.ndarray):
+        self.array = a
+        self.__array_interface__ = {**a.__array_interface__,
+                                    "data": (a.__array_interface__["data"][0], False)}
+
+
+def _writable_alias(a: np.ndarray) -> np.ndarray:
+    return np.asarray(_Alias(a))

@@ -110,6 +110,7 @@ class _Access:
     span: Span | None
     variables: frozenset
     cond: hl.Expr | None  # None: the subscript depends on tensor values
+    write: bool = False  # the statement's own left-hand side
 
 
 def infer_ranges(fn: C.Function, scalars: Mapping[str, int] | None = None) -> FunctionRanges:
@@ -133,14 +134,44 @@ def infer_ranges(fn: C.Function, scalars: Mapping[str, int] | None = None) -> Fu
     statements = []
     shaped_by: dict[str, int] = {}  # tensor -> the statement its shape comes from
     for n, st in enumerate(fn.statements):
-        if st.tensor not in bounds:
-            shaped_by[st.tensor], bounds[st.tensor] = _shape_of(fn, n, symbols, bounds)
-        # The statement a shape comes from is not constrained by that shape again.
-        write_constrains = shaped_by.get(st.tensor) != n
-        statements.append(_StatementInference(fn, st, symbols, bounds, preconditions,
-                                              write_constrains).run())
+        try:
+            if st.tensor not in bounds:
+                shaped_by[st.tensor], bounds[st.tensor] = _shape_of(fn, n, symbols, bounds)
+            # The statement a shape comes from is not constrained by that shape again.
+            write_constrains = shaped_by.get(st.tensor) != n
+            statements.append(_StatementInference(fn, st, symbols, bounds, preconditions,
+                                                  write_constrains).run())
+        except TCRangeError as error:
+            raise _with_scalar_values(error, st, scalars, symbols) from None
     return FunctionRanges(tuple(statements), bounds, tuple(preconditions),
                           tuple(sorted((k, v) for k, v in scalars.items())), shaped_by)
+
+
+def _with_scalar_values(error: TCRangeError, st: C.Statement, scalars: Mapping[str, int],
+                        symbols) -> TCRangeError:
+    """error, naming the values of the specialised scalar inputs the statement uses: a range
+    that cannot be inferred for one value (a stride `s * i` with s = 0) is a property of
+    the call, not of the TC."""
+    exprs = [a for r in C.walk(st.rhs) if isinstance(r, C.Read) for a in r.args]
+    exprs += [b for w in st.where for b in (w.lo, w.hi)]
+    used = sorted({n.name for e in exprs for n in C.walk(e)
+                   if isinstance(n, C.ScalarParam) and n.name in scalars})
+    if not used:
+        return error
+    values = ", ".join(f"{s} = {scalars[s]}" for s in used)
+    notes = []
+    for e in exprs:
+        if not any(isinstance(n, C.ScalarParam) and n.name in scalars for n in C.walk(e)):
+            continue
+        env = {**symbols, **{v: hl.Expr(hl.Var(v)) for v in st.variables}}
+        try:
+            remaining = solver.tree_vars(solver.simplify(to_halide(e, env)))
+        except DataDependent:
+            continue
+        for v in sorted(C.free_vars(e) - remaining):
+            notes.append(f"with {values}, the subscript '{_text(e)}' does not depend on '{v}'")
+    return TCRangeError(f"{error.message} (for scalar input{'s' if len(used) > 1 else ''} "
+                        f"{values} of this call)", error.span, (*notes, *error.notes))
 
 
 def _lhs_bounds(st: C.Statement, sr: StatementRanges) -> TensorBounds:
@@ -195,22 +226,26 @@ class _StatementInference:
         # Reads of a tensor still without a shape (the one being shaped) constrain nothing.
         reads = [n for n in C.walk(st.rhs)
                  if isinstance(n, C.Read) and n.args and n.tensor in self.bounds]
+        written = None
         if st.tensor in self.bounds and self.write_constrains:  # the write, given a shape
             lhs_args = tuple(C.IndexVar(v, span=st.var_spans.get(v)) for v in st.indices)
-            reads.append(C.Read(st.tensor, lhs_args, self.fn.tensors[st.tensor].type, span=st.span))
+            written = C.Read(st.tensor, lhs_args, self.fn.tensors[st.tensor].type, span=st.span)
+            reads.append(written)
         out = []
         for r in reads:
             b = self.bounds[r.tensor]
+            write = r is written
             for k, arg in enumerate(r.args):
                 try:
                     x = to_halide(arg, self.env, dim=self.dim)
                 except DataDependent:
-                    out.append(_Access(r.tensor, k, arg, r.span, frozenset(C.free_vars(arg)), None))
+                    out.append(_Access(r.tensor, k, arg, r.span, frozenset(C.free_vars(arg)), None,
+                                       write))
                     continue
                 lo = self.expr(b.mins[k])
                 hi = self.expr(b.mins[k]) + self.expr(b.extents[k]) - 1
                 out.append(_Access(r.tensor, k, arg, r.span, frozenset(C.free_vars(arg)),
-                                   (lo <= x) & (x <= hi)))
+                                   (lo <= x) & (x <= hi), write))
         return out
 
     def run(self) -> StatementRanges:
@@ -330,7 +365,8 @@ class _StatementInference:
             if self.holds_for_all_sizes(remaining):
                 continue
             self.preconditions.append(Precondition(
-                f"in '{self.fn.name}', the read of {a.tensor} at subscript '{_text(a.arg)}' stays "
+                f"in '{self.fn.name}', the {'write' if a.write else 'read'} of {a.tensor} at "
+                f"subscript '{_text(a.arg)}' stays "
                 f"within [{lo}, {hi}) only if {tree_to_str(remaining)}; this is not checked "
                 "at compile time", a.span))
 
