@@ -1,0 +1,281 @@
+"""Lowering and the CPU path on programs and inputs they used to refuse or get wrong (issue 10).
+
+References are numpy computations written from the TC semantics (statements run in order; an
+in/out output keeps the caller's values wherever no statement writes), never tcstage's output.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+import tcstage as tc
+
+rng = np.random.default_rng(10)
+
+
+def f32(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def emulated(source, *args, out=None):
+    """The same function compiled to CUDA and run under emulation (naive options)."""
+    kernel = tc.compile(source, "f", *args, target="cuda-emulated",
+                        out=None if out is None else out.copy())
+    return kernel, kernel(*args, out=None if out is None else out.copy())
+
+
+# -- reads that Halide's simplifier removes --------------------------------------------------
+
+@pytest.mark.parametrize("source, reference", [
+    ("def f(float(N) I0, float(M) I1) -> (T0) { T0(l, j) = (l < l ? I1(l) : I0(j)) }",
+     lambda I0, I1: np.broadcast_to(I0, (len(I1), len(I0)))),
+    ("def f(float(N) I0, float(M) I1) -> (T0) { T0(l, j) = I0(j) + 0.0 * I1(l) }",
+     lambda I0, I1: np.broadcast_to(I0, (len(I1), len(I0)))),
+    ("def f(float(N) I0, float(M) I1) -> (T0) {\n"
+     "  T1(l) = I1(l)\n  T0(l, j) = (l > l ? T1(l) : I0(j)) - T1(l) + T1(l)\n}",
+     lambda I0, I1: np.broadcast_to(I0, (len(I1), len(I0)))),
+])
+def test_reads_the_simplifier_removes(source, reference):
+    # Mullapudi2016 failed with 'Pipeline_bounds is missing I1_im': the read was left in the
+    # Func, but Halide's bounds inference, which simplifies, gave I1 no region.
+    I0, I1 = f32(3), f32(4)
+    got = tc.define(source).f(I0, I1, schedule="Mullapudi2016")
+    np.testing.assert_allclose(got, reference(I0, I1), rtol=1e-6)
+
+
+def test_integer_read_cancelled_by_subtraction():
+    I0, I1 = rng.integers(-9, 9, 3).astype(np.int32), rng.integers(-9, 9, 4).astype(np.int32)
+    f = tc.define("def f(int32(N) I0, int32(M) I1) -> (T0) "
+                  "{ T0(l, j) = I0(j) + (I1(l) - I1(l)) }").f
+    np.testing.assert_array_equal(f(I0, I1, schedule="Mullapudi2016"),
+                                  np.broadcast_to(I0, (4, 3)))
+
+
+def test_subscripts_are_simplified_before_bounds_inference():
+    # `2 * l - l` was unsolvable for range inference, and Halide's bounds inference took it as
+    # [-(N-1), 2(N-1)], so the pipeline demanded C beyond its first element.
+    C, W = f32(6), f32(6, 3)
+    f = tc.define("def f(float(Q) C, float(Q, K) W) -> (O) "
+                  "{ O(q) +=! fmin(C(2 * l - l), W(q, 2 * k - k)) }").f
+    reference = np.array([sum(min(C[l], W[q, k]) for l in range(6) for k in range(3))
+                          for q in range(6)])
+    for schedule in (None, "Mullapudi2016"):
+        np.testing.assert_allclose(f(C, W, schedule=schedule), reference, rtol=1e-5)
+
+
+# -- updates after other statements read the tensor -----------------------------------------
+
+VERSIONS = """def f(float(N,M) I0) -> (T0, T1, T2) {
+  T0(i,l) = I0(l,i)
+  T1(i,l) = T0(i,l) * 2
+  T0(j,m) = fmin(T0(j,m), 0.5)
+  T2(i,l) = T0(i,l) + T1(i,l)
+  T0(j,m) = T0(j,m) - 1
+}"""
+
+
+def versions_reference(I0):
+    T0 = I0.T.copy()
+    T1 = T0 * 2
+    T0 = np.minimum(T0, 0.5)
+    T2 = T0 + T1
+    return T0 - 1, T1, T2
+
+
+@pytest.mark.parametrize("schedule", [None, "Mullapudi2016"])
+def test_update_after_another_statement_read_the_tensor(schedule):
+    I0 = f32(3, 4)
+    for got, want in zip(tc.define(VERSIONS).f(I0, schedule=schedule), versions_reference(I0)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_update_after_read_under_cuda_emulation():
+    I0 = f32(3, 4)
+    kernel, got = emulated(VERSIONS, I0)
+    for g, want in zip(got, versions_reference(I0)):
+        np.testing.assert_allclose(g, want, rtol=1e-6)
+    outputs = [p.name for p in kernel.compiled.cuda.parameters if p.kind == "output"]
+    assert outputs == ["T0", "T1", "T2"] and "$" not in kernel.cuda_source
+
+
+def test_temporary_updated_after_a_read():
+    A = f32(5)
+    f = tc.define("""def f(float(N) A) -> (B, C) {
+      T(i) = A(i)
+      B(i) = T(i) + 1
+      T(i) = T(i) * 3
+      C(i) = T(i)
+    }""").f
+    B, C = f(A, schedule=None)
+    np.testing.assert_allclose(B, A + 1, rtol=1e-6)
+    np.testing.assert_allclose(C, A * 3, rtol=1e-6)
+
+
+# -- statements that write part of their tensor ----------------------------------------------
+
+PARTIAL_INOUT = [
+    ("def f(float(N) A) -> (O) { O(i) += A(0) where i in 0:1 }", (f32(3),), np.ones(4, np.float32),
+     lambda A, O: np.concatenate([O[:1] + A[0], O[1:]])),
+    ("def f(float(N,N,N) I0) -> (T0) { T0(i, j) += I0(m, i, i) where j in 0:2 }", (f32(3, 3, 3),),
+     f32(2, 4), lambda I0, O: np.concatenate(
+         [O[:, :2] + np.array([[I0[:, i, i].sum()] for i in range(2)]), O[:, 2:]], axis=1)),
+]
+
+
+@pytest.mark.parametrize("source, args, start, reference", PARTIAL_INOUT)
+def test_first_statement_of_inout_output_writes_only_its_range(source, args, start, reference):
+    out = start.copy()
+    got = tc.define(source).f(*args, out=out, schedule=None)
+    assert got is out  # updated in place
+    np.testing.assert_allclose(out, reference(*args, start), rtol=1e-5)
+
+
+@pytest.mark.parametrize("source, args, start, reference", PARTIAL_INOUT[:1])
+def test_first_statement_of_inout_output_under_cuda_emulation(source, args, start, reference):
+    np.testing.assert_allclose(emulated(source, *args, out=start)[1], reference(*args, start),
+                               rtol=1e-5)
+
+
+def test_first_statement_bounds_fewer_points_than_the_shaping_one():
+    # O's shape (M, K) comes from the second statement; the first writes rows i < N only
+    # (the rest are undefined by TC) and Halide refused an RDom in a pure definition.
+    A, C = f32(3), f32(5, 4)
+    got = tc.define("def f(float(N) A, float(M,K) C) -> (O) {\n"
+                    "  O(i,j) = A(i)\n  O(i,j) += C(i,j)\n}").f(A, C, schedule=None)
+    assert got.shape == (5, 4)
+    np.testing.assert_allclose(got[:3], A[:, None] + C[:3], rtol=1e-6)
+
+
+# -- small things ------------------------------------------------------------------------------
+
+def test_select_between_reads_of_a_temporary():
+    A = f32(4)
+    got = tc.define("def f(float(N) A) -> (C) {\n"
+                    "  T(i) = A(i)\n  C(i) = (i < 1 ? T(0) : T(i)) * 2\n}").f(A, schedule=None)
+    np.testing.assert_allclose(got, 2 * A, rtol=1e-6)
+
+
+def test_concrete_ranges_with_constant_sizes():
+    f = tc.define("def f(float(2) A) -> (B) { B(i) = A(i) }").f
+    assert [r.concrete for r in f.ranges((2,))] == [{"i": (0, 2)}]
+
+
+def test_rank0_inout_output():
+    A, S = f32(5), np.array(1.5, np.float32)
+    got = tc.define("def f(float(N) A) -> (S) { S() += A(i) }").f(A, out=S, schedule=None)
+    assert got is S and S.shape == ()
+    assert math.isclose(float(S), 1.5 + float(A.astype(np.float64).sum()), rel_tol=1e-5)
+
+
+def test_erf_of_double_and_half():
+    A = np.linspace(-2, 2, 9)
+    H = A.astype(np.float16)
+    B, C = tc.define("def f(double(N) A, half(N) H) -> (B, C) {\n"
+                     "  B(i) = erf(A(i))\n  C(i) = erf(H(i))\n}").f(A, H, schedule=None)
+    np.testing.assert_allclose(B, [math.erf(x) for x in A], atol=1e-6)
+    np.testing.assert_allclose(C.astype(np.float64), [math.erf(x) for x in H], atol=2e-3)
+
+
+def test_autoscheduler_failure_runs_unscheduled_with_a_warning():
+    # Mullapudi2016 fails without a message on an indirect read of a one-element tensor.
+    X, W = np.array([0, 0, 0], np.int32), f32(1)
+    f = tc.define("def f(int(K) X, float(Q) W) -> (O) { O(r) = W(X(r)) }").f
+    with pytest.warns(tc.TCWarning, match="Mullapudi2016 autoscheduler failed on 'f'"):
+        got = f(X, W, schedule="Mullapudi2016")
+    np.testing.assert_array_equal(got, W[X])
+
+
+# -- arrays the CPU path takes -----------------------------------------------------------------
+
+def _misaligned(a: np.ndarray) -> np.ndarray:
+    raw = np.zeros(a.nbytes + 1, np.uint8)
+    view = raw[1:].view(a.dtype).reshape(a.shape)
+    view[...] = a
+    assert not view.flags.aligned
+    return view
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a = a.copy()
+    a.flags.writeable = False
+    return a
+
+
+@pytest.fixture(scope="module")
+def scale():
+    return tc.define("def f(float(N,M) A) -> (B) { B(i,j) = A(i,j) * 2 + A(i,0) }").f
+
+
+@pytest.mark.parametrize("variant", [
+    _read_only, _misaligned, lambda a: a.astype(">f4"), lambda a: a[::-1, ::-1],
+    lambda a: np.asfortranarray(a)])
+def test_input_array_layouts(scale, variant):
+    A = variant(f32(3, 4))
+    np.testing.assert_allclose(scale(A, schedule=None), A * 2 + A[:, :1], rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def accumulate():
+    return tc.define("def f(float(N) A) -> (O) { O(i) += A(i) * O(i) }").f
+
+
+@pytest.mark.parametrize("variant", [
+    _misaligned, lambda a: a.astype(">f4"), lambda a: np.repeat(a, 2)[::2]])
+def test_out_array_layouts_are_updated_in_place(accumulate, variant):
+    A, start = f32(6), f32(6)
+    out = variant(start)
+    got = accumulate(A, out=out, schedule=None)
+    assert got is out
+    np.testing.assert_allclose(out, start + A * start, rtol=1e-6)
+
+
+def test_more_elements_than_halide_addresses_are_refused():
+    A = np.broadcast_to(np.float32(1), (2**31 + 1,))  # no memory behind it
+    f = tc.define("def f(float(N) A) -> (S) { S() +=! A(i) }").f
+    with pytest.raises(tc.TCArgumentError, match=r"2\*\*31 - 1 elements"):
+        f(A, schedule=None)
+    doubled = tc.define("def f(float(N) A) -> (O) { O(i) = A(i / 2) }").f
+    with pytest.raises(tc.TCArgumentError, match=r"output O of shape \(2147483650,\)"):
+        doubled(np.broadcast_to(np.float32(1), (2**30 + 1,)), schedule=None)
+
+
+# -- the Python API ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tmm():
+    return tc.define("def tmm(float(M,K) A, float(N,K) B) -> (C) "
+                     "{ C(m,n) +=! A(m,k) * B(n,k) }").tmm
+
+
+def test_tensors_by_name(tmm):
+    A, B = f32(2, 3), f32(4, 3)
+    np.testing.assert_allclose(tmm(B=B, A=A, schedule=None), A @ B.T, rtol=1e-5)
+    np.testing.assert_allclose(tmm(A, B=B, schedule=None), A @ B.T, rtol=1e-5)
+    assert tmm.output_shapes(B=(4, 3), A=(2, 3)) == [(2, 4)]
+
+
+@pytest.mark.parametrize("call, fragment", [
+    (lambda f, A, B: f(A=A, Bb=B), "no input named 'Bb'; did you mean 'B'?"),
+    (lambda f, A, B: f(A, A=A, B=B), "got input 'A' twice"),
+    (lambda f, A, B: f(A=A), "missing input B"),
+])
+def test_tensors_by_name_errors(tmm, call, fragment):
+    with pytest.raises(tc.TCArgumentError, match=fragment):
+        call(tmm, f32(2, 3), f32(4, 3))
+
+
+def test_schedule_names(tmm):
+    A, B = f32(2, 3), f32(4, 3)
+    for schedule in ("none", "None", "mullapudi2016"):
+        np.testing.assert_allclose(tmm(A, B, schedule=schedule), A @ B.T, rtol=1e-5)
+    with pytest.raises(tc.TCError, match="did you mean 'Mullapudi2016'.*Adams2019, Li2018"):
+        tmm(A, B, schedule="Mulapudi2016")
+
+
+@pytest.mark.parametrize("body", ["O(i) = A(s * i)", "O(i) +=! A(s * i + k) where k in 0:2"])
+def test_zero_stride_scalar_is_named(body):
+    f = tc.define(f"def f(float(N) A, int s) -> (O) {{ {body} }}").f
+    with pytest.raises(tc.TCRangeError, match=r"scalar input s = 0 of this call") as e:
+        f(f32(6), 0, schedule=None)
+    assert "with s = 0, the subscript 's * i" in str(e.value)
