@@ -181,9 +181,25 @@ def test_autoscheduler_failure_runs_unscheduled_with_a_warning():
     # Mullapudi2016 fails without a message on an indirect read of a one-element tensor.
     X, W = np.array([0, 0, 0], np.int32), f32(1)
     f = tc.define("def f(int(K) X, float(Q) W) -> (O) { O(r) = W(X(r)) }").f
-    with pytest.warns(tc.TCWarning, match="Mullapudi2016 autoscheduler failed on 'f'"):
+    with pytest.warns(tc.TCWarning, match="the Mullapudi2016 autoscheduler failed on it"):
         got = f(X, W, schedule="Mullapudi2016")
     np.testing.assert_array_equal(got, W[X])
+
+
+def test_schedule_failing_at_run_time_falls_back_to_unscheduled():
+    # Li2018's schedule reads I0 at -2 here (a split larger than the loop): the arguments are
+    # fine, so the call runs unscheduled and says why, instead of blaming them.
+    I0, Z, D = f32(1, 6), f32(6, 6), np.abs(f32(6))
+    start = f32(3, 6, 6)
+    f = tc.define("""def f(float(N, K) I0, float(K, K) Z, float(K) D) -> (O) {
+      O(m, l, p) = fmax(O(m, l, p), fmin(Z(m, p - 1), I0(m, 2 * m + l)))
+      O(k, v, j) min=! Z(j, l) * D(k)
+    }""").f
+    with pytest.warns(tc.TCWarning, match="the Li2018 schedule failed at run time"):
+        got = f(I0, Z, D, out=start.copy(), schedule="Li2018")
+    reference = np.array([[[min(Z[j, l] * D[k] for l in range(6)) for j in range(6)]
+                           for _ in range(6)] for k in range(3)])
+    np.testing.assert_allclose(got, reference, rtol=1e-6)
 
 
 # -- arrays the CPU path takes -----------------------------------------------------------------

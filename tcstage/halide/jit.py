@@ -90,25 +90,35 @@ class CpuKernel:
             b = ranges.tensors[name]
             self.output_bounds.append((tuple(evaluate(m, values) for m in b.mins),
                                        tuple(evaluate(e, values) for e in b.extents)))
-        if schedule is not None:
-            try:
-                self.pipeline = self._compile(values, target)
-                return
-            except HALIDE_FAILURES as e:
-                # The schedule only makes the code fast: run unscheduled, and say so. The
-                # failed attempt may have scheduled some Funcs, so start from fresh ones.
-                warn(f"the {schedule} autoscheduler failed on '{fn.name}' "
-                     f"({_halide_message(e)}); '{fn.name}' runs unscheduled")
-                self.schedule = None
-                self.lowered = lower(fn, ranges, dict(ranges.scalars))
+        self.values, self.target = dict(values), target
         try:
-            self.pipeline = self._compile(values, target)
+            self.pipeline = self._compile()
+        except HALIDE_FAILURES as e:  # from the autoscheduler (see _compile)
+            self._unscheduled()
+            warn(f"'{fn.name}' runs unscheduled on the CPU: the {schedule} autoscheduler "
+                 f"failed on it ({_halide_message(e)})")
+
+    def _unscheduled(self) -> None:
+        """Falls back to Halide's unscheduled code: a schedule only makes the code fast. The
+        failed attempt may have scheduled some Funcs, so this starts from fresh ones."""
+        fn, ranges = self.lowered.fn, self.lowered.ranges
+        self.schedule = None
+        self.lowered = lower(fn, ranges, dict(ranges.scalars))
+        self.pipeline = self._compile()
+
+    def _compile(self) -> hl.Pipeline:
+        """The JIT-compiled pipeline. Halide's errors pass through where a schedule was asked
+        for (the caller falls back to none); without one they are a TCError."""
+        try:
+            return self._compile_pipeline()
         except HALIDE_FAILURES as e:
-            raise TCError(f"Halide could not compile '{fn.name}' for the CPU: "
+            if self.schedule is not None:
+                raise
+            raise TCError(f"Halide could not compile '{self.lowered.fn.name}' for the CPU: "
                           f"{_halide_message(e)}", notes=("this is a bug in tcstage",)) from e
 
-    def _compile(self, values: Mapping[str, int], target: hl.Target) -> hl.Pipeline:
-        lowered, fn = self.lowered, self.lowered.fn
+    def _compile_pipeline(self) -> hl.Pipeline:
+        lowered, fn, values, target = self.lowered, self.lowered.fn, self.values, self.target
         for name, p in lowered.params.items():
             t = fn.tensors[name]
             if t.rank:
@@ -162,9 +172,18 @@ class CpuKernel:
             buffers.append(buf)
         try:
             self.pipeline.realize(buffers)
-        except Exception as e:  # Halide reports a failed runtime check (e.g. a read out of bounds)
-            raise TCArgumentError(f"running '{low.fn.name}' failed: {_halide_message(e)}") \
-                from None
+        except HALIDE_FAILURES as e:  # a failed runtime check (e.g. a read out of bounds)
+            if self.schedule is None:
+                raise TCArgumentError(f"running '{low.fn.name}' failed: {_halide_message(e)}") \
+                    from None
+            # Autoschedulers may split a loop by more than its extent, so that the code
+            # touches elements beyond the arrays. If the unscheduled code runs, the schedule
+            # was at fault, not the arguments.
+            failed = f"the {self.schedule} schedule failed at run time ({_halide_message(e)})"
+            self._unscheduled()
+            results = self(arrays, scalars, inout)
+            warn(f"'{low.fn.name}' runs unscheduled on the CPU: {failed}")
+            return results
         finally:
             del keep
         return [o.view(low.fn.tensors[n].type.numpy) if o.dtype != low.fn.tensors[n].type.numpy
