@@ -3,14 +3,12 @@ mapped CUDA kernels: each under five MappingOptions, run under emulation and com
 independent numpy reference and with the Halide CPU back end. In/out outputs start from the
 caller's values (out=), as on the CPU."""
 
-import shutil
 import warnings
 
 import numpy as np
 import pytest
 
 import tcstage as tc
-from tcstage.cuda.nvcc import compile_check
 
 M = tc.MappingOptions
 rng = np.random.default_rng(11)
@@ -92,8 +90,6 @@ def test_spec_tc_as_mapped_cuda(case, options):
         name = program.names[0]
         out = None if start is None else start.copy()
         k = tc.compile(program, name, *inputs, out=out, options=options, target="cuda-emulated")
-    if shutil.which("nvcc"):
-        assert compile_check(k.cuda_source), k.cuda_source
     got = k(*inputs, out=None if start is None else start.copy())
     on_cpu = program[name](*inputs, out=None if start is None else start.copy())
     expected = reference(*inputs, start)

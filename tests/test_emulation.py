@@ -12,6 +12,8 @@ from tcstage.cuda.emulate import (EmulationError, EmulationRaceError, compile_ke
 from tcstage.cuda.nvcc import compile_check, nvcc_path
 from tcstage.errors import TCError
 
+import nvcc_batches  # tests/
+
 
 @pytest.fixture(scope="module", autouse=True)
 def private_cache(tmp_path_factory):
@@ -533,9 +535,11 @@ def test_compile_error_carries_the_compiler_message():
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH")
-@pytest.mark.parametrize("name", sorted(ALL_KERNELS))
-def test_kernels_compile_with_nvcc(name):
-    assert compile_check(ALL_KERNELS[name]) is True
+def test_kernels_compile_with_nvcc():
+    """All in a few nvcc calls (tests/nvcc_batches.py); a rejected kernel is named with its
+    diagnostics."""
+    rejected = nvcc_batches.check_all(list(ALL_KERNELS.values()))
+    assert rejected == {}, [(n, rejected[k]) for n, k in ALL_KERNELS.items() if k in rejected]
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="nvcc is not on PATH")
