@@ -3,7 +3,13 @@
 A `CpuKernel` is compiled for one set of shapes (the autoscheduler plans for them through
 `set_estimates`) and run on numpy arrays. The default autoscheduler is Mullapudi2016, which
 needs no trained weights and schedules the TC kernels well; Adams2019 and Li2018 are available,
-and `schedule=None` gives Halide's unscheduled code (every tensor computed at the root).
+and `schedule=None` gives Halide's unscheduled code (every tensor computed at the root). A
+schedule that fails (an autoscheduler that rejects the pipeline, or code that touches elements
+beyond small arrays) falls back to unscheduled code, with a `TCWarning`.
+
+Arrays go to Halide as they are where it can take them (read-only ones included) and as
+C-ordered, aligned, native-endian copies where it cannot; tensors beyond Halide's int32
+indexing (2**31 - 1 elements) are refused.
 """
 
 from __future__ import annotations
