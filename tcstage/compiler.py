@@ -19,6 +19,8 @@ so a kernel serves one set of shapes.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
 from collections.abc import Sequence
 
@@ -26,10 +28,11 @@ import attrs
 import islpy as isl
 
 from tcstage.cuda.codegen import CudaKernel, generate
-from tcstage.errors import TCError
+from tcstage.errors import TCError, warn
 from tcstage.halide.lower import Lowered
 from tcstage.options import MappingOptions
 from tcstage.poly.mapping import Mapped, map_to_gpu
+from tcstage.poly.notes import OptionNote
 from tcstage.poly.promotion import Promoted, promote
 from tcstage.poly.schedule import compute_schedule
 from tcstage.poly.scop import Scop, check_bounds, compute_dependences, extract_scop, specialize
@@ -54,6 +57,7 @@ class Compiled:
     promoted: Promoted
     cuda: CudaKernel
     timings: dict  # stage -> seconds
+    notes: tuple[OptionNote, ...] = ()  # options that could not take effect, and why
 
 
 def as_options(options) -> MappingOptions:
@@ -73,38 +77,52 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None) -> Comp
     """Compiles fn for the shapes of `args` (arrays or shape tuples, scalars as values)."""
     options = as_options(options)
     timings: dict[str, float] = {}
-    clock = time.perf_counter()
-
-    def lap(stage: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        timings[stage] = now - clock
-        clock = now
-
-    binding = fn.bind(args, out, shapes_only=True)
-    lowered = fn.lower(*args, out=out)
-    lap("lower")
-    symbolic = extract_scop(lowered)
-    scop = specialize(symbolic, binding.sizes)
-    check_bounds(scop)
-    lap("extract")
+    stage = functools.partial(_stage, fn.name, timings)
+    with stage("lower"):
+        binding = fn.bind(args, out, shapes_only=True)
+        lowered = fn.lower(*args, out=out)
+    with stage("extract"):
+        symbolic = extract_scop(lowered)
+        scop = specialize(symbolic, binding.sizes)
+        check_bounds(scop, lowered)
     fix_first = options.fix_parameters_before_scheduling or options.schedule_specialize
     to_schedule = scop if fix_first else symbolic
-    dependences = compute_dependences(to_schedule).all
-    lap("dependences")
-    schedule = compute_schedule(to_schedule, options.outer_schedule_fusion_strategy,
-                                options.outer_schedule_allow_skewing, dependences)
-    lap("schedule")
-    tiled = tile_outer_band(schedule, options.tile_sizes, options.tile_imperfectly_nested,
-                            dependences)
-    lap("tile")
-    mapped = map_to_gpu(tiled.schedule, dependences.intersect_params(scop.context), scop.context,
-                        options)
-    lap("map")
-    dtypes = {name: t.type.name for name, t in lowered.fn.tensors.items()}
-    promoted = promote(scop, mapped, options, dtypes)
-    lap("promote")
-    cuda = generate(lowered, scop, mapped, promoted, str(options), options.use_read_only_cache)
-    lap("codegen")
+    with stage("dependences"):
+        dependences = compute_dependences(to_schedule).all
+    with stage("schedule"):
+        schedule = compute_schedule(to_schedule, options.outer_schedule_fusion_strategy,
+                                    options.outer_schedule_allow_skewing, dependences)
+    with stage("tile"):
+        tiled = tile_outer_band(schedule, options.tile_sizes, options.tile_imperfectly_nested,
+                                dependences)
+    with stage("map"):
+        mapped = map_to_gpu(tiled.schedule, dependences.intersect_params(scop.context),
+                            scop.context, options)
+    with stage("promote"):
+        dtypes = {name: t.type.name for name, t in lowered.fn.tensors.items()}
+        promoted = promote(scop, mapped, options, dtypes)
+    with stage("codegen"):
+        cuda = generate(lowered, scop, mapped, promoted, str(options),
+                        options.use_read_only_cache)
+    notes = tiled.notes + mapped.notes + promoted.notes
+    for note in notes:
+        warn(f"in '{fn.name}', option {note}")
     return Compiled(fn, options, binding, lowered, scop, schedule, tiled, mapped, promoted, cuda,
-                    timings)
+                    timings, notes)
+
+
+@contextlib.contextmanager
+def _stage(function: str, timings: dict, name: str):
+    """Times one stage. An exception other than a TCError is a compiler bug: it becomes a
+    TCError that names the stage and the function (the original stays its __cause__)."""
+    start = time.perf_counter()
+    try:
+        yield
+    except (TCError, MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as e:
+        raise TCError(f"internal error in stage '{name}' of '{function}': "
+                      f"{type(e).__name__}: {e}",
+                      notes=("this is a bug in tcstage; please report it with the TC, the "
+                             "sizes and the options",)) from e
+    timings[name] = time.perf_counter() - start

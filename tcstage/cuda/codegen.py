@@ -22,7 +22,7 @@ import islpy as isl
 
 from tcstage.errors import TCError
 from tcstage.halide.lower import Lowered
-from tcstage.halide.solver import Tree, inline_lets, isl_name
+from tcstage.halide.solver import Tree, inline_lets
 from tcstage.lang.types import ScalarType
 from tcstage.poly.mapping import BLOCK_IDS, SYNC, THREAD_IDS, Mapped
 from tcstage.poly.promotion import Promoted, Promotion
@@ -37,11 +37,15 @@ template <typename T> __device__ __forceinline__ T tc_div(T a, T b) {
 template <typename T> __device__ __forceinline__ T tc_mod(T a, T b) {
   T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
-#define floord(n, d) tc_div((n), (d))
+#define floord(n, d) tc_div<decltype((n) + (d))>((n), (d))
 // min and max for half, which has no overloads of its own
 template <typename T> __device__ __forceinline__ T tc_min(T a, T b) { return b < a ? b : a; }
 template <typename T> __device__ __forceinline__ T tc_max(T a, T b) { return a < b ? b : a; }
 """
+# Flat indices and loop values are `int` (faster) unless a tensor or a size is too large for it:
+# loop values mix a few iterators and sizes, hence the margin on sizes.
+INT_ELEMENTS = 2**31
+INT_SIZE = 2**29
 
 _C_TYPES = {"float16": "half", "float32": "float", "float64": "double", "bool": "bool",
             **{f"int{b}": f"int{b}_t" for b in (8, 16, 32, 64)},
@@ -53,13 +57,43 @@ _MATH = {"exp", "log", "sqrt", "tanh", "sin", "cos", "tan", "asin", "acos", "ata
          "cosh", "atan2", "pow", "floor", "ceil", "round", "trunc", "erf"}
 
 
-_RESERVED = frozenset("""alignas alignof and asm auto bitand bitor bool break case catch char class
-compl const constexpr const_cast continue decltype default delete do double dynamic_cast else enum
-explicit export extern false float for friend goto if inline int long mutable namespace new
-noexcept not nullptr operator or private protected public register reinterpret_cast return short
-signed sizeof static static_assert static_cast struct switch template this thread_local throw true
-try typedef typeid typename union unsigned using virtual void volatile wchar_t while xor half
-threadIdx blockIdx blockDim gridDim warpSize min max floord tc_div tc_mod""".split())
+_KEYWORDS = """alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t
+char16_t char32_t class compl concept const consteval constexpr constinit const_cast continue
+co_await co_return co_yield decltype default delete do double dynamic_cast else enum explicit
+export extern false float for friend goto if inline int long mutable namespace new noexcept not
+not_eq nullptr operator or or_eq private protected public register reinterpret_cast requires
+return short signed sizeof static static_assert static_cast struct switch template this
+thread_local throw true try typedef typeid typename union unsigned using virtual void volatile
+wchar_t while xor xor_eq main""".split()
+# Names CUDA, its headers, the emulator's runtime or the generated code declare: a tensor or
+# kernel of that name would shadow or redeclare them.
+_LIBRARY = """threadIdx blockIdx blockDim gridDim warpSize half nv_bfloat16 size_t ptrdiff_t
+int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t intptr_t uintptr_t std cuda
+printf malloc free memcpy memset abort exit assert clock clock64 abs labs llabs min max umin
+umax llmin llmax ullmin ullmax floord atomicAdd atomicSub atomicExch atomicMin atomicMax
+atomicInc atomicDec atomicCAS atomicAnd atomicOr atomicXor fdividef hexp hlog hsqrt hrsqrt
+sincos sincosf""".split()
+_MATH_LIBRARY = """acos acosh asin asinh atan atan2 atanh cbrt ceil copysign cos cosh cospi
+cyl_bessel_i0 cyl_bessel_i1 erf erfc erfcinv erfcx erfinv exp exp10 exp2 expm1 fabs fdim floor fma
+fmax fmin fmod frexp hypot ilogb isfinite isinf isnan j0 j1 jn ldexp lgamma llrint llround log
+log10 log1p log2 logb lrint lround modf nan nearbyint nextafter norm norm3d norm4d normcdf
+normcdfinv pow rcbrt remainder remquo rhypot rint rnorm rnorm3d rnorm4d round rsqrt scalbln
+scalbn signbit sin sinh sinpi sqrt tan tanh tgamma trunc y0 y1 yn""".split()
+_RESERVED = frozenset(_KEYWORDS + _LIBRARY + _MATH_LIBRARY + [f + "f" for f in _MATH_LIBRARY])
+# generated names (loops c0.., ids b0.. t0.., statements S0.., buffers), CUDA's vector types,
+# and macros, which headers name in capitals (NULL, NAN, INFINITY, M_PI, INT_MAX)
+_GENERATED = re.compile(r"[bctS]\d+|(shared|private)_\w+|tc_\w*|_\w*"
+                        r"|u?(char|short|int|long|longlong)[1-4]|(float|double)[1-4]|dim3|half2"
+                        r"|[A-Z][A-Z0-9]*(_[A-Z0-9]+)+|[A-Z][A-Z0-9]{2,}")
+
+
+def c_name(name: str) -> str:
+    """A TC name (tensor, scalar or function) as a C identifier: the name itself unless it
+    clashes with C++, CUDA or the generated code, else `tc_` + name. (Names starting with `tc_`
+    get the prefix too, so that no two names map to one.)"""
+    name = re.sub(r"\W", "_", name)
+    clash = name in _RESERVED or _GENERATED.fullmatch(name) or name[0].isdigit()
+    return f"tc_{name}" if clash else name
 
 
 @attrs.frozen
@@ -89,7 +123,8 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
     """The CUDA kernel running `promoted.schedule`: a schedule of `scop` mapped to blocks and
     threads (`mapped`), with its promoted array tiles."""
     fn = lowered.fn
-    printer = _ValuePrinter(lowered, scop, promoted.promotions, read_only_cache)
+    index = index_type(scop)
+    printer = _ValuePrinter(lowered, scop, promoted.promotions, read_only_cache, index)
     macros = []
     declarations = []
     for p in promoted.promotions:
@@ -112,12 +147,11 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
         macros.append(f"// {s.name}: {'identity for ' if first_of_two else ''}{text}")
         macros.append(f"#define {s.name}({args}) {body}" if body else f"#define {s.name}({args})")
     ast = isl.AstBuild.from_context(mapped.context).node_from_schedule(promoted.schedule)
-    loops = ast.to_C_str().rstrip()
+    loops = _index_text(ast.to_C_str().rstrip(), index)
     syncs = sorted(set(re.findall(rf"\b({SYNC}\d*)\(\);", loops)))
     macros = [f"#define {b}() __syncthreads()" for b in syncs or [SYNC]] + macros
     params = printer.parameters()
-    name = re.sub(r"\W", "_", fn.name)
-    name = name if name[0].isalpha() or name[0] == "_" else "tc_" + name
+    name = c_name(fn.name)
     header = ", ".join(p.c_decl for p in params)
     text = fn.span.text() if fn.span is not None else fn.name  # the TC, as a comment
     comment = "\n".join(f"// {line}" for line in text.splitlines() if line.strip())
@@ -141,6 +175,35 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
     return CudaKernel(name, source, tuple(params), mapped.grid, mapped.block)
 
 
+def index_type(scop: Scop) -> str:
+    """The C type of sizes, loop values and flat indices: `int` where every tensor has fewer
+    than INT_ELEMENTS elements and every size is below INT_SIZE, else `int64_t`."""
+    context = scop.context
+    sizes = [context.plain_get_val_if_fixed(isl.dim_type.param, k)
+             for k in range(context.dim(isl.dim_type.param))]
+    if not all(v.is_int() for v in sizes) or any(v.to_python() >= INT_SIZE for v in sizes):
+        return "int64_t"
+    for extent in scop.tensor_extents.values():
+        elements = 1
+        for k in range(extent.dim(isl.dim_type.set)):
+            lo, hi = extent.dim_min_val(k), extent.dim_max_val(k)
+            if not (lo.is_int() and hi.is_int()):
+                return "int64_t"
+            elements *= max(hi.to_python() - lo.to_python() + 1, 0)
+        if elements >= INT_ELEMENTS:
+            return "int64_t"
+    return "int"
+
+
+def _index_text(text: str, index: str) -> str:
+    """isl's C text (loops, tile offsets) with `index` loop variables and integer min/max
+    (CUDA has no min(int, int64_t))."""
+    if index == "int":
+        return text
+    text = re.sub(r"\bfor \(int ", f"for ({index} ", text)
+    return re.sub(r"\b(min|max)\(", rf"tc_\1<{index}>(", text)
+
+
 def _dim3(d) -> str:
     return "(" + ", ".join(str(v) for v in d) + ")"
 
@@ -148,8 +211,10 @@ def _dim3(d) -> str:
 class _ValuePrinter:
     """Prints statement bodies: Halide value trees as typed C expressions."""
 
-    def __init__(self, lowered: Lowered, scop: Scop, promotions=(), read_only_cache=False):
+    def __init__(self, lowered: Lowered, scop: Scop, promotions=(), read_only_cache=False,
+                 index: str = "int"):
         self.lowered, self.scop, self.fn = lowered, scop, lowered.fn
+        self.index = index  # C type of sizes and flat indices
         self.promoted = {ref: p for p in promotions for ref in p.references}
         self.statement_iterators = {s.name: s.iterators for s in scop.statements}
         self.tc_statement = {s.name: s.tc_statement for s in scop.statements}
@@ -158,16 +223,15 @@ class _ValuePrinter:
         self.read_only = {t.name for t in self.fn.inputs if t.rank and t.type.name != "bool"} \
             if read_only_cache else set()
         self.halide_names = lowered.halide_names()
-        self.size_names = {h: isl_name(t) for h, t in lowered.size_symbols().items()}
-        self.size_names.update({t: isl_name(t) for t in scop.param_sizes.values()})
+        params = {t: p for p, t in scop.param_sizes.items()}  # TC size -> isl (and C) name
+        self.size_names = {h: params.get(t, t) for h, t in lowered.size_symbols().items()}
+        self.size_names.update(params)
+        self.iterators = {s.name: dict(zip(s.halide_iterators, s.iterators))
+                          for s in scop.statements}
         self.scalars = {t.name: t for t in self.fn.inputs if t.rank == 0}
 
     def c(self, name: str) -> str:
-        """The C name of a tensor or scalar: its TC name unless that clashes with C++, the
-        generated names (loops c0.., ids b0.. t0.., statements S0.., sizes _N) or CUDA."""
-        clash = name in _RESERVED or re.fullmatch(r"[bctS]\d+|(shared|private)_\w+", name) \
-            or name.startswith("_")
-        return f"tc_{name}" if clash else name
+        return c_name(name)
 
     # -- the kernel's parameters -------------------------------------------------------------
     def parameters(self) -> list[Parameter]:
@@ -187,8 +251,9 @@ class _ValuePrinter:
             else:
                 out.append(Parameter(t.name, f"{c_type(t.type)} {self.c(t.name)}", "scalar", t.name,
                                      t.type.name))
+        dtype = "int32" if self.index == "int" else "int64"
         for p, size in self.scop.param_sizes.items():
-            out.append(Parameter(p, f"int {p}", "size", size, "int32"))
+            out.append(Parameter(p, f"{self.index} {p}", "size", size, dtype))
         return out
 
     # -- statements ------------------------------------------------------------------------------
@@ -197,7 +262,7 @@ class _ValuePrinter:
         value = s.value
         if tensor.inout and value[0] == "read" and self.halide_names.get(value[1]) == s.tensor:
             return ""  # `C = C_in`: the kernel updates the caller's C in place
-        local = {h: f"({isl_name(h)})" for h in s.halide_iterators}  # macro arguments
+        local = {h: f"({v})" for h, v in self.iterators[s.name].items()}  # macro arguments
         self.current = s.name
         target = self.element(s.tensor, s.lhs, local, write=True)
         text = f"{target} = {self.expr(value, local)[0]};"
@@ -216,7 +281,8 @@ class _ValuePrinter:
             subscripts = p.gather.tensor_subscripts(subscripts)
         halide_args = tuple(reversed(subscripts))
         outside = self.element(p.tensor, halide_args, local, write=not inward, promoted=False)
-        offsets = [_c_of(o, args[:p.prefix_dims]) for o in p.copy_offsets]
+        offsets = [_index_text(_c_of(o, args[:p.prefix_dims]), self.index)
+                   for o in p.copy_offsets]
         inside = _buffer_element(p, [f"({a})" for a in element], offsets)
         target, source = (inside, outside) if inward else (outside, inside)
         return f"#define {name}({', '.join(args)}) {target} = {source};"
@@ -241,6 +307,8 @@ class _ValuePrinter:
             index = self.expr(a, local)[0]
             lo_text = self.size_expr(lo)
             term = index if lo_text == "0" else f"({index} - {lo_text})"
+            if flat is None and self.index != "int":  # the products that follow in 64 bits
+                term = f"(({self.index})({term}))"
             flat = term if flat is None else \
                 f"{_parenthesized(flat)} * {_parenthesized(self.size_expr(extent))} + {term}"
         return self._global(tensor, flat, write)
@@ -250,7 +318,8 @@ class _ValuePrinter:
         key = (self.current, p.buffer)
         if key not in self._offsets:
             names = self.statement_iterators[self.current]
-            self._offsets[key] = [_c_of(o, names) for o in p.offsets[self.current]]
+            self._offsets[key] = [_index_text(_c_of(o, names), self.index)
+                                  for o in p.offsets[self.current]]
         return self._offsets[key]
 
     def _global(self, tensor: str, flat: str, write: bool) -> str:

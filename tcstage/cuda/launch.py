@@ -8,6 +8,7 @@ context, the one PyTorch and CuPy use, so their pointers are valid in our launch
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import numpy as np
@@ -45,21 +46,40 @@ def _pycuda():
     return driver, compiler, gpuarray
 
 
+@contextlib.contextmanager
+def driver_errors(what: str, notes: tuple[str, ...] = ()):
+    """pycuda's errors (compiling, launching, allocating, copying) as TCErrors saying what
+    tcstage was doing."""
+    driver, _, _ = _pycuda()
+    try:
+        yield
+    except driver.Error as e:
+        detail = str(e).strip() or type(e).__name__
+        raise TCError(f"{what} failed: {detail}", notes=notes) from e
+
+
 class Launcher:
     """A kernel compiled for the current device, launched with prepared calls."""
 
     def __init__(self, cuda: CudaKernel):
         driver, compiler, _ = _pycuda()
-        major, minor = driver.Context.get_device().compute_capability()
-        module = compiler.SourceModule(cuda.source, no_extern_c=True, arch=f"sm_{major}{minor}",
-                                       options=["-std=c++17"])
         self.cuda = cuda
-        self.function = module.get_function(cuda.name)
-        self.function.prepare("".join("P" if p.kind in ("output", "temp", "input")
-                                      else _STRUCT[p.dtype] for p in cuda.parameters))
+        with driver_errors("querying the GPU"):
+            major, minor = driver.Context.get_device().compute_capability()
+        arch = f"sm_{major}{minor}"
+        with driver_errors(f"compiling kernel '{cuda.name}' with pycuda for {arch}",
+                           ("kernel.cuda_source holds the CUDA source; tcstage.cuda.nvcc."
+                            "compile_check(source) compiles it with nvcc",)):
+            module = compiler.SourceModule(cuda.source, no_extern_c=True, arch=arch,
+                                           options=["-std=c++17"])
+            self.function = module.get_function(cuda.name)
+            self.function.prepare("".join("P" if p.kind in ("output", "temp", "input")
+                                          else _STRUCT[p.dtype] for p in cuda.parameters))
 
     def __call__(self, values) -> None:
-        self.function.prepared_call(self.cuda.grid, self.cuda.block, *values)
+        with driver_errors(f"launching kernel '{self.cuda.name}' on grid {self.cuda.grid}, "
+                           f"block {self.cuda.block}"):
+            self.function.prepared_call(self.cuda.grid, self.cuda.block, *values)
 
 
 def device_pointer(a, name: str) -> int:
@@ -120,23 +140,26 @@ def stage_on_gpu(kernel, binding):
         return np.intp(device_pointer(a, name))
 
     buffers = {}
-    for name, shape in kernel.buffer_shapes.items():
-        dtype = fn.checked.tensors[name].type.numpy
-        buffers[name] = binding.inout[name] if name in binding.inout else \
-            (zeros(shape, dtype) if device else gpuarray.zeros(shape, dtype))
-    values = kernel.launch_values(binding, buffers, pointer)
+    with driver_errors(f"allocating and copying the arrays of '{fn.name}' to the GPU"):
+        for name, shape in kernel.buffer_shapes.items():
+            dtype = fn.checked.tensors[name].type.numpy
+            buffers[name] = binding.inout[name] if name in binding.inout else \
+                (zeros(shape, dtype) if device else gpuarray.zeros(shape, dtype))
+        values = kernel.launch_values(binding, buffers, pointer)
 
     def finish():
         results = []
-        for name in fn.checked.outputs:
-            b = buffers[name]
-            if isinstance(b, np.ndarray):  # an in/out numpy output: copy back in place
-                b[...] = staged[id(b)].get()
-                results.append(b)
-            elif not device and isinstance(b, gpuarray.GPUArray):
-                results.append(b.get())
-            else:
-                results.append(b)
+        # (launches are asynchronous: a kernel's own failure shows here)
+        with driver_errors(f"running kernel '{kernel.name}' and copying its outputs back"):
+            for name in fn.checked.outputs:
+                b = buffers[name]
+                if isinstance(b, np.ndarray):  # an in/out numpy output: copy back in place
+                    b[...] = staged[id(b)].get()
+                    results.append(b)
+                elif not device and isinstance(b, gpuarray.GPUArray):
+                    results.append(b.get())
+                else:
+                    results.append(b)
         return results[0] if len(results) == 1 else tuple(results)
 
     return values, finish

@@ -83,7 +83,8 @@ class Kernel:
         c, m = self.compiled, self.compiled.mapped
         tiles = ", ".join(f"member {k}: {s}" for k, s in zip(c.tiled.tiled_members,
                                                               c.tiled.tile_sizes)) or "none"
-        lines = [f"options: {c.options}",
+        renamed = f" (TC function '{c.fn.name}')" if self.name != c.fn.name else ""
+        lines = [f"kernel: {self.name}{renamed}", f"options: {c.options}",
                  f"sizes: {', '.join(f'{k}={v}' for k, v in sorted(c.binding.sizes.items()))}",
                  "", "schedule (isl scheduler, before tiling and mapping):",
                  schedule_text(c.schedule), "", f"tiled: {tiles}",
@@ -153,7 +154,7 @@ class Kernel:
                 values.append(fn.checked.tensors[p.source].type.numpy.type(
                     binding.scalars[p.source]))
             else:
-                values.append(np.int32(sizes[p.source]))
+                values.append(np.dtype(p.dtype).type(sizes[p.source]))
         return values
 
     def _stage_emulated(self, binding):

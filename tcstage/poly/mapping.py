@@ -21,10 +21,13 @@ synchronisation is needed inside a mapped band. Every branch uses the same threa
 statements under no mapped band run on thread (0, 0, 0).
 
 Synchronisation: a sequence above mapped bands gets `__syncthreads()` after a child when a
-dependence goes from it to a later child between two different threads, and after its last
-child when it sits inside a loop with such a dependence among its children (the next iteration
-may read what this one wrote). All threads of a block reach these
-barriers: only loops and sequences that do not depend on the thread ids lie above them.
+dependence goes from it to a later child between two different threads, and, when it sits
+inside a loop with such a dependence among its children, at the end of every iteration in which
+any child runs (the next iteration may read what this one wrote; a barrier ending the last
+child runs only where that child does). A set's children run in any order and depend on each
+other only across iterations: it gets the end-of-iteration barrier alone. All threads of a
+block reach these barriers: only loops and sequences that do not depend on the thread ids lie
+above them.
 
 Sizes are tightened to what the iteration space needs: a dimension with 10 tiles gets 10 blocks,
 not 64; a member with 26 values gets 26 threads, not 32.
@@ -47,6 +50,7 @@ import attrs
 import islpy as isl
 
 from tcstage.options import MappingOptions
+from tcstage.poly.notes import OptionNote, call
 from tcstage.poly.schedule import (keeps_value, member_map, node_at, outermost_bands, path_of,
                                    value_count)
 
@@ -72,6 +76,7 @@ class Mapped:
     thread_bands: int  # bands mapped to threads
     syncs: int  # barriers inserted
     unrolled: int  # loops marked for unrolling
+    notes: tuple[OptionNote, ...] = ()  # thread or block sizes that no loop could use
 
 
 @attrs.frozen
@@ -98,9 +103,27 @@ def map_to_gpu(schedule: isl.Schedule, dependences: isl.UnionMap, context: isl.S
     ids = [f"0 <= {b} < {g}" for b, g in zip(BLOCK_IDS, grid)]
     ids += [f"0 <= {t} < {s}" for t, s in zip(THREAD_IDS, block)]
     ranges = isl.Set(f"[{', '.join(BLOCK_IDS + THREAD_IDS)}] -> {{ : {' and '.join(ids)} }}")
+    notes = _unused_dimensions("mapToThreads", options.threads, block, "threadIdx",
+                               "split across threads (the others carry a dependence, such as "
+                               "a reduction, or take a single value)")
+    notes += _unused_dimensions("mapToBlocks", options.blocks, grid, "blockIdx",
+                                "mapped to blocks (such a loop encloses every statement and "
+                                "carries no dependence: blocks cannot synchronise)")
     return Mapped(node.get_schedule(), context.intersect_params(ranges).params(),
                   grid, tuple(block), len(blocks.bands), len(decide.bands), insert.syncs,
-                  insert.unrolled)
+                  insert.unrolled, notes)
+
+
+def _unused_dimensions(option: str, wanted: Sequence[int], got: Sequence[int], ids: str,
+                       how: str) -> tuple[OptionNote, ...]:
+    """A note when sizes above 1 were asked for dimensions that no loop went to."""
+    unused = [f"{ids}.{'xyz'[d]}" for d, size in enumerate(wanted) if size > 1 and got[d] == 1]
+    if not unused:
+        return ()
+    used = sum(1 for g in got if g > 1)
+    return (OptionNote(call(option, wanted),
+                       f"only {used} loop{'s' if used != 1 else ''} can be {how}, so "
+                       f"{' and '.join(unused)} {'stay' if len(unused) > 1 else 'stays'} 1"),)
 
 
 # -- blocks ----------------------------------------------------------------------------------------
@@ -117,6 +140,9 @@ def _block_bands(schedule, deps) -> list[isl.ScheduleNode]:
     fall into groups with no dependence between them (the paper's 2LUT), the outermost band of
     each group, all sharing the grid."""
     bands = outermost_bands(schedule)
+    if not bands or not functools.reduce(isl.UnionSet.union, [b.get_domain() for b in bands]) \
+            .is_equal(schedule.get_domain()):
+        return []  # statements outside every band would run in every block
     if len(bands) > 1:
         domains = [b.get_domain() for b in bands]
         for i, source in enumerate(domains):
@@ -346,26 +372,38 @@ class _Insert:
         return isl.Set(f"[{', '.join(ids)}] -> {{ : {' and '.join(zero)} }}")
 
     def _barriers(self, node, path, in_loop: bool):
+        """Barriers in a sequence (or set) above the thread-mapped bands: after a child that a
+        later child depends on across threads, and at the end of each iteration of the loops
+        around it where a dependence among its children crosses threads."""
         n = node.n_children()
         synced = [path + (i, 0) in self.ends_with_sync for i in range(n)]
         # (a filter's own domain is what reaches it, before it filters: take its child's)
         domains = [node.child(i).child(0).get_domain() for i in range(n)]
         after = []
-        for i in range(n - 1):
+        # a set's children run in any order, so a barrier between them orders nothing; nothing
+        # depends across them within one iteration either (or the scheduler made a sequence)
+        for i in range(n - 1 if node.get_type() == _T.sequence else 0):
             later = functools.reduce(isl.UnionSet.union, domains[i + 1:])
             if not synced[i] and \
                     not self.deps.intersect_domain(domains[i]).intersect_range(later).is_empty():
                 after.append(i)
         whole = node.get_domain()
-        if in_loop and not synced[-1] and \
-                not self.deps.intersect_domain(whole).intersect_range(whole).is_empty():
-            after.append(n - 1)
-        if in_loop and (synced[-1] or after[-1:] == [n - 1]):
+        # The last child's own barrier ends an iteration only if that child runs in every
+        # iteration in which the sequence runs anything.
+        ends_synced = synced[-1] and _prefix_values(node.child(n - 1).child(0)).is_equal(
+            _prefix_values(node))
+        at_end = in_loop and not ends_synced and \
+            not self.deps.intersect_domain(whole).intersect_range(whole).is_empty()
+        if in_loop and (ends_synced or at_end):
             self.ends_with_sync.add(path)
         depth = node.get_tree_depth()
         grafts = [(i, sync_graft(node.child(i).child(0))) for i in after]
         for i, graft in grafts:
             grafted = node.child(i).child(0).graft_after(graft)
+            node = grafted.ancestor(grafted.get_tree_depth() - depth)
+            self.syncs += 1
+        if at_end:  # after the whole sequence, in every iteration in which any child runs
+            grafted = node.graft_after(sync_graft(node))
             node = grafted.ancestor(grafted.get_tree_depth() - depth)
             self.syncs += 1
         return node
@@ -398,6 +436,11 @@ def sync_graft(node: isl.ScheduleNode, tag: int | None = None) -> isl.ScheduleNo
 
 
 # -- helpers -------------------------------------------------------------------------------------
+
+def _prefix_values(node: isl.ScheduleNode) -> isl.UnionSet:
+    """The values the loops around node take where some instance reaches it."""
+    return node.get_prefix_schedule_union_map().intersect_domain(node.get_domain()).range()
+
 
 def _constant(domain: isl.UnionSet, value: int) -> isl.UnionMap:
     """Every instance of domain -> [value]."""

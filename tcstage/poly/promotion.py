@@ -51,6 +51,7 @@ import numpy as np
 
 from tcstage.options import MappingOptions
 from tcstage.poly.mapping import KERNEL, THREAD_IDS, THREADS, Mapped, sync_graft
+from tcstage.poly.notes import OptionNote, call
 from tcstage.poly.schedule import path_of
 from tcstage.halide.solver import tree_to_str, tree_vars
 from tcstage.poly.scop import Access, Scop, Statement, reads_in
@@ -161,6 +162,7 @@ class Promoted:
     promotions: tuple[Promotion, ...]
     declined: tuple[str, ...]  # why other groups were not promoted, for `tcstage show`
     syncs: int
+    notes: tuple[OptionNote, ...] = ()  # depths that could not take effect
 
     def describe(self) -> str:
         shared = sum(p.nbytes for p in self.promotions if p.memory == "shared")
@@ -179,7 +181,14 @@ def promote(scop: Scop, mapped: Mapped, options: MappingOptions, dtypes: dict) -
     for path in scopes:  # promoting under one scope leaves the paths of the others
         state.promote_at(path)
     schedule = _strip_marks(state.schedule.get_root()).get_schedule()
-    return Promoted(schedule, tuple(state.promotions), tuple(state.declined), state.syncs)
+    notes = [OptionNote(call(option, [depth]), f"has no effect without {use}(True)")
+             for option, depth, use, used in (
+                 ("sharedDepth", options.shared_depth, "useSharedMemory",
+                  options.use_shared_memory),
+                 ("privateDepth", options.private_depth, "usePrivateMemory",
+                  options.use_private_memory)) if depth is not None and not used]
+    return Promoted(schedule, tuple(state.promotions), tuple(state.declined), state.syncs,
+                    tuple(dict.fromkeys(notes + state.notes)))
 
 
 @attrs.frozen
@@ -208,6 +217,7 @@ class _State:
         self.written = {s.write.tensor for s in scop.statements}
         self.views: dict[tuple, str] = {}  # gathered views: (tensor, subscripts) -> tuple name
         self.unneeded: set[tuple[str, str]] = set()  # index reads served by gathered buffers
+        self.notes: list[OptionNote] = []
 
     # -- one scope ---------------------------------------------------------------------------------
     def promote_at(self, path: tuple[int, ...]) -> None:
@@ -230,6 +240,12 @@ class _State:
                 node = _descend(_kernel_below(_node_at(self.schedule, anchor)), depth)
                 self.schedule = node.get_schedule()
                 scopes[memory] = path_of(node)
+        for memory, depth in wanted:
+            asked = self.options.shared_depth if memory == "shared" else \
+                self.options.private_depth
+            placed = _node_at(self.schedule, scopes[memory]).get_schedule_depth()
+            if asked is not None and placed != asked:
+                self.notes.append(_depth_note(memory, asked, placed))
         self.unneeded = set()  # per scope
         plans = []
         shared_tensors: set[str] = set()
@@ -678,6 +694,10 @@ def _live_in(refs, prefix, scop: Scop) -> isl.Map | None:
 
 
 def _offsets_pma(offsets: tuple, footprint: isl.Map) -> isl.PwMultiAff:
+    """The tile offsets as one {prefix -> tensor[...]} (a rank-0 tensor's is {prefix -> T[]})."""
+    if not offsets:
+        return isl.PwMultiAff.from_map(
+            isl.Map.from_domain_and_range(footprint.domain(), footprint.range()))
     out = None
     for pa in offsets:
         single = isl.PwMultiAff.from_pw_aff(pa)
@@ -773,6 +793,17 @@ def _descend(kernel: isl.ScheduleNode, depth: int | None) -> isl.ScheduleNode:
         else:
             break
     return node
+
+
+def _depth_note(memory: str, asked: int, placed: int) -> OptionNote:
+    option = call("sharedDepth" if memory == "shared" else "privateDepth", [asked])
+    if asked > placed:
+        why = (f"below depth {placed} the loops run on threads or the tree branches, so "
+               f"{memory} memory is promoted at depth {placed}")
+    else:
+        why = (f"blocks cannot share a buffer, so {memory} memory is promoted below the "
+               f"block-mapped loops, at depth {placed}")
+    return OptionNote(option, why)
 
 
 def _ascend(kernel: isl.ScheduleNode, depth: int) -> isl.ScheduleNode:

@@ -16,14 +16,16 @@ hand in Python enters the same flow.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import attrs
 import islpy as isl
 
-from tcstage.errors import TCError
+from tcstage.errors import Span, TCArgumentError, TCError, TCSemanticError
 from tcstage.halide.lower import Lowered
 from tcstage.halide.solver import Tree, inline_lets, isl_name, tree_to_isl
+from tcstage.lang import checked as C
 
 
 @attrs.frozen
@@ -102,15 +104,18 @@ def extract_scop(lowered: Lowered, sizes: Mapping[str, int] | None = None) -> Sc
     """The scop of a lowered TC function; `sizes` (TC size symbols) fixes the parameters."""
     fn, ranges = lowered.fn, lowered.ranges
     size_symbols = lowered.size_symbols()  # Halide extent symbol -> TC size
-    tc_sizes = sorted({d for t in fn.tensors.values() for d in t.dims if d and not d.isdigit()})
-    params = tuple(isl_name(s) for s in tc_sizes)
-    names = {s: isl_name(s) for s in tc_sizes}
-    names.update({h: isl_name(t) for h, t in size_symbols.items()})
+    # the user's size names first, so that they keep their plain isl names (`T_0`: `_T_0`)
+    tc_sizes = sorted({d for t in fn.tensors.values() for d in t.dims if d and not d.isdigit()},
+                      key=lambda d: (not d.isidentifier(), d))
+    param_names = unique_isl_names(tc_sizes)
+    params = tuple(param_names.values())
+    names = dict(param_names)
+    names.update({h: param_names.get(t, t) for h, t in size_symbols.items()})  # t: a size or a constant
     param_text = f"[{', '.join(params)}]"
     constraints = [f"{p} >= 0" for p in params]
     for s, v in (sizes or {}).items():
-        if isl_name(s) in params:
-            constraints.append(f"{isl_name(s)} = {int(v)}")
+        if s in param_names:
+            constraints.append(f"{param_names[s]} = {int(v)}")
     context = isl.Set(f"{param_text} -> {{ : {' and '.join(constraints) or 'true'} }}")
 
     def isl_text(tree: Tree, local: Mapping[str, str]) -> str:
@@ -134,10 +139,24 @@ def extract_scop(lowered: Lowered, sizes: Mapping[str, int] | None = None) -> Sc
         d = definitions[tensor][index]
         statements.append(_statement(f"S{k}", tensor, index, tc_index, d, bounds_text[tensor],
                                      halide_names, isl_text, param_text, context, extents,
-                                     lowered.reference_text))
+                                     lowered.reference_text, set(params)))
     schedule = _canonical_schedule(statements, context)
-    return Scop(fn.name, params, {isl_name(s): s for s in tc_sizes}, context,
+    return Scop(fn.name, params, {p: s for s, p in param_names.items()}, context,
                 tuple(statements), extents, schedule)
+
+
+def unique_isl_names(symbols, taken=frozenset()) -> dict[str, str]:
+    """symbol -> a name isl (and C) accept: isl_name(symbol), with a numeric suffix where that
+    is already taken by an earlier symbol or by `taken` (`T_0` and `T.0` both read `_T_0`;
+    a variable named like a parameter would silently become that parameter)."""
+    out, used = {}, set(taken)
+    for s in symbols:
+        name, k = isl_name(s), 1
+        while name in used:
+            name, k = f"{isl_name(s)}_{k}", k + 1
+        used.add(name)
+        out[s] = name
+    return out
 
 
 def specialize(scop: Scop, sizes: Mapping[str, int]) -> Scop:
@@ -163,14 +182,14 @@ def specialize(scop: Scop, sizes: Mapping[str, int]) -> Scop:
 
 
 def _statement(name, tensor, index, tc_index, d, tensor_bounds, halide_names, isl_text,
-               param_text, context, extents, reference_text) -> Statement:
+               param_text, context, extents, reference_text, taken) -> Statement:
     lhs = d["args"]
     rvars = {rv[0]: rv for rv in d["rvars"]}
     # Loop variables: the left-hand ones in TC order (outermost first), then the remaining RDom
     # variables, outermost first (Halide lists them innermost first).
     lhs_vars = [a[1] for a in reversed(lhs) if a[0] == "var"]
     iterators = lhs_vars + [v for v in reversed(list(rvars)) if v not in lhs_vars]
-    local = {v: isl_name(v) for v in iterators}
+    local = unique_isl_names(iterators, taken)
     conds = []
     rank = len(lhs)
     for pos, a in enumerate(lhs):  # Halide position pos is TC dimension rank - 1 - pos
@@ -261,13 +280,14 @@ def compute_dependences(scop: Scop) -> Dependences:
                        output=flow(writes, must_writes, writes))
 
 
-def check_bounds(scop: Scop) -> None:
+def check_bounds(scop: Scop, lowered: Lowered | None = None) -> None:
     """The paper's (D.A) \\ T = empty: an exact access that the model shows to leave its tensor
     for every size at which its statement runs is an error, reported before any code is
     generated. (An access that leaves it only for some sizes is a precondition: range
-    inference warns about it, and fixed sizes turn it into this error.)"""
+    inference warns about it, and fixed sizes turn it into this error.) With `lowered`, the
+    error points into the TC source."""
     for s in scop.statements:
-        for a in (*s.reads, s.write):
+        for a in (s.write, *s.reads):  # (an update reads the element it writes)
             if not a.exact:
                 continue
             outside = a.relation.range().subtract(scop.tensor_extents[a.tensor])
@@ -275,7 +295,66 @@ def check_bounds(scop: Scop) -> None:
                 continue
             runs = scop.context.intersect(s.domain.params())
             if not runs.is_empty() and runs.is_subset(outside.params()):
-                sample = outside.sample_point()
-                raise TCError(
-                    f"in '{scop.name}', statement {s.name} (TC statement {s.tc_statement + 1}) "
-                    f"accesses {a.text} outside {a.tensor}: for example at {sample}")
+                raise _out_of_bounds(scop, s, a, a is s.write, lowered)
+
+
+def _out_of_bounds(scop: Scop, s: Statement, a: Access, write: bool,
+                   lowered: Lowered | None) -> TCError:
+    """The error for an access that leaves its tensor, in TC terms: the user's sizes and
+    variable names, an instance that does it, the tensor's bounds, the place in the source."""
+    sizes = {p: scop.param_sizes.get(p, p) for p in scop.params}
+    names = dict(zip(s.iterators, s.halide_iterators))
+    if lowered is not None:
+        tc_names = lowered.var_names[s.tc_statement]
+        names = {v: tc_names.get(h, h) for v, h in names.items()}
+    pairs = a.relation.intersect_range(a.relation.range().subtract(
+        scop.tensor_extents[a.tensor])).wrap()
+    point = pairs.sample_point()
+    n_params, n_in = pairs.dim(isl.dim_type.param), len(s.iterators)
+
+    def value(kind, k) -> int:
+        return point.get_coordinate_val(kind, k).to_python()
+
+    params = [f"{sizes[pairs.get_dim_name(isl.dim_type.param, k)]}="
+              f"{value(isl.dim_type.param, k)}" for k in range(n_params)
+              if pairs.get_dim_name(isl.dim_type.param, k) in sizes]
+    at = ", ".join(f"{names[v]} = {value(isl.dim_type.set, k)}"
+                   for k, v in enumerate(s.iterators))
+    element = ", ".join(str(value(isl.dim_type.set, n_in + k))
+                        for k in range(pairs.dim(isl.dim_type.set) - n_in))
+    extent = scop.tensor_extents[a.tensor]
+    bounds = ", ".join(f"{_bound(extent, k, 'min', sizes)}..{_bound(extent, k, 'max', sizes)}"
+                       for k in range(extent.dim(isl.dim_type.set)))
+    kind, verb = ("write", "writes") if write else ("read", "reads")
+    message = (f"in '{scop.name}', the {kind} accesses {a.text} outside {a.tensor}"
+               f"{' for ' + ', '.join(params) if params else ''}: "
+               f"{'at ' + at + ' it ' if at else 'it '}{verb} {a.tensor}({element}), and "
+               f"{a.tensor} has indices {bounds}")
+    span = _access_span(lowered, s, a, write) if lowered is not None else None
+    fixed = all(scop.context.plain_get_val_if_fixed(isl.dim_type.param, k).is_int()
+                for k in range(scop.context.dim(isl.dim_type.param)))
+    kind_of_error = TCArgumentError if fixed and params else TCSemanticError
+    return kind_of_error(message, span)
+
+
+def _bound(extent: isl.Set, k: int, which: str, sizes: Mapping[str, str]) -> str:
+    """The least or greatest index of a tensor along dimension k, in TC size names."""
+    pa = getattr(extent, f"dim_{which}")(k)
+    text = isl.AstBuild.from_context(pa.domain()).expr_from_pw_aff(pa).to_C_str()
+    for p, tc in sizes.items():
+        text = re.sub(rf"\b{re.escape(p)}\b", tc, text)
+    return text if re.fullmatch(r"[\w.]+", text) else f"({text})"
+
+
+def _access_span(lowered: Lowered, s: Statement, a: Access, write: bool) -> Span | None:
+    """Where the TC statement makes access a: its left-hand side, or the read of the tensor
+    whose text matches (the first read of it otherwise)."""
+    st = lowered.fn.statements[s.tc_statement]
+    if st.span is None:
+        return None
+    if write:
+        return Span(st.span.source, st.span.start, st.span.start + len(st.tensor))
+    reads = [r for r in C.walk(st.rhs) if isinstance(r, C.Read) and r.tensor == a.tensor
+             and r.span is not None]
+    same = [r for r in reads if re.sub(r"\s", "", r.span.text()) == re.sub(r"\s", "", a.text)]
+    return (same or reads or [st])[0].span

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import attrs
 import islpy as isl
 
+from tcstage.poly.notes import OptionNote, call
 from tcstage.poly.schedule import keeps_value, member_map, node_at, outermost_bands, path_of
 
 
@@ -25,6 +26,7 @@ class Tiled:
     schedule: isl.Schedule
     tiled_members: tuple[int, ...]  # members of the original band(s) that were tiled
     tile_sizes: tuple[int, ...]  # their sizes
+    notes: tuple[OptionNote, ...] = ()  # sizes that could not take effect
 
 
 def tile_outer_band(schedule: isl.Schedule, sizes: Sequence[int], imperfectly_nested: bool = False,
@@ -33,7 +35,9 @@ def tile_outer_band(schedule: isl.Schedule, sizes: Sequence[int], imperfectly_ne
     that share no loop) tiled by `sizes`, outermost member first. With `imperfectly_nested`,
     the point band then sinks below the loops nested inside it where `dependences` allow."""
     tiled_members: tuple[int, ...] = ()
-    paths = [path_of(b) for b in outermost_bands(schedule)]
+    bands = outermost_bands(schedule)
+    paths = [path_of(b) for b in bands]
+    notes = _unused_sizes(sizes, max((b.band_n_member() for b in bands), default=0))
     for path in paths:  # tiling one band leaves the paths of the others unchanged
         band = node_at(schedule, path)
         n = band.band_n_member()
@@ -57,7 +61,18 @@ def tile_outer_band(schedule: isl.Schedule, sizes: Sequence[int], imperfectly_ne
             node = _sink(node.child(0), dependences).parent()
         schedule = node.get_schedule()
         tiled_members = max(tiled_members, tiled, key=len)
-    return Tiled(schedule, tiled_members, tuple(int(sizes[k]) for k in tiled_members))
+    return Tiled(schedule, tiled_members, tuple(int(sizes[k]) for k in tiled_members), notes)
+
+
+def _unused_sizes(sizes: Sequence[int], loops: int) -> tuple[OptionNote, ...]:
+    """A note when tile sizes (other than 0, which means "not tiled") go past the loops."""
+    if not any(sizes[loops:]):
+        return ()
+    if not loops:
+        return (OptionNote(call("tile", sizes), "there is no loop to tile"),)
+    plural = "s" if loops > 1 else ""
+    return (OptionNote(call("tile", sizes), f"the outermost band has {loops} loop{plural}, so the "
+                       f"sizes after the first {loops} are ignored"),)
 
 
 def _sink(point: isl.ScheduleNode, dependences: isl.UnionMap) -> isl.ScheduleNode:

@@ -1,0 +1,303 @@
+"""Hardening of the CUDA path: inputs beside the well-trodden ones compile to kernels that are
+right (equal to explicit loops under emulation, race-free, nvcc-clean through conftest), and
+everything that goes wrong is a TCError or TCWarning that says what and where.
+
+Covered: rank-0 tensors in promotion; barriers at the end of loop iterations and statements
+outside the block-mapped bands; random small programs under promotion; 64-bit indexing of large
+tensors; names that clash with C++, CUDA or the generated code, and isl names that clash with
+each other; options that cannot take effect; located back-end errors; pycuda's errors; and
+internal errors named by stage.
+"""
+
+import re
+import types
+import warnings
+
+import numpy as np
+import pytest
+
+import tcstage as tc
+from tcstage import compiler
+from tcstage.cuda import codegen, launch
+from tcgen import random_program
+
+M = tc.MappingOptions
+rng = np.random.default_rng(10)
+
+
+def f32(*shape):
+    return rng.uniform(0.5, 1.5, shape).astype(np.float32)
+
+
+def run(source, name, *args, options=None, out=None):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        kernel = tc.compile(source, name, *args, options=options, target="cuda-emulated",
+                            out=out)
+    return kernel, kernel(*args, out=out)
+
+
+# -- rank-0 tensors ----------------------------------------------------------------------------
+
+PROMOTE_ALL = M().tile(4, 4).mapToThreads(4, 4).mapToBlocks(2, 2).useSharedMemory(True) \
+    .usePrivateMemory(True)
+
+
+@pytest.mark.parametrize("source,options,n", [
+    ("def f(float(N) A) -> (T) { T() +=! A(n) }", PROMOTE_ALL, 9),
+    ("def f(float(2) I0) -> (T0) { T0() +=! I0(k) }", "mlp", 2),
+])
+def test_reductions_to_a_scalar_are_promoted(source, options, n):
+    A = f32(n)
+    kernel, T = run(source, "f", A, options=options)
+    assert any(p.sizes == () for p in kernel.compiled.promoted.promotions)
+    np.testing.assert_allclose(T, A.sum(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("options", [PROMOTE_ALL, "mlp", M().tile(2).mapToThreads(4)
+                                     .useSharedMemory(True).usePrivateMemory(True).unroll(4)])
+def test_a_scalar_shared_by_every_thread(options):
+    """A rank-0 temporary written by one thread and read by all of them, and a rank-0 output
+    updated in place: promoted buffers of no dimension, barriers between writer and readers."""
+    source = """def f(float(N) A) -> (B, R) {
+      S() max=! A(n)
+      B(i) = A(i) / S()
+      R() +=! B(i) * A(i)
+      R() = R() + S()
+    }"""
+    A = f32(11)
+    _, (B, R) = run(source, "f", A, options=options)
+    np.testing.assert_allclose(B, A / A.max(), rtol=1e-5)
+    np.testing.assert_allclose(R, (A / A.max() * A).sum() + A.max(), rtol=1e-5)
+
+
+# -- barriers and blocks ---------------------------------------------------------------------
+
+def test_initialisation_by_other_threads_is_ordered_before_the_accumulation():
+    """The identity of U is written by several threads and accumulated by thread 0 in later
+    iterations of a loop that encloses both: every iteration in which anything runs ends with
+    a barrier, not only those in which the last statement of the loop body runs."""
+    source = """def f(float(P) A, float(P) B) -> (T, U) {
+      T(i) max=! B(i) * A(n)
+      U(j,l,k) +=! (B(k) * T(j+2) + T(l) + B(m-1)) * A(n)
+    }"""
+    A, B = f32(3), f32(3)
+    kernel, (T, U) = run(source, "f", A, B, options="mlp")
+    expected_T = (B[:, None] * A[None, :]).max(axis=1)
+    inner = B[None, None, :] * expected_T[:, None, None] + expected_T[None, :, None]
+    expected_U = (3 * inner + B.sum()) * A.sum()  # sum over m of B(m-1), n of A(n)
+    np.testing.assert_allclose(T, expected_T, rtol=1e-5)
+    np.testing.assert_allclose(U, expected_U, rtol=1e-5)
+
+
+# Random programs (tests/tcgen.py) under promotion, against explicit loops; the emulator fails
+# on a race. (seed, sizes, options): the first runs statements outside the block-mapped band,
+# which must not run in every block.
+RANDOM_CASES = [
+    (17, {"P": 4, "Q": 4}, "conv"),
+    (13, {"P": 3, "Q": 3}, M().tile(2, 4).mapToThreads(4, 2).mapToBlocks(2, 2)
+     .useSharedMemory(True).usePrivateMemory(True)),
+    (25, {"P": 3, "Q": 4}, "mlp"),
+    (35, {"P": 4, "Q": 2}, M().tile(1, 2, 2).mapToThreads(2, 4).useSharedMemory(True)
+     .usePrivateMemory(True).unroll(4).scheduleFusionStrategy("Max")),
+    (15, {"P": 2, "Q": 3}, M().tile(1, 2, 2).mapToThreads(2, 4).useSharedMemory(True)
+     .usePrivateMemory(True).unroll(4).scheduleFusionStrategy("Max")),
+]
+
+
+@pytest.mark.parametrize("seed,sizes,options", RANDOM_CASES,
+                         ids=[str(seed) for seed, *_ in RANDOM_CASES])
+def test_random_programs_with_promotion_match_loops(seed, sizes, options):
+    program = random_program(seed)
+    args = program.inputs(sizes, np.random.default_rng(seed))
+    _, got = run(program.source, "f", *args, options=options)
+    got = got if isinstance(got, tuple) else (got,)
+    for name, g, e in zip(program.outputs, got, program.reference(sizes, args)):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-4 * np.abs(e).max(),
+                                   err_msg=f"{name} of\n{program.source}")
+
+
+# -- 64-bit indexing ---------------------------------------------------------------------------
+
+TMM = "def tmm(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,kk) * B(n,kk) }"
+
+
+def test_tensors_of_two_to_the_31_elements_are_indexed_in_64_bits():
+    big = tc.compile(TMM, "tmm", (2**16, 8), (2**15, 8), options="mlp",
+                     target="cuda-emulated")  # C has 2**31 elements (compiled, never run)
+    source = big.cuda_source
+    assert "int64_t _M" in source and "int64_t _N" in source
+    assert "for (int64_t " in source and "for (int " not in source
+    assert re.search(r"C\[\(\(int64_t\)", source)  # the flat index computed in 64 bits
+    small = tc.compile(TMM, "tmm", (40, 8), (30, 8), options="mlp", target="cuda-emulated")
+    assert "int _M" in small.cuda_source and "int64_t" not in small.cuda_source
+
+
+def test_64_bit_kernels_compute_the_same(monkeypatch):
+    monkeypatch.setattr(codegen, "INT_ELEMENTS", 1)  # every kernel indexes in 64 bits
+    A, B = f32(13, 6), f32(9, 6)
+    kernel, C = run(TMM, "tmm", A, B, options=M().tile(4, 4, 2).mapToThreads(2, 2)
+                    .mapToBlocks(2, 2).useSharedMemory(True).usePrivateMemory(True).unroll(4))
+    assert "int64_t _M" in kernel.cuda_source
+    np.testing.assert_allclose(C, A @ B.T, rtol=1e-5)
+
+
+# -- names ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["int", "main", "if", "threadIdx", "printf", "__syncthreads",
+                                  "half", "expf"])
+def test_functions_named_like_cpp_or_cuda_compile(name):
+    """(conftest compiles every kernel with nvcc; the emulator compiles it with g++)"""
+    A = f32(5)
+    kernel, B = run(f"def {name}(float(N) A) -> (B) {{ B(i) = A(i) * 2 }}", name, A,
+                    options="pointwise")
+    np.testing.assert_allclose(B, 2 * A)
+    assert kernel.name != name and f"TC function '{name}'" in kernel.describe()
+
+
+def test_tensors_named_like_math_functions_and_macros_compile():
+    source = """def f(float(N) expf, float(N) tanhf, float(N) sqrtf, float(N) floorf)
+        -> (NULL, NAN, INFINITY) {
+      NULL(i) = exp(expf(i)) + tanh(tanhf(i))
+      NAN(i) = sqrt(sqrtf(i)) * floor(floorf(i) * 3)
+      INFINITY(i) +=! NULL(i) * NAN(j) where j in 0:N
+    }"""
+    e, t, s, f = (f32(4) for _ in range(4))
+    _, (null, nan, inf) = run(source, "f", e, t, s, f, options="pointwise")
+    np.testing.assert_allclose(null, np.exp(e) + np.tanh(t), rtol=1e-5)
+    np.testing.assert_allclose(nan, np.sqrt(s) * np.floor(f * 3), rtol=1e-5)
+    np.testing.assert_allclose(inf, null * nan.sum(), rtol=1e-5)
+
+
+def test_isl_names_never_collide():
+    """A size `T_0` beside the in/out output T (whose own size is `T.0`), and an index
+    variable named like Halide's reduction variable of the same statement (`C_r$x`)."""
+    A = f32(3)
+    _, T = run("def f(float(T_0) A) -> (T) { T(i) += A(i) * 2 }", "f", A,
+               options="pointwise", out=np.ones(3, np.float32))
+    np.testing.assert_allclose(T, 1 + 2 * A)
+    A = f32(3, 4)
+    _, C = run("def f(float(N, K) A) -> (C) { C(C_r_x) +=! A(C_r_x, k) }", "f", A)
+    np.testing.assert_allclose(C, A.sum(axis=1), rtol=1e-5)
+
+
+# -- options that cannot take effect -----------------------------------------------------------
+
+def test_options_without_effect_are_warned_about_and_kept():
+    options = M().tile(4, 4, 4).mapToThreads(4, 4).mapToBlocks(4, 4).useSharedMemory(True) \
+        .sharedDepth(9).privateDepth(2)
+    with pytest.warns(tc.TCWarning) as record:
+        kernel = tc.compile("def f(float(N) A) -> (B) { B(i) = A(i) + 1 }", "f", (16,),
+                            options=options, target="cuda-emulated")
+    messages = "\n".join(str(w.message) for w in record)
+    for pattern in [r"tile\(4, 4, 4\): the outermost band has 1 loop",
+                    r"mapToThreads\(4, 4\): only 1 loop can be split across threads.*"
+                    r"threadIdx\.y stays 1",
+                    r"mapToBlocks\(4, 4\): only 1 loop can be mapped to blocks.*blockIdx\.y",
+                    r"sharedDepth\(9\): .*promoted at depth",
+                    r"privateDepth\(2\): has no effect without usePrivateMemory\(True\)"]:
+        assert re.search(pattern, messages), (pattern, messages)
+    assert len(kernel.compiled.notes) == 5
+    assert {n.option for n in kernel.compiled.notes} == {
+        "tile(4, 4, 4)", "mapToThreads(4, 4)", "mapToBlocks(4, 4)", "sharedDepth(9)",
+        "privateDepth(2)"}
+
+
+def test_threads_where_only_reductions_run_are_warned_about():
+    with pytest.warns(tc.TCWarning, match=r"mapToThreads\(32\): only 0 loops can be split"):
+        tc.compile("def f(float(N) A) -> (S) { S() +=! A(n) }", "f", (8,),
+                   options=M().mapToThreads(32), target="cuda-emulated")
+
+
+# -- located errors ----------------------------------------------------------------------------
+
+def test_static_out_of_bounds_names_the_line_the_sizes_and_an_instance():
+    source = "def f(float(N) B) -> (A) {\n  A(i) = B(i + 1) where i in 0:N\n}"
+    with pytest.raises(tc.TCArgumentError) as info:
+        tc.compile(source, "f", (4,), target="cuda-emulated")
+    text = str(info.value)
+    assert info.value.line == 2 and "  A(i) = B(i + 1) where i in 0:N\n" in text
+    assert "         ^~~~~~~~" in text
+    assert "for N=4: at i = 3 it reads B(4), and B has indices 0..3" in text
+    assert "S0" not in text and "_N" not in text
+
+
+def test_out_of_bounds_writes_are_called_writes():
+    source = "def f(float(N) A, float(M) C) -> (B) {\n  B(i) = A(i)\n  B(j) += C(j) where j in 0:M\n}"
+    with pytest.warns(tc.TCWarning, match="the write of B at subscript 'j'"):
+        program = tc.define(source)
+    with pytest.raises(tc.TCArgumentError, match=r"the write accesses B\(j\) outside B for "
+                       r"M=5, N=3: at j = 3 it writes B\(3\)") as info:
+        tc.compile(program, "f", (3,), (5,), target="cuda-emulated")
+    assert info.value.line == 3
+
+
+def _stand_in_pycuda(fail: str):
+    """pycuda's driver, compiler and gpuarray modules, failing at `fail`."""
+    class Error(Exception):
+        pass
+
+    class CompileError(Error):
+        pass
+
+    class GPUArray:
+        def __init__(self, array):
+            self.array, self.gpudata = array, 4096
+
+        def get(self):
+            if fail == "copy":
+                raise Error("an illegal memory access was encountered")
+            return self.array
+
+    class Function:
+        def prepare(self, signature):
+            pass
+
+        def prepared_call(self, grid, block, *values):
+            if fail == "launch":
+                raise Error("cuLaunchKernel failed: too many resources requested for launch")
+
+    def source_module(source, **options):
+        if fail == "compile":
+            raise CompileError("ptxas fatal: Unresolved extern function 'tc_helper'")
+        return types.SimpleNamespace(get_function=lambda name: Function())
+
+    def zeros(shape, dtype):
+        if fail == "allocate":
+            raise Error("cuMemAlloc failed: out of memory")
+        return GPUArray(np.zeros(shape, dtype))
+
+    device = types.SimpleNamespace(compute_capability=lambda: (9, 0))
+    driver = types.SimpleNamespace(Error=Error, Context=types.SimpleNamespace(
+        get_device=lambda: device))
+    gpuarray = types.SimpleNamespace(GPUArray=GPUArray, zeros=zeros, to_gpu=GPUArray)
+    return driver, types.SimpleNamespace(SourceModule=source_module), gpuarray
+
+
+@pytest.mark.parametrize("fail,message", [
+    ("compile", r"compiling kernel 'f' with pycuda for sm_90 failed: ptxas fatal"),
+    ("allocate", r"allocating and copying the arrays of 'f' to the GPU failed: cuMemAlloc"),
+    ("launch", r"launching kernel 'f' on grid \(1, 1, 1\), block \(4, 1, 1\) failed: "
+               r"cuLaunchKernel"),
+    ("copy", r"running kernel 'f' and copying its outputs back failed: an illegal memory"),
+])
+def test_pycuda_errors_become_tc_errors(monkeypatch, fail, message):
+    modules = _stand_in_pycuda(fail)
+    monkeypatch.setattr(launch, "_pycuda", lambda: modules)
+    kernel = tc.compile("def f(float(N) A) -> (B) { B(i) = A(i) * 2 }", "f", (4,),
+                        options=M().mapToThreads(4), target="cuda")
+    with pytest.raises(tc.TCError, match=message) as info:
+        kernel(f32(4))
+    assert info.value.__cause__ is not None
+
+
+def test_an_internal_error_names_its_stage_and_function(monkeypatch):
+    def broken(*args, **kwargs):
+        raise KeyError("S7")
+
+    monkeypatch.setattr(compiler, "promote", broken)
+    with pytest.raises(tc.TCError, match=r"internal error in stage 'promote' of 'f': "
+                       r"KeyError: 'S7'") as info:
+        tc.compile("def f(float(N) A) -> (B) { B(i) = A(i) }", "f", (4,),
+                   target="cuda-emulated")
+    assert isinstance(info.value.__cause__, KeyError) and "please report" in str(info.value)
