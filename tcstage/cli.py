@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # a bug in tcstage: say so in one line, unless asked for the traceback
         if os.environ.get("TCSTAGE_TRACEBACK"):
             raise
-        return _fail(f"tcstage: internal error: {type(e).__name__}: {e} (a bug in tcstage; set "
-                     "TCSTAGE_TRACEBACK=1 to see where)", 1)
+        return _fail(f"tcstage: internal error: {type(e).__name__}: {' '.join(str(e).split())} "
+                     "(a bug in tcstage; set TCSTAGE_TRACEBACK=1 to see where)", 1)
 
 
 def _fail(message: str, status: int) -> int:

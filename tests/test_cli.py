@@ -245,12 +245,13 @@ def test_unreadable_files_are_one_line_errors(tmp_path, capsys):
 
 def test_internal_errors_are_one_line(monkeypatch, capsys):
     def broken(*args, **kwargs):
-        raise RuntimeError("boom")
+        raise RuntimeError("boom\non two lines")
     monkeypatch.setattr(cli, "random_inputs", broken)
     monkeypatch.delenv("TCSTAGE_TRACEBACK", raising=False)
     assert main(["run", str(EXAMPLES / "tmm.tc"), "--sizes", "M=2,K=2,N=2"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("tcstage: internal error: RuntimeError: boom") and err.count("\n") == 1
+    assert err.startswith("tcstage: internal error: RuntimeError: boom on two lines (a bug")
+    assert err.count("\n") == 1
 
 
 def readme_commands() -> list[list[str]]:
