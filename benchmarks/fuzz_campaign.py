@@ -2,6 +2,7 @@
 
     python3 benchmarks/fuzz_campaign.py frontend --inputs 100000 --timeout 5
     python3 benchmarks/fuzz_campaign.py differential --programs 1000 --options 3 --timeout 300
+    python3 benchmarks/fuzz_campaign.py minimize --first SEED [--kind race] [--budget 600]
 
 `frontend`: `tc.define` on random text, token soup in TC's shape, syntactically valid TC with
 random meaning and mutants of the examples and of generated programs; every result other than
@@ -12,9 +13,14 @@ success or a `TCError`, and every input slower than --timeout seconds, is counte
 each, against the explicit-loop reference; mismatches, crashes, rejections of valid programs,
 races and hangs (a program slower than --timeout) are counted.
 
+`minimize`: shrinks the program of seed --first (with its --options random options) to a
+smaller one that fails the same way, and writes its reproducer to --out.
+
 Each input runs in a worker process that is killed and replaced on a hang or a crash of the
-interpreter. The summary groups findings into classes (kind, stage, error, message shape) and
-writes a reproducer for the first few of each class to --out.
+interpreter (a hang: more than --timeout CPU seconds, so that a loaded machine does not make
+hangs). Ctrl-C or `kill` ends a campaign early with the summary of what ran. The summary
+groups findings into classes (kind, stage, error, message shape) and writes a reproducer for
+the first few of each class to --out.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import collections
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -111,15 +118,25 @@ class Pool:
         self.proc.join()
         self.start()
 
+    def cpu_seconds(self) -> float:
+        """CPU time of the worker and its finished children (g++, nvcc); wall time where
+        /proc is missing. Hangs are judged on it, so a loaded machine does not make them."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return time.monotonic()
+
     def run(self, task, timeout: float) -> tuple[str, list, str]:
-        """('done', findings, last stage) or ('hang'|'died', [], last stage)."""
+        """('done', findings, last stage) or ('hang'|'died', [], last stage). A task hangs when
+        it has used `timeout` CPU seconds, or five times that in wall time."""
         self.conn.send(task)
-        deadline = time.monotonic() + timeout
+        cpu_start, wall_end = self.cpu_seconds(), time.monotonic() + 5 * timeout
         stage = "start"
         while True:
-            left = deadline - time.monotonic()
             try:
-                ready = self.conn.poll(max(0.0, left))
+                ready = self.conn.poll(1.0)
             except (EOFError, OSError):
                 ready = False
             if not ready:
@@ -127,7 +144,7 @@ class Pool:
                     code = self.proc.exitcode
                     self.kill()
                     return "died", [], f"{stage} (exit code {code})"
-                if left <= 0:
+                if self.cpu_seconds() - cpu_start > timeout or time.monotonic() > wall_end:
                     self.kill()
                     return "hang", [], stage
                 continue
@@ -171,6 +188,7 @@ def frontend(args) -> dict:
     start = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    interrupted = False
     try:
         for n in range(args.first, args.first + args.inputs):
             kind = kinds[n % len(kinds)]
@@ -191,17 +209,23 @@ def frontend(args) -> dict:
                 sig = _signature(f)
                 classes[sig].append(f)
                 if len(classes[sig]) <= 3:
-                    text = F.input_for(kind, seed)
+                    try:
+                        text = f"tc.define({F.input_for(kind, seed)!r})"
+                    except Exception as e:  # noqa: BLE001 - the generator's own failure
+                        text = f"# (no input: {e!r})"
                     (out / f"frontend-{kind}-{seed}.py").write_text(
-                        f"# {sig}\nimport tcstage as tc\ntc.define({text!r})\n")
+                        f"# {sig}\nimport tcstage as tc\n{text}\n")
             if args.progress and counts["inputs"] % args.progress == 0:
                 print(f"  {counts['inputs']} inputs, {counts['crash']} crashes, "
                       f"{counts['hang']} hangs, {time.monotonic() - start:.0f} s", flush=True)
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
         pool.close()
     return {"counts": dict(counts), "classes": {k: [f["input"] for f in v]
                                                  for k, v in classes.items()},
-            "slowest": slowest, "seconds": time.monotonic() - start}
+            "slowest": slowest, "seconds": time.monotonic() - start,
+            "interrupted": interrupted}
 
 
 def differential(args) -> dict:
@@ -212,6 +236,7 @@ def differential(args) -> dict:
     start = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    interrupted = False
     try:
         for seed in range(args.first, args.first + args.programs):
             status, findings, stage = pool.run(seed, args.timeout)
@@ -231,11 +256,13 @@ def differential(args) -> dict:
                     _write_reproducer(out, seed, f, sig)
             if args.progress and counts["programs"] % args.progress == 0:
                 _progress(counts, start)
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
         pool.close()
     return {"counts": dict(counts), "failing programs": len(failing_seeds),
             "classes": {k: sorted({f["seed"] for f in v}) for k, v in classes.items()},
-            "seconds": time.monotonic() - start}
+            "seconds": time.monotonic() - start, "interrupted": interrupted}
 
 
 def _progress(counts, start) -> None:
@@ -247,10 +274,11 @@ def _progress(counts, start) -> None:
 def _write_reproducer(out: Path, seed: int, f: dict, sig: str) -> None:
     from fuzz import differential, programs
 
-    name = f"{f['kind']}-{f['stage'].split()[0]}-seed{seed}.py"
+    stage, _, options = f["stage"].partition(" under ")  # hangs: the stage it was in
+    name = f"{f['kind']}-{stage}-seed{seed}.py"
     try:
         case = programs.case(seed)
-        finding = differential.Finding(seed, f["kind"], f["stage"].split()[0], f["options"],
+        finding = differential.Finding(seed, f["kind"], stage, f["options"] or options or None,
                                        f["error"], f["detail"])
         text = f"# {sig}\n" + differential.reproducer(case, finding)
     except Exception as e:  # noqa: BLE001
@@ -258,20 +286,65 @@ def _write_reproducer(out: Path, seed: int, f: dict, sig: str) -> None:
     (out / name).write_text(text)
 
 
+def minimize(args) -> int:
+    """Shrinks the program of --first to a smaller one with the same kind of failure."""
+    import random
+
+    from fuzz import differential, mapping, programs
+    from fuzz.minimize import minimize as shrink
+
+    seed = args.first
+    case = programs.case(seed)
+    rng = random.Random(f"options/{seed}")
+    options = [mapping.random_options(rng) for _ in range(args.options)]
+    findings = [f for f in differential.check(case, options)
+                if not args.kind or f.kind == args.kind]
+    if not findings:
+        print(f"seed {seed}: no finding to minimize")
+        return 0
+    target = findings[0]
+    print(f"minimizing seed {seed}: {target}\n{case.source}", flush=True)
+    small = shrink(case, differential.fails_like(target), args.budget,
+                   log=lambda text: print("  " + text, flush=True))
+    final = next(f for f in differential.check(
+        small, [o for o in options if str(o) == target.options],
+        cpu_schedules=differential.CPU_SCHEDULES if target.stage.startswith("cpu") else ())
+        if f.kind == target.kind and f.stage == target.stage)
+    print(f"\nminimized:\n{small.source}\n{final}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"min-{target.kind}-{target.stage}-seed{seed}.py"
+    path.write_text(differential.reproducer(small, final))
+    print(f"reproducer: {path}")
+    return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=("frontend", "differential"))
+    parser.add_argument("mode", choices=("frontend", "differential", "minimize"))
     parser.add_argument("--inputs", type=int, default=100_000, help="front-end inputs")
     parser.add_argument("--programs", type=int, default=1000, help="differential programs")
     parser.add_argument("--options", type=int, default=3, help="MappingOptions per program")
     parser.add_argument("--first", type=int, default=0, help="first seed")
     parser.add_argument("--timeout", type=float, default=None,
-                        help="seconds per input (frontend: 5) or program (differential: 300)")
+                        help="CPU seconds per input (frontend: 5) or program (differential: "
+                        "300) before it counts as a hang")
     parser.add_argument("--nvcc", action="store_true", help="also compile each kernel with nvcc")
     parser.add_argument("--out", default="fuzz-findings", help="directory for reproducers")
     parser.add_argument("--json", help="write the summary here too")
     parser.add_argument("--progress", type=int, default=0, help="print a line every N inputs")
+    parser.add_argument("--kind", help="minimize: the kind of finding to keep (mismatch, ...)")
+    parser.add_argument("--budget", type=float, default=600, help="minimize: seconds")
     args = parser.parse_args(argv)
+    # Ctrl-C or a plain `kill` stops the campaign early; it still ends its worker and prints
+    # the summary of what ran.
+    signal.signal(signal.SIGTERM, _interrupt)
+    if args.mode == "minimize":
+        return minimize(args)
     if args.timeout is None:
         args.timeout = 5.0 if args.mode == "frontend" else 300.0
     summary = frontend(args) if args.mode == "frontend" else differential(args)
@@ -285,7 +358,8 @@ def main(argv=None) -> int:
 
 def _print_summary(mode: str, summary: dict) -> None:
     c = summary["counts"]
-    print(f"\n== {mode} campaign: {summary['seconds']:.0f} s ==")
+    stopped = " (interrupted)" if summary.get("interrupted") else ""
+    print(f"\n== {mode} campaign: {summary['seconds']:.0f} s{stopped} ==")
     if mode == "frontend":
         print(f"inputs: {c.get('inputs', 0)} ("
               + ", ".join(f"{k.split(':')[1]} {v}" for k, v in sorted(c.items())

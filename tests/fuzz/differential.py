@@ -225,3 +225,18 @@ for g, e in zip(got, expected):
     print("max difference", np.max(np.abs(g.astype(float) - e.astype(float)), initial=0)
           if g.shape == e.shape else "shapes differ")
 '''
+
+
+def fails_like(finding: Finding):
+    """A predicate for minimize: does a case fail the way `finding` did (same kind, stage and
+    error; for crashes and rejections also the same message shape)?"""
+    options = [tc.MappingOptions.parse(finding.options)] if finding.options else []
+    schedules = {"cpu": (_DEFAULT,), "cpu-unscheduled": (None,)}.get(finding.stage, ())
+
+    def fails(case: Case) -> bool:
+        found = check(case, options if finding.stage in ("compile", "emulate", "nvcc") else (),
+                      cpu_schedules=schedules)
+        return any(f.kind == finding.kind and f.stage == finding.stage and f.error == finding.error
+                   and (f.kind in ("mismatch", "hang", "slow") or f.signature == finding.signature)
+                   for f in found)
+    return fails

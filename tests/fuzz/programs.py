@@ -244,7 +244,6 @@ class _Generator:
         self.shapes: dict = {}  # tensor -> (mins, extents), from the reference
         self.index_inputs: list[N.Input] = []
         self.stride: str | None = None
-        self.fresh = 0
         self.name = "f"
 
     # -- signature ---------------------------------------------------------------------------
@@ -265,7 +264,7 @@ class _Generator:
                          for _ in range(rank))
             self.add_input(N.Input(pool.pop(), t, dims))
         data_dims = sorted({d for i in self.inputs for d in i.dims})
-        if data_dims and "indirect" in self.features and rng.random() < 0.3:
+        if data_dims and "indirect" in self.features and rng.random() < 0.4:
             rank = rng.choice((1, 1, 2))
             dims = tuple(rng.choice(names) for _ in range(rank))
             self.add_input(N.Input("X" if "X" not in pool else pool.pop(), "int32", dims,
@@ -350,7 +349,7 @@ class _Generator:
             return N.binary("+", v, N.Var(rng.choice(others)))
         if r < 0.89:
             return N.binary("/", v, two)
-        if r < 0.92:
+        if r < 0.905:
             return N.binary("-", N.binary("*", two, v), v)  # 2*v - v: affine, not syntactic
         return N.binary("+", v, _int_literal(rng, lo)) if lo else v
 
@@ -378,7 +377,7 @@ class _Generator:
             if r < 0.08:
                 args.append(_int_literal(rng, rng.randrange(extents[k]) + mins[k]) if
                             mins[k] + extents[k] > 0 else N.Var(rng.choice(vars_)))
-            elif r < 0.14 and dims[k] is not None and (x := self.index_read(dims[k], vars_)):
+            elif r < 0.35 and dims[k] is not None and (x := self.index_read(dims[k], vars_)):
                 args.append(x)
             else:
                 var = rng.choice(vars_)
@@ -488,9 +487,9 @@ class _Generator:
         return N.call(fn, e)
 
     # -- one statement ---------------------------------------------------------------------
-    def statement(self) -> list[N.Statement] | None:
-        """One candidate statement (or an initialise-then-accumulate pair) and bookkeeping
-        for in/out outputs, or _Retry."""
+    def statement(self) -> tuple[list[N.Statement], str, bool, bool]:
+        """One candidate statement (or an initialise-then-accumulate pair), its tensor, whether
+        that is an output and whether an in/out one; or _Retry."""
         rng = self.rng
         defined = list(self.types)
         update = defined and rng.random() < 0.35
@@ -573,8 +572,8 @@ class _Generator:
             raise _Retry  # int = trunc(inexact float) could flip
         used = N.index_vars(rhs) | set(lhs)
         where = [w for w in where if w.var in used]  # TC rejects constraints on unused names
-        if op != "=" and not (N.index_vars(rhs) - set(lhs)) and red:
-            op = op if rng.random() < 0.5 else "="
+        if op != "=" and not (N.index_vars(rhs) - set(lhs)) and red and not inout:
+            op = op if rng.random() < 0.5 else "="  # the reduction variables all went away
         st = N.Statement(target, tuple(lhs), op, init, rhs, tuple(where),
                          bare_lhs=rank == 0 and "bare_rank0" in self.features
                          and rng.random() < 0.2)

@@ -254,6 +254,8 @@ def infer(st: N.Statement, shapes: dict, ev: Evaluator, write_constrains: bool) 
         if w.var not in used:
             raise Invalid(f"the where clause constrains '{w.var}', which the statement does not use")
         lo, hi = int(ev(w.lo)), int(ev(w.hi))
+        if hi <= lo:
+            raise Invalid(f"empty range for '{w.var}'")
         resolved[w.var] = (lo, hi)
     unresolved = set(st.variables) - resolved.keys()
     accesses = _accesses(st, shapes, write_constrains)
@@ -274,10 +276,9 @@ def infer(st: N.Statement, shapes: dict, ev: Evaluator, write_constrains: bool) 
             if end is None:
                 raise Invalid(f"no upper bound for '{v}'")
             resolved[v] = (0 if first is None else first, end)
+            if resolved[v][1] <= resolved[v][0]:
+                raise Invalid(f"empty range for '{v}'")
         unresolved -= found.keys()
-    for v, (lo, hi) in resolved.items():
-        if hi <= lo:
-            raise Invalid(f"empty range for '{v}'")
     return resolved
 
 
@@ -300,6 +301,20 @@ def tensor_types(p: N.Program) -> dict:
     return types
 
 
+def inout_outputs(p: N.Program) -> set:
+    """Outputs that start from the caller's values: their first statement reads them or
+    accumulates without '!' (docs/language.md, "In/out outputs")."""
+    found, seen = set(), set()
+    for st in p.statements:
+        if st.tensor in seen:
+            continue
+        seen.add(st.tensor)
+        reads_itself = any(r.tensor == st.tensor for r in N.reads(st.rhs))
+        if st.tensor in p.outputs and (reads_itself or (st.op != "=" and not st.init)):
+            found.add(st.tensor)
+    return found
+
+
 # -- running -----------------------------------------------------------------------------------
 
 _IDENTITY = {"+": np.add, "*": np.multiply, "min": np.minimum, "max": np.maximum}
@@ -319,6 +334,16 @@ def run(p: N.Program, inputs: dict, outs: dict) -> Result:
     for name, a in outs.items():
         a = np.array(a)
         tensors[name] = Tensor(str(a.dtype), (0,) * a.ndim, a, np.ones(a.shape, bool))
+    declared = {d for i in p.inputs for d in i.dims}
+    for st in p.statements:
+        for e in (st.rhs, *(b for w in st.where for b in (w.lo, w.hi))):
+            for n in N.walk(e):
+                if isinstance(n, N.Size) and n.name not in declared:
+                    raise Invalid(f"'{n.name}' is no input's size: TC takes it for an index")
+    inout = inout_outputs(p)
+    if inout != set(outs):
+        raise Invalid(f"in/out outputs are {sorted(inout)}, starting values were given for "
+                      f"{sorted(outs)}")
     types = tensor_types(p)
     ev = Evaluator(tensors, p.sizes, scalars, {})
     shapes = {name: (t.mins, t.extents) for name, t in tensors.items()}
