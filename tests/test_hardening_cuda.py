@@ -140,6 +140,16 @@ def test_64_bit_kernels_compute_the_same(monkeypatch):
                     .mapToBlocks(2, 2).useSharedMemory(True).usePrivateMemory(True).unroll(4))
     assert "int64_t _M" in kernel.cuda_source
     np.testing.assert_allclose(C, A @ B.T, rtol=1e-5)
+    # subscripts computed with / % min max in 64 bits; int32 values stay int32
+    source = """def f(float(N) A, int32(N) I) -> (B, C) {
+      B(i) = A(i / 2) + A(min(i, 3)) * A(max(N - 1 - i, 0) % 5) where i in 0:N
+      C(i) = I(i) / 3 + min(I(i), 7) + I(i) % 4
+    }"""
+    A, I, i = f32(9), np.arange(-4, 5, dtype=np.int32), np.arange(9)
+    kernel, (B, C) = run(source, "f", A, I, options="mlp")
+    assert "tc_div<int64_t>" in kernel.cuda_source and "tc_div<int32_t>" in kernel.cuda_source
+    np.testing.assert_allclose(B, A[i // 2] + A[np.minimum(i, 3)] * A[(8 - i) % 5], rtol=1e-6)
+    np.testing.assert_array_equal(C, I // 3 + np.minimum(I, 7) + I % 4)
 
 
 # -- names ---------------------------------------------------------------------------------------

@@ -215,6 +215,7 @@ class _ValuePrinter:
                  index: str = "int"):
         self.lowered, self.scop, self.fn = lowered, scop, lowered.fn
         self.index = index  # C type of sizes and flat indices
+        self.index_dtype = "int32" if index == "int" else "int64"  # of loop values and sizes
         self.promoted = {ref: p for p in promotions for ref in p.references}
         self.statement_iterators = {s.name: s.iterators for s in scop.statements}
         self.tc_statement = {s.name: s.tc_statement for s in scop.statements}
@@ -251,9 +252,8 @@ class _ValuePrinter:
             else:
                 out.append(Parameter(t.name, f"{c_type(t.type)} {self.c(t.name)}", "scalar", t.name,
                                      t.type.name))
-        dtype = "int32" if self.index == "int" else "int64"
         for p, size in self.scop.param_sizes.items():
-            out.append(Parameter(p, f"{self.index} {p}", "size", size, dtype))
+            out.append(Parameter(p, f"{self.index} {p}", "size", size, self.index_dtype))
         return out
 
     # -- statements ------------------------------------------------------------------------------
@@ -343,9 +343,9 @@ class _ValuePrinter:
         if tag == "var":
             name = t[1]
             if name in local:
-                return local[name], "int32"
+                return local[name], self.index_dtype
             if name in self.size_names:
-                return self.size_names[name], "int32"
+                return self.size_names[name], self.index_dtype
             if name in self.scalars:
                 return self.c(name), self.scalars[name].type.name
             raise TCError(f"the CUDA printer met an unknown variable '{name}'")
@@ -363,17 +363,22 @@ class _ValuePrinter:
                 raise TCError(f"the CUDA printer met a read of unknown '{t[1]}'")
             return self.element(tensor, t[2], local), self.fn.tensors[tensor].type.name
         if tag in _BINARY:
-            (a, ta), (b, _) = self.expr(t[1], local), self.expr(t[2], local)
-            ty = "bool" if tag in ("eq", "ne", "lt", "le", "gt", "ge", "and", "or") else ta
+            (a, ta), (b, tb) = self.expr(t[1], local), self.expr(t[2], local)
+            ty = "bool" if tag in ("eq", "ne", "lt", "le", "gt", "ge", "and", "or") else \
+                _common(ta, tb)
             return f"({a} {_BINARY[tag]} {b})", ty
         if tag in ("div", "mod"):
-            (a, ta), (b, _) = self.expr(t[1], local), self.expr(t[2], local)
+            (a, ta), (b, tb) = self.expr(t[1], local), self.expr(t[2], local)
+            ta = _common(ta, tb)
             if ta.startswith("float"):
                 return (f"({a} / {b})", ta) if tag == "div" else (f"fmod{'f' if ta == 'float32' else ''}({a}, {b})", ta)
             return f"tc_{tag}<{c_type(ta)}>({a}, {b})", ta
         if tag in ("min", "max"):
-            (a, ta), (b, _) = self.expr(t[1], local), self.expr(t[2], local)
-            return (f"tc_{tag}<half>({a}, {b})" if ta == "float16" else f"{tag}({a}, {b})"), ta
+            (a, ta), (b, tb) = self.expr(t[1], local), self.expr(t[2], local)
+            if ta == tb and ta != "float16":
+                return f"{tag}({a}, {b})", ta
+            ty = _common(ta, tb)  # (CUDA has no min(half, half), nor min(int, int64_t))
+            return f"tc_{tag}<{c_type(ty)}>({a}, {b})", ty
         if tag == "not":
             return f"(!{self.expr(t[1], local)[0]})", "bool"
         if tag == "select":
@@ -399,6 +404,13 @@ class _ValuePrinter:
         if name in ("likely", "likely_if_innermost", "promise_clamped", "unsafe_promise_clamped"):
             return args[0]
         raise TCError(f"the CUDA printer does not know Halide's '{name}' call")
+
+
+def _common(ta: str, tb: str) -> str:
+    """The type of an integer operation on the two: Halide gives both operands one type, but
+    loop values and sizes (int64 in a kernel with 64-bit indices) meet int32 constants."""
+    return "int64" if "int64" in (ta, tb) and ta.startswith("int") and tb.startswith("int") \
+        else ta
 
 
 def _buffer_element(p: Promotion, subscripts, offsets) -> str:
