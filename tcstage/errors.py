@@ -53,11 +53,19 @@ class Span:
     def text(self) -> str:
         return self.source.text[self.start:self.end]
 
-    def render(self) -> str:
-        """The source line holding the span's start, with a caret run under the span."""
+    def render(self, window: int = 100) -> str:
+        """The source line holding the span's start, with a caret run under the span. A line
+        longer than `window` shows only the part around the caret, between '...'."""
         line, col = self.source.line_col(self.start)
         text = self.source.line_text(line)
         width = max(1, min(self.end, self.start + len(text) - col + 1) - self.start)
+        if len(text) > window:
+            first = max(0, min(col - 1 - window // 2, len(text) - window))
+            head = "..." if first > 0 else ""
+            tail = "..." if first + window < len(text) else ""
+            text = head + text[first:first + window] + tail
+            col += len(head) - first
+            width = min(width, len(text) - len(tail) - col + 1)
         return f"  {text}\n  {' ' * (col - 1)}^{'~' * (width - 1)}"
 
 

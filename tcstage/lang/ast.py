@@ -80,8 +80,19 @@ class RangeConstraint:
 
 
 @attrs.frozen
+class Equivalent:
+    """`<=> name(args)`: the original TC's annotation naming a library call that computes the
+    same statement (`<=> matmul(A(i,k), B(k,j))`). Kept as written; it changes no code."""
+
+    name: Ident
+    args: tuple[Expr, ...]
+    span: Span
+
+
+@attrs.frozen
 class Statement:
-    """`tensor(indices) op rhs where ...` with op one of '=', '+=', '*=', 'min=', 'max='.
+    """`tensor(indices) op rhs [<=> name(args)] where ...` with op one of '=', '+=', '*=',
+    'min=', 'max='. A rank-0 tensor may be written without its empty index list (`O +=! ...`).
 
     `init` is the '!' suffix: initialise with the operator's identity before reducing.
     """
@@ -93,6 +104,7 @@ class Statement:
     rhs: Expr
     where: tuple[RangeConstraint, ...]
     span: Span
+    equivalent: Equivalent | None = None
 
     @property
     def reduction(self) -> str | None:

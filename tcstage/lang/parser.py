@@ -1,16 +1,23 @@
-"""Recursive-descent parser from TC source to `ast.Module`.
+"""Parser from TC source to `ast.Module`: recursive descent for the structure, operator
+precedence with explicit stacks for expressions.
 
 Expression precedence is C's: `?:` < `||` < `&&` < `== !=` < `< <= > >=` < `+ -` < `* / %` <
-unary `- !` < postfix (`T(...)`, `T.n`).
+unary `- !` < postfix (`T(...)`, `T.n`). An expression may nest at most
+`MAX_EXPRESSION_DEPTH` operators and calls deep (parentheses alone add no depth).
 """
 
 from __future__ import annotations
 
+import attrs
+
 from tcstage.errors import Source, Span, TCSyntaxError
 from tcstage.lang import ast
-from tcstage.lang.lexer import Token, tokenize
+from tcstage.lang.lexer import Token, number_value, tokenize
 
 ASSIGN_OPS = ("=", "+=", "*=", "min=", "max=", "+=!", "*=!", "min=!", "max=!")
+# Deeper expressions are refused: every later pass (checking, range inference, lowering, scop
+# extraction, CUDA code) walks expression trees recursively, within Python's recursion limit.
+MAX_EXPRESSION_DEPTH = 256
 _BINARY_LEVELS = (("||",), ("&&",), ("==", "!="), ("<", "<=", ">", ">="), ("+", "-"), ("*", "/", "%"))
 
 
@@ -119,32 +126,44 @@ class _Parser:
         """A size variable, or a constant size such as the spec's `int(1) S`."""
         if self.tok.kind == "number" and self.tok.text.isdigit():
             token = self.advance()
-            return ast.Ident(str(int(token.text)), token.span)
+            return ast.Ident(str(number_value(token.text)), token.span)
         return self.ident("a size variable or a constant size")
 
     def statement(self) -> ast.Statement:
-        if self.at("(") or (self.tok.kind == "ident" and self.peek().text == "="):
+        if self.at("("):
             raise TCSyntaxError(
                 "calling a TC function from another TC ('(A, B) = f(...)') is not supported",
                 self.tok.span, ("call the functions one after the other from Python",))
         tensor = self.ident("a statement such as 'O(i) = ...'")
-        if not self.at("("):
-            raise self.error(f"'(' and the index list after '{tensor.name}'")
-        self.advance()
-        indices = [] if self.at(")") else self.comma_list(self.lhs_index, ")")
-        self.expect(")")
+        indices, listed = [], self.at("(")  # a rank-0 tensor may omit its empty list
+        if listed:
+            self.advance()
+            indices = [] if self.at(")") else self.comma_list(self.lhs_index, ")")
+            self.expect(")")
         if not (self.tok.kind == "op" and self.tok.text in ASSIGN_OPS):
-            raise self.error("'=' or a reduction operator (+=, *=, min=, max=, optionally with '!')")
+            what = "'=' or a reduction operator (+=, *=, min=, max=, optionally with '!')"
+            raise self.error(what if listed else
+                             f"'(' and the index list after '{tensor.name}', or {what}")
         op_token = self.advance()
         op = op_token.text.rstrip("!")
         rhs = self.expr()
+        equivalent = self.equivalent() if self.at("<=>") else None
         where = []
         if self.at("where"):
             self.advance()
             where = self.comma_list_open(self.range_constraint)
-        end = where[-1].span if where else _span(rhs)
+        end = where[-1].span if where else equivalent.span if equivalent else _span(rhs)
         return ast.Statement(tensor, tuple(indices), op, op_token.text.endswith("!"), rhs,
-                             tuple(where), tensor.span.to(end))
+                             tuple(where), tensor.span.to(end), equivalent)
+
+    def equivalent(self) -> ast.Equivalent:
+        """`<=> name(args)` (TC's grammar places it between the right-hand side and `where`)."""
+        start = self.expect("<=>").span
+        name = self.ident("the name of an equivalent library call after '<=>'")
+        self.expect("(", f" after '{name.name}'")
+        args = self.expr_list(")")
+        close = self.expect(")").span
+        return ast.Equivalent(name, tuple(args), start.to(close))
 
     def lhs_index(self) -> ast.Ident:
         expr = self.expr()
@@ -187,58 +206,143 @@ class _Parser:
         raise self.error(f"'in' after '{var.name}' (as in '{var.name} in 0:N')")
 
     # -- expressions -------------------------------------------------------------------------
+    # Operator precedence parsing with explicit stacks instead of recursion, so that no
+    # nesting reaches Python's recursion limit here; MAX_EXPRESSION_DEPTH then bounds the
+    # trees every later pass walks recursively.
     def expr(self) -> ast.Expr:
-        cond = self.binary(0)
-        if not self.at("?"):
-            return cond
-        self.advance()
-        then = self.expr()
-        self.expect(":", " in the conditional 'c ? a : b'")
-        other = self.expr()
-        return ast.Ternary(cond, then, other, _span(cond).to(_span(other)))
+        operands: list[tuple[ast.Expr, int]] = []  # (node, depth)
+        pending: list[_Pending] = []
+        while True:
+            self.operand(operands, pending)
+            if not self.operator(operands, pending):
+                return operands.pop()[0]
 
-    def binary(self, level: int) -> ast.Expr:
-        if level == len(_BINARY_LEVELS):
-            return self.unary()
-        lhs = self.binary(level + 1)
-        while self.tok.kind == "op" and self.tok.text in _BINARY_LEVELS[level]:
-            op = self.advance().text
-            rhs = self.binary(level + 1)
-            lhs = ast.Binary(op, lhs, rhs, _span(lhs).to(_span(rhs)))
-        return lhs
-
-    def unary(self) -> ast.Expr:
-        if self.at("-", "!", "+"):
-            op = self.advance()
-            operand = self.unary()
-            return operand if op.text == "+" else ast.Unary(op.text, operand, op.span.to(_span(operand)))
-        return self.primary()
-
-    def primary(self) -> ast.Expr:
-        token = self.tok
-        if token.kind == "number":
-            self.advance()
-            return ast.Number(token.text, token.span)
-        if self.at("("):
-            self.advance()
-            inner = self.expr()
-            self.expect(")", " to close the parenthesis")
-            return inner
-        if token.kind == "ident":
-            name = self.ident()
-            if self.at("("):
+    def operand(self, operands: list, pending: list) -> None:
+        """Reads prefix operators and opening brackets up to one operand, pushing them."""
+        while True:
+            token = self.tok
+            if self.at("-", "!"):
+                pending.append(_Pending("unary", self.advance(), _UNARY_PRECEDENCE))
+            elif self.at("+"):  # unary plus changes nothing
                 self.advance()
-                args = [] if self.at(")") else self.comma_list(self.expr, ")")
-                close = self.expect(")").span
-                return ast.Apply(name, tuple(args), name.span.to(close))
-            if self.at("."):
-                self.advance()
-                if self.tok.kind != "number" or not self.tok.text.isdigit():
-                    raise self.error(f"a dimension number after '{name.name}.'")
-                dim = self.advance()
-                return ast.DimRef(name, int(dim.text), name.span.to(dim.span))
-            return name
-        raise self.error("an expression")
+            elif self.at("("):
+                pending.append(_Pending("paren", self.advance()))
+            elif token.kind == "number":
+                operands.append((ast.Number(self.advance().text, token.span), 1))
+                return
+            elif token.kind == "ident":
+                name = self.ident()
+                if self.at("("):
+                    open_ = self.advance()
+                    if not self.at(")"):
+                        pending.append(_Pending("call", open_, name=name, first=len(operands)))
+                        continue
+                    close = self.advance()
+                    operands.append((ast.Apply(name, (), name.span.to(close.span)), 1))
+                elif self.at("."):
+                    self.advance()
+                    if self.tok.kind != "number" or not self.tok.text.isdigit():
+                        raise self.error(f"a dimension number after '{name.name}.'")
+                    dim = self.advance()
+                    operands.append((ast.DimRef(name, number_value(dim.text),
+                                                name.span.to(dim.span)), 1))
+                else:
+                    operands.append((name, 1))
+                return
+            else:
+                raise self.error("an expression")
+
+    def operator(self, operands: list, pending: list) -> bool:
+        """Reads closing brackets and one operator after an operand; False at the end of the
+        expression (a token that cannot continue it)."""
+        while True:
+            token = self.tok
+            precedence = _BINARY_PRECEDENCE.get(token.text) if token.kind == "op" else None
+            if precedence is not None:
+                _reduce(operands, pending, lambda p: p.precedence >= precedence)
+                pending.append(_Pending("binary", self.advance(), precedence))
+                return True
+            if self.at("?"):
+                _reduce(operands, pending, lambda p: p.precedence > _TERNARY_PRECEDENCE)
+                pending.append(_Pending("?", self.advance(), _TERNARY_PRECEDENCE))
+                return True
+            if self.at(":", ",", ")"):
+                _reduce(operands, pending, lambda p: p.kind in ("unary", "binary", ":"))
+                top = pending[-1] if pending else None
+                if top is None:
+                    return False  # a ':' of a range, a ',' or ')' of an enclosing list
+                if token.text == ":" and top.kind == "?":
+                    pending[-1] = attrs.evolve(top, kind=":")
+                    self.advance()
+                    return True
+                if token.text == "," and top.kind == "call":
+                    self.advance()
+                    return True
+                if token.text == ")" and top.kind in ("paren", "call"):
+                    close = self.advance()
+                    pending.pop()
+                    if top.kind == "call":  # else: parentheses add no node
+                        args = operands[top.first:]
+                        del operands[top.first:]
+                        operands.append(_node(ast.Apply(top.name, tuple(a for a, _ in args),
+                                                        top.name.span.to(close.span)),
+                                              1 + max(d for _, d in args)))
+                    continue
+            _reduce(operands, pending, lambda p: p.kind in ("unary", "binary", ":"))
+            if not pending:
+                return False
+            raise self.error({"paren": "')' to close the parenthesis",
+                              "call": "',' or ')'",
+                              "?": "':' in the conditional 'c ? a : b'"}[pending[-1].kind])
+
+    def expr_list(self, close: str) -> list[ast.Expr]:
+        return [] if self.at(close) else self.comma_list(self.expr, close)
+
+
+# C's precedence, loosest first: `?:` < `||` < `&&` < `== !=` < `< <= > >=` < `+ -` < `* / %`
+# < unary `- !`.
+_TERNARY_PRECEDENCE = 0
+_BINARY_PRECEDENCE = {op: level + 1 for level, ops in enumerate(_BINARY_LEVELS) for op in ops}
+_UNARY_PRECEDENCE = len(_BINARY_LEVELS) + 1
+
+
+@attrs.frozen
+class _Pending:
+    """An operator or bracket whose operands are still being read. Kinds: 'unary', 'binary',
+    'paren', 'call' (`name(`, its arguments from operand `first` on), '?' (a condition
+    waiting for its ':') and ':' (a conditional waiting for its last operand)."""
+
+    kind: str
+    token: Token
+    precedence: int = -1  # brackets: -1, below every operator
+    name: ast.Ident | None = None
+    first: int = 0
+
+
+def _reduce(operands: list, pending: list, applies) -> None:
+    """Builds nodes from the pending operators on top of the stack while `applies` to them."""
+    while pending and applies(pending[-1]):
+        p = pending.pop()
+        if p.kind == "unary":
+            x, d = operands.pop()
+            node, depth = ast.Unary(p.token.text, x, p.token.span.to(_span(x))), d + 1
+        elif p.kind == "binary":
+            (b, db), (a, da) = operands.pop(), operands.pop()
+            node, depth = ast.Binary(p.token.text, a, b, _span(a).to(_span(b))), max(da, db) + 1
+        else:  # ':'
+            (other, do), (then, dt), (cond, dc) = operands.pop(), operands.pop(), operands.pop()
+            node = ast.Ternary(cond, then, other, _span(cond).to(_span(other)))
+            depth = max(dc, dt, do) + 1
+        operands.append(_node(node, depth))
+
+
+def _node(node: ast.Expr, depth: int) -> tuple[ast.Expr, int]:
+    if depth > MAX_EXPRESSION_DEPTH:
+        raise TCSyntaxError(
+            f"expression nested too deeply: more than {MAX_EXPRESSION_DEPTH} levels",
+            _span(node), ("a chain such as 'a + b + c + ...' counts one level per operator; "
+                          "split the expression over several statements through a temporary",))
+    return node, depth
 
 
 def _span(expr: ast.Expr) -> Span:
