@@ -176,8 +176,28 @@ def _with_scalar_values(error: TCRangeError, st: C.Statement, scalars: Mapping[s
 
 def _lhs_bounds(st: C.Statement, sr: StatementRanges) -> TensorBounds:
     lhs = [sr.ranges[v] for v in st.indices]
-    return TensorBounds(tuple(r.lo for r in lhs),
-                        tuple(simplify_tree(("add", ("sub", r.hi, r.lo), ONE)) for r in lhs))
+    return TensorBounds(tuple(r.lo for r in lhs), tuple(
+        _no_overflow(simplify_tree(("add", ("sub", r.hi, r.lo), ONE)), st) for r in lhs))
+
+
+def _no_overflow(tree: Tree, st: C.Statement) -> Tree:
+    """tree, unless Halide's simplifier folded a constant that overflows 32 bits in it (its
+    marker is a call to `signed_integer_overflow`, which no later step can use)."""
+    if _has_call(tree, "signed_integer_overflow"):
+        raise TCRangeError("the index arithmetic of this statement overflows 32-bit integers",
+                           st.span, ("subscripts, where bounds and the ranges and extents they "
+                                     "give are 32-bit integers, as in Halide",))
+    return tree
+
+
+def _has_call(tree: Tree, name: str) -> bool:
+    stack = [tree]  # (no recursion: trees are as deep as the TC's expressions)
+    while stack:
+        t = stack.pop()
+        if t and t[0] == "call" and t[1] == name:
+            return True
+        stack.extend(x for x in t[1:] if isinstance(x, tuple))
+    return False
 
 
 def _shape_of(fn: C.Function, first: int, symbols, bounds) -> tuple[int, TensorBounds]:
@@ -216,10 +236,10 @@ class _StatementInference:
         return tree_to_expr(self.bounds[e.tensor].extents[e.dim], self.env)
 
     def tree(self, e: hl.Expr) -> Tree:
-        return solver.simplify(e)
+        return _no_overflow(solver.simplify(e), self.st)
 
     def expr(self, tree: Tree) -> hl.Expr:
-        return tree_to_expr(tree, self.env)
+        return tree_to_expr(_no_overflow(tree, self.st), self.env)
 
     def accesses(self) -> list[_Access]:
         st = self.st
@@ -284,6 +304,9 @@ class _StatementInference:
                 known[v] = self.intersect(v, solutions)
             unresolved = [v for v in unresolved if v not in known]
         self.check_preconditions(accesses, used, known)
+        for r in known.values():
+            for bound in (r.lo, r.hi):
+                _no_overflow(bound, st)
         return StatementRanges(st.tensor, {v: known[v] for v in st.variables}, span=st.span)
 
     def intersect(self, v: str, solutions) -> Range:

@@ -17,6 +17,8 @@ The rules (spec 000 and the paper, Section 3):
 from __future__ import annotations
 
 import difflib
+import math
+import operator
 
 import attrs
 
@@ -24,9 +26,15 @@ from tcstage.errors import Span, TCSemanticError
 from tcstage.lang import ast
 from tcstage.lang import checked as C
 from tcstage.lang.builtins import BUILTINS
-from tcstage.lang.types import BOOL, FLOAT32, INT32, INT64, SCALAR_TYPES, ScalarType, promote
+from tcstage.lang.lexer import number_value
+from tcstage.lang.types import (BOOL, FLOAT32, INT32, INT64, SCALAR_TYPES, UINT64, ScalarType,
+                                promote)
 
 REDUCTIONS = ("+", "*", "min", "max")
+
+# Halide's CPU compile time doubles with each tensor read nested in a subscript (`A(A(A(i)))`),
+# so that depth is bounded far below the expression depth.
+MAX_READ_NESTING = 8
 
 
 def check_module(module: ast.Module) -> dict[str, C.Function]:
@@ -64,6 +72,9 @@ def check_def(d: ast.Def) -> C.Function:
                                   p.name.span)
         for k, dim in enumerate(p.type.dims):
             if dim.name.isdigit():  # a constant size
+                if int(dim.name) >= 2**31:
+                    raise TCSemanticError(f"constant size {dim.name} does not fit in 32 bits; "
+                                          "sizes and indices are 32-bit integers", dim.span)
                 continue
             if dim.name in tensors:
                 raise TCSemanticError(f"size variable '{dim.name}' has the name of tensor "
@@ -123,6 +134,7 @@ class _StatementChecker:
         self.hints = hints
         self.var_spans: dict[str, Span] = {}
         self.self_reads: list[Span] = []
+        self.read_nesting = 0  # tensor reads around the subscript being checked
 
     def error(self, message: str, span: Span, *notes: str) -> TCSemanticError:
         return TCSemanticError(message, span, notes)
@@ -136,9 +148,6 @@ class _StatementChecker:
                              "write the result into a new tensor and return it")
         if name in self.size_vars:
             raise self.error(f"cannot write size variable '{name}'", s.tensor.span)
-        if name in BUILTINS:
-            raise self.error(f"cannot define a tensor named '{name}': it is a builtin function",
-                             s.tensor.span)
         rank = len(s.indices)
         if existing is not None and existing.rank != rank:
             raise self.error(f"'{name}' has rank {existing.rank} but is written with {rank} "
@@ -234,7 +243,7 @@ class _StatementChecker:
         self.var_spans = saved
         if not out.type.is_int:
             raise self.error(f"a range bound must be an integer, not {out.type}", e.span)
-        return _convert(out, INT32)
+        return _index(out, "range bounds")
 
     # -- expressions ---------------------------------------------------------------------------
     def expr(self, e: ast.Expr) -> tuple[C.Expr, bool]:
@@ -253,12 +262,14 @@ class _StatementChecker:
                 return C.Unary("!", _to_bool(x), BOOL, span=e.span), weak
             if x.type == BOOL:
                 x = _convert(x, INT32)
+            if isinstance(x, C.Const):  # a negative literal is one constant, typed by its value
+                return _literal(-x.value, e.span), weak
             return C.Unary("-", x, x.type, span=e.span), weak
         if isinstance(e, ast.Binary):
             return self.binary(e)
         if isinstance(e, ast.Ternary):
             cond, _ = self.expr(e.cond)
-            (a, b), weak = self.unify(e.then, e.other)
+            (a, b), weak = self.unify(*self.expr(e.then), *self.expr(e.other))
             return C.Select(_to_bool(cond), a, b, a.type, span=e.span), weak
         raise AssertionError(e)
 
@@ -298,15 +309,26 @@ class _StatementChecker:
         n = e.name.name
         if n in self.tensors or n == self.s.tensor.name:
             rank = self.tensors[n].rank if n in self.tensors else self.rank
+            # A tensor hides a builtin function of its name within the function.
+            hidden = (f"'{n}' names a tensor here, which hides the builtin function '{n}'",) \
+                if n in BUILTINS else ()
             if len(e.args) != rank:
                 raise self.error(f"tensor '{n}' has rank {rank} but is read with {len(e.args)} "
-                                 f"subscript{'s' if len(e.args) != 1 else ''}", e.span)
+                                 f"subscript{'s' if len(e.args) != 1 else ''}", e.span, *hidden)
+            if self.read_nesting == MAX_READ_NESTING:
+                raise self.error(
+                    f"tensor reads nested more than {MAX_READ_NESTING} deep in subscripts",
+                    e.span, "read the inner subscripts into a temporary tensor first, "
+                    "as in 'T(i) = B(C(i))' and then 'A(T(i))'")
             args = []
+            self.read_nesting += 1
             for a in e.args:
                 x, _ = self.expr(a)
                 if not x.type.is_int:
-                    raise self.error(f"a subscript must be an integer, not {x.type}", a.span)
-                args.append(_convert(x, INT32) if x.type != INT32 else x)
+                    raise self.error(f"a subscript must be an integer, not {x.type}", a.span,
+                                     *hidden)
+                args.append(_index(x, "subscripts"))
+            self.read_nesting -= 1
             return self.read(n, tuple(args), e.span)
         b = BUILTINS.get(n)
         if b is None:
@@ -316,7 +338,7 @@ class _StatementChecker:
             raise self.error(f"'{n}' takes {b.arity} argument{'s' if b.arity > 1 else ''}, "
                              f"not {len(e.args)}", e.span)
         if b.arity == 2:
-            (x, y), _ = self.unify(*e.args)
+            (x, y), _ = self.unify(*self.expr(e.args[0]), *self.expr(e.args[1]))
             args = [x, y]
         else:
             args = [self.expr(e.args[0])[0]]
@@ -343,7 +365,12 @@ class _StatementChecker:
         return C.Read(name, args, t.type, span=span)
 
     def binary(self, e: ast.Binary) -> tuple[C.Expr, bool]:
-        (a, b), weak = self.unify(e.lhs, e.rhs)
+        a, wa = self.expr(e.lhs)
+        b, wb = self.expr(e.rhs)
+        folded = _fold(e, a, b)
+        if folded is not None:
+            return folded, True
+        (a, b), weak = self.unify(a, wa, b, wb)
         op = e.op
         if op in ("&&", "||"):
             return C.Binary(op, _to_bool(a), _to_bool(b), BOOL, span=e.span), weak
@@ -356,10 +383,11 @@ class _StatementChecker:
             a, b = _convert(a, INT32), _convert(b, INT32)
         return C.Binary(op, a, b, a.type, span=e.span), weak
 
-    def unify(self, x: ast.Expr, y: ast.Expr) -> tuple[tuple[C.Expr, C.Expr], bool]:
-        """Both operands converted to their common type (literals adapt to the other side)."""
-        a, wa = self.expr(x)
-        b, wb = self.expr(y)
+    def unify(self, a: C.Expr, wa: bool, b: C.Expr, wb: bool
+              ) -> tuple[tuple[C.Expr, C.Expr], bool]:
+        """Both operands (checked, and whether weakly typed) converted to their common type:
+        literals adapt to the other side. (The callers check the operands themselves, so that
+        each level of an expression costs few Python frames.)"""
         if a.type == _SELF_WEAK or b.type == _SELF_WEAK:
             t = b.type if a.type == _SELF_WEAK else a.type
             if t == _SELF_WEAK:
@@ -368,9 +396,9 @@ class _StatementChecker:
         if wa and wb:
             t = promote(a.type, b.type)
         elif wa:
-            t = b.type if b.type.is_float or not a.type.is_float else FLOAT32
+            t = _beside(a, b.type)
         elif wb:
-            t = a.type if a.type.is_float or not b.type.is_float else FLOAT32
+            t = _beside(b, a.type)
         else:
             t = promote(a.type, b.type)
         return (_convert(a, t), _convert(b, t)), wa and wb
@@ -393,9 +421,11 @@ def _retype_self(e: C.Expr, name: str, t: ScalarType) -> C.Expr:
     kids = C.children(e)
     if not kids:
         return e
-    new = tuple(_retype_self(k, name, t) for k in kids)
+    new = []
+    for k in kids:  # a loop, not a generator: one Python frame per level of e
+        new.append(_retype_self(k, name, t))
     if isinstance(e, (C.Read, C.Call)):
-        return attrs.evolve(e, args=new)
+        return attrs.evolve(e, args=tuple(new))
     if isinstance(e, (C.Unary, C.Cast)):
         return attrs.evolve(e, operand=new[0])
     if isinstance(e, C.Binary):
@@ -404,23 +434,79 @@ def _retype_self(e: C.Expr, name: str, t: ScalarType) -> C.Expr:
 
 
 def _number(n: ast.Number) -> C.Const:
-    text = n.text.rstrip("uUlL") if not n.text.lower().startswith("0x") else n.text
-    try:
-        if text.lower().startswith("0x"):
-            value = int(text.rstrip("uUlL"), 16)
-        elif any(c in text for c in ".eE") or text[-1] in "fF":
-            return C.Const(float(text.rstrip("fF")), FLOAT32, span=n.span)
-        else:
-            value = int(text, 10) if not (len(text) > 1 and text[0] == "0") else int(text, 8)
-    except ValueError:
-        raise TCSemanticError(f"malformed number '{n.text}'", n.span) from None
-    return C.Const(value, INT32 if -2**31 <= value < 2**31 else INT64, span=n.span)
+    value = number_value(n.text)
+    if isinstance(value, float):
+        if math.isinf(value):
+            raise TCSemanticError(f"floating-point literal '{n.text}' is out of range (it is "
+                                  "larger than the largest double)", n.span)
+        return C.Const(value, FLOAT32, span=n.span)
+    return _literal(value, n.span)
+
+
+def _literal(value: int | float, span: Span) -> C.Const:
+    """A constant typed by its value, as C types a literal: float32 (weak, like every TC
+    literal), else the first of int32, int64, uint64 that holds it."""
+    if isinstance(value, float):
+        return C.Const(value, FLOAT32, span=span)
+    for t in (INT32, INT64, UINT64):
+        if _fits(value, t):
+            return C.Const(value, t, span=span)
+    raise TCSemanticError(f"integer literal {value} does not fit in 64 bits", span)
+
+
+def _fits(value, t: ScalarType) -> bool:
+    """Whether the constant `value` is exactly representable in type t."""
+    if isinstance(value, float) or t.is_float:
+        return True
+    if t.kind == "bool":
+        return value in (0, 1)
+    low, high = (-(1 << t.bits - 1), (1 << t.bits - 1) - 1) if t.kind == "int" else \
+        (0, (1 << t.bits) - 1)
+    return low <= value <= high
+
+
+def _beside(literal: C.Expr, t: ScalarType) -> ScalarType:
+    """The type of an operation between a literal and an operand of type t: t, as in Halide
+    (`X(i) + 1` stays uint8 for uint8 X), unless the literal's value does not fit in t; then
+    C's usual arithmetic conversions (`A(i) + 4294967297` is int64 for int32 A)."""
+    if literal.type.is_float and not t.is_float:
+        return FLOAT32
+    if not isinstance(literal, C.Const) or _fits(literal.value, t):
+        return t
+    wider = promote(literal.type, t)
+    return wider if _fits(literal.value, wider) else literal.type
+
+
+# Integer arithmetic on two literals is computed exactly here, and the result typed by its
+# value (Halide would fold it in the literals' 32-bit type, and overflow). `/` and `%` are
+# Halide's Euclidean ones: the remainder is never negative.
+_FOLD = {"+": operator.add, "-": operator.sub, "*": operator.mul,
+         "/": lambda a, b: (a - a % abs(b)) // b, "%": lambda a, b: a % abs(b)}
+
+
+def _fold(e: ast.Binary, a: C.Expr, b: C.Expr) -> C.Const | None:
+    ints = [isinstance(x, C.Const) and x.type.is_int and x.type != BOOL for x in (a, b)]
+    if not all(ints) or e.op not in _FOLD or (e.op in ("/", "%") and b.value == 0):
+        return None  # (Halide defines x / 0 and x % 0 as 0)
+    return _literal(_FOLD[e.op](a.value, b.value), e.span)
+
+
+def _index(e: C.Expr, what: str) -> C.Expr:
+    """A subscript or range bound as Halide's 32-bit index: a literal that does not fit is an
+    error, never a silent wrap."""
+    for node in C.walk(e):
+        if isinstance(node, C.Const) and not _fits(node.value, INT32):
+            raise TCSemanticError(f"integer literal {node.value} does not fit in 32 bits; "
+                                  f"{what} are 32-bit integers", node.span)
+    return _convert(e, INT32)
 
 
 def _convert(e: C.Expr, t: ScalarType) -> C.Expr:
     if e.type == t:
         return e
     if isinstance(e, C.Const):
+        if t.kind in ("int", "uint") and isinstance(e.value, int) and not _fits(e.value, t):
+            raise TCSemanticError(f"integer literal {e.value} does not fit in {t}", e.span)
         value = bool(e.value) if t == BOOL else float(e.value) if t.is_float else int(e.value)
         return C.Const(value, t, span=e.span)
     return C.Cast(t, e, span=e.span)

@@ -46,6 +46,7 @@ class ScalarType:
 
 FLOAT16, FLOAT32, FLOAT64 = ScalarType("float", 16), ScalarType("float", 32), ScalarType("float", 64)
 INT32, INT64 = ScalarType("int", 32), ScalarType("int", 64)
+UINT64 = ScalarType("uint", 64)
 BOOL = ScalarType("bool", 1)
 
 #: Every spelling TC accepts for a scalar type.
