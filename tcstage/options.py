@@ -401,6 +401,18 @@ class MappingOptions:
         """Blocks in the grid."""
         return math.prod(self.blocks)
 
+    def __getattr__(self, name: str):
+        """Only reached for a missing attribute: say which public one was probably meant, as
+        the text form does (`mapToThread` -> `mapToThreads`)."""
+        if name.startswith("_"):  # Python's and libraries' protocol probes stay quiet and fast
+            raise AttributeError(name)
+        public = [n for n in dir(type(self)) if not n.startswith("_")]
+        hint = [n for n in public if n.lower() == name.lower()] or \
+            difflib.get_close_matches(name, public, n=1)
+        # (no obj=: Python's traceback would then print a second suggestion of its own)
+        raise AttributeError(f"'MappingOptions' object has no attribute '{name}'"
+                             + (f"; did you mean '{hint[0]}'?" if hint else ""), name=name)
+
     # -- named starting points -------------------------------------------------------------
 
     @classmethod
@@ -756,20 +768,20 @@ class _Parser:
             raise TCOptionsError(e.message, where, e.notes, option=e.option,
                                  value=e.value) from None
 
-    def parse_args(self, closer: str) -> list[tuple[Any, Span]]:
+    def parse_args(self, closer: str, in_list: bool = False) -> list[tuple[Any, Span]]:
         args = []
         if self.at(closer):
             return args
-        args.append(self.parse_arg())
+        args.append(self.parse_arg(in_list))
         while self.at(","):
             self.next()
-            args.append(self.parse_arg())
+            args.append(self.parse_arg(in_list))
         if not self.at(closer):
             raise TCOptionsError(f"expected ',' or '{closer}', found {_show(self.tok)}",
                                  self.tok.span)
         return args
 
-    def parse_arg(self) -> tuple[Any, Span]:
+    def parse_arg(self, in_list: bool = False) -> tuple[Any, Span]:
         tok = self.tok
         if tok.kind == "int":
             self.next()
@@ -782,12 +794,11 @@ class _Parser:
             return tok.text[1:-1], tok.span
         if self.at("[") or self.at("{"):
             opener = self.next()
+            if in_list:  # refused at once: reading nested lists would recurse without bound
+                raise TCOptionsError("nested lists are not option values", opener.span)
             closer = "]" if opener.text == "[" else "}"
-            items = self.parse_args(closer)
+            items = self.parse_args(closer, in_list=True)
             end = self.expect(closer, f"to close '{opener.text}'")
-            for value, span in items:
-                if isinstance(value, list):
-                    raise TCOptionsError("nested lists are not option values", span)
             return [v for v, _ in items], opener.span.to(end.span)
         if tok.kind == "name":
             if tok.text in ("true", "True", "false", "False"):

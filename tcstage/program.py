@@ -28,8 +28,21 @@ _DEFAULT = object()
 
 def define(source: str, filename: str = "<string>") -> "Program":
     """Parses and checks every TC function in `source`; raises `TCError` on any mistake."""
+    for what, value in (("source", source), ("filename", filename)):
+        if not isinstance(value, str):
+            raise TCArgumentError(
+                f"tc.define takes the TC {what} as a str, got {_describe(value)}",
+                notes=("decode bytes first, e.g. data.decode('utf-8')",)
+                if isinstance(value, (bytes, bytearray)) else ())
     module = parse(source, filename)
     return Program({name: TCFunction(fn) for name, fn in check_module(module).items()})
+
+
+def _describe(value) -> str:
+    if value is None:
+        return "None"
+    text = repr(value)
+    return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
 
 
 class Program:
