@@ -284,7 +284,7 @@ def tensor_bytes(f: tc.TCFunction, sizes: dict) -> int:
         total += math.prod(shape) * fn.tensors[name].type.numpy.itemsize
     boxes: dict[str, list[tuple[int, int]]] = {}
     for st, report in zip(fn.statements, f.ranges(*inputs, out=out)):
-        if fn.tensors[st.tensor].kind == "temp":
+        if fn.tensors[st.tensor].kind == "temp" and all(v in report.concrete for v in st.indices):
             ranges = [report.concrete[v] for v in st.indices]
             old = boxes.setdefault(st.tensor, ranges)
             boxes[st.tensor] = [(min(a[0], b[0]), max(a[1], b[1])) for a, b in zip(old, ranges)]
