@@ -91,10 +91,14 @@ def test_initialisation_by_other_threads_is_ordered_before_the_accumulation():
 
 
 # Random programs (tests/tcgen.py) under promotion, against explicit loops; the emulator fails
-# on a race. (seed, sizes, options): the first runs statements outside the block-mapped band,
-# which must not run in every block.
+# on a race. (seed, sizes, options): 17 has statements outside the block-mapped band, which must
+# not run in every block; in 257 a thread reads from global memory an element of T1 that
+# another thread keeps in a private copy, which must then stay in global memory.
 RANDOM_CASES = [
     (17, {"P": 4, "Q": 4}, "conv"),
+    (257, {"P": 3, "Q": 3}, M().tile(1, 4).mapToThreads(8).mapToBlocks(3).unroll(4)
+     .useSharedMemory(True).usePrivateMemory(True).unrollCopyShared(True)
+     .scheduleFusionStrategy("Min")),
     (13, {"P": 3, "Q": 3}, M().tile(2, 4).mapToThreads(4, 2).mapToBlocks(2, 2)
      .useSharedMemory(True).usePrivateMemory(True)),
     (25, {"P": 3, "Q": 4}, "mlp"),

@@ -395,6 +395,9 @@ class _State:
         if per_thread is None or not _has_thread_ids(per_thread):
             return _Plan(path_of(node), [], [], [], None)
         thread_map = _thread_map(per_thread)
+        # A thread's private copy is right only if no other thread writes what it holds or
+        # reads what it writes, through this group or any other reference to the tensor.
+        references = self._references(per_thread)
         budget = PRIVATE_ELEMENTS
         chosen = []
         for label, tensor, refs, tile, prefix in self._candidates(node, per_thread, "private"):
@@ -403,8 +406,10 @@ class _State:
             if tile is None:
                 self.declined.append(f"{label}: no fixed-size tile per thread")
                 continue
-            if any(r.write for r in refs) and not _thread_private(refs, prefix, thread_map):
-                self.declined.append(f"{label}: other threads access the elements it writes")
+            every = references[tensor]
+            if any(r.write for r in every) and not _thread_private(every, prefix, thread_map):
+                self.declined.append(f"{label}: other threads access elements of {tensor} that "
+                                     "are written here")
                 continue
             if not _reused(refs, prefix):
                 self.declined.append(f"{label}: no element is used twice by a thread")
