@@ -254,6 +254,9 @@ def test_equivalence_is_kept_in_the_syntax_tree():
     assert [w.var.name for w in st.where] == ["k"]
     err = rejected(tc.TCSyntaxError, "def f(float(N) A) -> (B) { B(i) = A(i) <=> 3 }")
     assert "the name of an equivalent library call" in err.message
+    err = rejected(tc.TCSyntaxError, "def f(float(N) A) -> (B) {\n"
+                                     "  B(i) +=! A(k) where k in 0:N <=> sum(A(k))\n}")
+    assert "goes before 'where'" in err.message and err.span.text() == "<=>"
 
 
 def test_tensor_hiding_a_builtin_says_so():

@@ -152,6 +152,9 @@ class _Parser:
         if self.at("where"):
             self.advance()
             where = self.comma_list_open(self.range_constraint)
+            if self.at("<=>"):
+                raise TCSyntaxError("an equivalence annotation '<=> f(...)' goes before 'where'",
+                                    self.tok.span)
         end = where[-1].span if where else equivalent.span if equivalent else _span(rhs)
         return ast.Statement(tensor, tuple(indices), op, op_token.text.endswith("!"), rhs,
                              tuple(where), tensor.span.to(end), equivalent)
