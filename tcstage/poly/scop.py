@@ -26,6 +26,8 @@ from tcstage.errors import Span, TCArgumentError, TCError, TCSemanticError
 from tcstage.halide.lower import Lowered
 from tcstage.halide.solver import Tree, inline_lets, isl_name, tree_to_isl
 from tcstage.lang import checked as C
+from tcstage.poly import budget
+from tcstage.poly.budget import bounded
 
 
 @attrs.frozen
@@ -122,13 +124,12 @@ def extract_scop(lowered: Lowered, sizes: Mapping[str, int] | None = None) -> Sc
         return tree_to_isl(tree, {**names, **local})
 
     extents: dict[str, isl.Set] = {}
-    bounds_text: dict[str, list[tuple[str, str]]] = {}
+    bounds: dict[str, list[tuple[Tree, Tree]]] = {}
     for t, tb in ranges.tensors.items():
-        lohi = [(isl_text(m, {}), f"{isl_text(m, {})} + {isl_text(e, {})}")
-                for m, e in zip(tb.mins, tb.extents)]
-        bounds_text[t] = lohi
-        idx = [f"a{k}" for k in range(len(lohi))]
-        cond = " and ".join(f"{lo} <= {a} < {hi}" for a, (lo, hi) in zip(idx, lohi)) or "true"
+        bounds[t] = _index_ranges(lowered, t)
+        idx = [f"a{k}" for k in range(len(bounds[t]))]
+        cond = " and ".join(c for a, (lo, hi) in zip(idx, bounds[t])
+                            for c in _within(lo, a, hi, isl_text)) or "true"
         extents[t] = isl.Set(f"{param_text} -> {{ {t}[{', '.join(idx)}] : {cond} }}") \
             .intersect_params(context)
 
@@ -137,7 +138,7 @@ def extract_scop(lowered: Lowered, sizes: Mapping[str, int] | None = None) -> Sc
     statements = []
     for k, (tensor, index, tc_index) in enumerate(lowered.order):
         d = definitions[tensor][index]
-        statements.append(_statement(f"S{k}", tensor, index, tc_index, d, bounds_text[tensor],
+        statements.append(_statement(f"S{k}", tensor, index, tc_index, d, bounds[tensor],
                                      halide_names, isl_text, param_text, context, extents,
                                      lowered.reference_text, set(params)))
     schedule = _canonical_schedule(statements, context)
@@ -195,13 +196,12 @@ def _statement(name, tensor, index, tc_index, d, tensor_bounds, halide_names, is
     for pos, a in enumerate(lhs):  # Halide position pos is TC dimension rank - 1 - pos
         if a[0] == "var" and a[1] not in rvars:
             lo, hi = tensor_bounds[rank - 1 - pos]
-            conds.append(f"{lo} <= {local[a[1]]} < {hi}")
+            conds += _within(lo, local[a[1]], hi, isl_text)
     for v, (_, lo, extent) in rvars.items():
-        lo_t = isl_text(lo, {})
-        conds.append(f"{lo_t} <= {local[v]} < {lo_t} + {isl_text(extent, {})}")
+        conds += _within(lo, local[v], _end(lo, extent), isl_text)
     vec = ", ".join(local[v] for v in iterators)
     domain = isl.Set(f"{param_text} -> {{ {name}[{vec}] : {' and '.join(conds) or 'true'} }}") \
-        .intersect_params(context)
+        .intersect_params(context).coalesce()
 
     def access(t: str, args: tuple, source: str) -> Access:
         subs, exact = [], True
@@ -231,6 +231,57 @@ def _statement(name, tensor, index, tc_index, d, tensor_bounds, halide_names, is
     return Statement(name, tensor, index, tc_index, tuple(local[v] for v in iterators),
                      tuple(iterators), domain, access(tensor, lhs, ""), tuple(reads), lhs,
                      values[0], tuple(local[v] for v in iterators if v in rvars))
+
+
+def _index_ranges(lowered: Lowered, tensor: str) -> list[tuple[Tree, Tree]]:
+    """Per dimension of the tensor, its index range [lo, end) as trees. A tensor that a
+    statement shapes ends where that statement's range does: Halide simplified its extent
+    (hi - lo + 1) into a form from which lo + extent no longer cancels back to hi + 1
+    (max(x, 0) + min(-x, 0) + ...), and isl can only write that as case splits."""
+    ranges = lowered.ranges
+    bounds = ranges.tensors[tensor]
+    n = ranges.shaped_by.get(tensor)
+    if n is None or ranges.statements[n].tensor != tensor:
+        return [(lo, _end(lo, extent)) for lo, extent in zip(bounds.mins, bounds.extents)]
+    shaping = ranges.statements[n].ranges
+    his = [shaping[v].hi for v in lowered.fn.statements[n].indices]
+    return [(lo, ("add", hi, ("int", 1))) for lo, hi in zip(bounds.mins, his)]
+
+
+def _end(lo: Tree, extent: Tree) -> Tree:
+    """lo + extent, cancelling lo where the extent is written hi - lo (+ c)."""
+    if extent[0] == "sub" and extent[2] == lo:
+        return extent[1]
+    if extent[0] == "add" and extent[1][0] == "sub" and extent[1][2] == lo:
+        return ("add", extent[1][1], extent[2])
+    return ("add", lo, extent)
+
+
+def _within(lo: Tree, var: str, hi: Tree, isl_text) -> list[str]:
+    """Constraints lo <= var < hi as conjuncts: var >= max(a, b) is var >= a and var >= b, and
+    var < min(a, b) is var < a and var < b. isl would write min and max as disjunctions, and
+    nested ones (range inference makes them from several size relations) multiply into dozens
+    of disjuncts per domain, over which exact dataflow analysis explodes."""
+    return ([f"{isl_text(a, {})} <= {var}" for a in _terms(lo, "max")]
+            + [f"{var} < {isl_text(b, {})}" for b in _terms(hi, "min")])
+
+
+_DUAL = {"max": "min", "min": "max"}
+
+
+def _terms(tree: Tree, tag: str, limit: int = 16) -> list[Tree]:
+    """Terms whose `tag` (max or min) is tree, with sums and differences distributed over it:
+    max(a, b) - c is max(a - c, b - c) and c - min(a, b) is max(c - a, c - b). [tree] itself
+    where it has no such form, or where distributing would make more than `limit` terms."""
+    kind = tree[0]
+    if kind == tag:
+        out = _terms(tree[1], tag, limit) + _terms(tree[2], tag, limit)
+    elif kind in ("add", "sub"):
+        right = _terms(tree[2], tag if kind == "add" else _DUAL[tag], limit)
+        out = [(kind, a, b) for a in _terms(tree[1], tag, limit) for b in right]
+    else:
+        return [tree]
+    return out if len(out) <= limit else [tree]
 
 
 def reads_in(trees):
@@ -263,21 +314,61 @@ def _canonical_schedule(statements, context: isl.Set) -> isl.Schedule:
 
 
 def compute_dependences(scop: Scop) -> Dependences:
-    """Exact dataflow under the canonical schedule (may-accesses make may-dependences)."""
-    reads, writes = scop.reads(), scop.writes()
-    must_writes = _union([s.write.relation for s in scop.statements if s.write.exact],
-                         isl.UnionMap, scop.context)
-    schedule = scop.schedule
+    """Exact dataflow in program order (may-accesses make may-dependences). Exact writes kill:
+    a read followed by exact writes of its element depends only on the first of them, which the
+    later ones follow through output dependences. Each statement's dependences are computed
+    from the statements that can reach it (`_reaching`), so that a long chain of in-place
+    updates of one tensor costs linear time and gives a linear number of dependences. Raises
+    WorkLimitExceeded where a statement's analysis exceeds its budget (`budget.DEPENDENCES`)."""
+    none = isl.UnionMap.empty(scop.context.get_space())
 
-    def flow(sink, must_source, may_source) -> isl.UnionMap:
-        info = isl.UnionAccessInfo.from_sink(sink)
-        info = info.set_must_source(must_source).set_may_source(may_source)
-        info = info.set_schedule(schedule)
+    def union(accesses) -> isl.UnionMap:
+        return _union([a.relation for a in accesses], isl.UnionMap, scop.context)
+
+    def dataflow(sink, must_source, may_source, kill, schedule) -> isl.UnionMap:
+        info = isl.UnionAccessInfo.from_sink(sink).set_must_source(must_source) \
+            .set_may_source(may_source).set_kill(kill).set_schedule(schedule)
         return info.compute_flow().get_may_dependence()
 
-    return Dependences(flow=flow(reads, must_writes, writes),
-                       anti=flow(writes, isl.UnionMap.empty(writes.get_space()), reads),
-                       output=flow(writes, must_writes, writes))
+    flow = anti = output = none
+    for k, statement in enumerate(scop.statements):
+        sources = _reaching(scop.statements, k)
+        schedule = _canonical_schedule([s for s, _ in sources], scop.context)
+        writes = [s.write for s, tensors in sources if s.write.tensor in tensors]
+        reads = union(a for s, tensors in sources for a in s.reads if a.tensor in tensors)
+        must, writes = union(w for w in writes if w.exact), union(writes)
+        sink_reads, sink_write = union(statement.reads), union([statement.write])
+        with bounded(budget.DEPENDENCES, f"the dependence analysis of statement "
+                                         f"{statement.name} (TC statement "
+                                         f"{statement.tc_statement + 1})"):
+            flow = flow.union(dataflow(sink_reads, must, writes, none, schedule))
+            anti = anti.union(dataflow(sink_write, none, reads, must, schedule))
+            output = output.union(dataflow(sink_write, must, writes, none, schedule))
+    return Dependences(flow=flow, anti=anti, output=output)
+
+
+def _reaching(statements, k: int) -> list[tuple[Statement, set[str]]]:
+    """The statements whose accesses can be the source of a dependence into statement k, in
+    program order, each with the tensors concerned: per tensor that k accesses, those from the
+    last statement before k that exactly writes every element k accesses (it kills anything
+    earlier, and all of it runs before k) through k itself."""
+    touched: dict[str, isl.Set] = {}
+    for a in (*statements[k].reads, statements[k].write):
+        elements = a.relation.range()
+        touched[a.tensor] = touched[a.tensor].union(elements) if a.tensor in touched \
+            else elements
+    concerned: dict[int, set[str]] = {}
+    for tensor, elements in touched.items():
+        writers = [j for j in range(k + 1) if statements[j].write.tensor == tensor]
+        if not writers:  # an input, or a tensor first written later: no dependence on it
+            continue
+        start = next((j for j in reversed(writers[:-1] if writers[-1] == k else writers)
+                      if statements[j].write.exact
+                      and elements.is_subset(statements[j].write.relation.range())), 0)
+        for j in range(start, k + 1):
+            if any(a.tensor == tensor for a in (*statements[j].reads, statements[j].write)):
+                concerned.setdefault(j, set()).add(tensor)
+    return [(statements[j], concerned[j]) for j in sorted(concerned)]
 
 
 def check_bounds(scop: Scop, lowered: Lowered | None = None) -> None:
