@@ -34,8 +34,8 @@ from tcstage.options import MappingOptions
 from tcstage.poly.mapping import Mapped, map_to_gpu
 from tcstage.poly.notes import OptionNote
 from tcstage.poly.promotion import Promoted, promote
-from tcstage.poly.schedule import compute_schedule
-from tcstage.poly.scop import Scop, check_bounds, compute_dependences, extract_scop, specialize
+from tcstage.poly.schedule import compute_schedule, scheduled_scop
+from tcstage.poly.scop import Scop, check_bounds, extract_scop, specialize
 from tcstage.poly.tiling import Tiled, tile_outer_band
 from tcstage.program import Binding, TCFunction
 
@@ -86,9 +86,8 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None) -> Comp
         scop = specialize(symbolic, binding.sizes)
         check_bounds(scop, lowered)
     fix_first = options.fix_parameters_before_scheduling or options.schedule_specialize
-    to_schedule = scop if fix_first else symbolic
     with stage("dependences"):
-        dependences = compute_dependences(to_schedule).all
+        to_schedule, dependences = scheduled_scop(symbolic, scop, fix_first)
     with stage("schedule"):
         schedule = compute_schedule(to_schedule, options.outer_schedule_fusion_strategy,
                                     options.outer_schedule_allow_skewing, dependences)

@@ -17,16 +17,23 @@ Fusion strategies map onto the options of mainline isl:
 
 Without `allow_skewing`, schedule coefficients are limited to 1, which rules out skewing
 (`i + j`) on the kernels TC targets.
+
+The scheduler's ILPs can grow without bound on unlucky inputs; its work is bounded
+(`budget.SCHEDULE`), and past that the statements simply run in program order
+(`program_order`), with a TCWarning.
 """
 
 from __future__ import annotations
 
 import contextlib
 
+import attrs
 import islpy as isl
 
-from tcstage.errors import TCError
-from tcstage.poly.scop import Scop
+from tcstage.errors import TCError, warn
+from tcstage.poly import budget
+from tcstage.poly.budget import WorkLimitExceeded, bounded
+from tcstage.poly.scop import Scop, compute_dependences
 
 STRATEGIES = ("Max", "Preserve3Coincident", "Min")
 
@@ -66,30 +73,231 @@ def reduction_dependences(scop: Scop) -> isl.UnionMap:
     return out
 
 
+def scheduled_scop(symbolic: Scop, fixed: Scop, fix_first: bool) -> tuple[Scop, isl.UnionMap]:
+    """The scop to schedule and all its dependences: the one with symbolic sizes, as in TC,
+    unless `fix_first`; the one with the call's sizes fixed if its analysis exceeds its budget
+    (fixed sizes collapse the case splits of symbolic ones), with a TCWarning."""
+    if not fix_first:
+        try:
+            return symbolic, compute_dependences(symbolic).all
+        except WorkLimitExceeded as exceeded:
+            warn(f"in '{symbolic.name}', {exceeded.message} with symbolic sizes: it is "
+                 "scheduled for the sizes of this call, as with "
+                 "fixParametersBeforeScheduling(True)")
+    try:
+        return fixed, compute_dependences(fixed).all
+    except WorkLimitExceeded as exceeded:
+        raise WorkLimitExceeded(f"in '{fixed.name}', {exceeded.message}, even for the sizes of "
+                                "this call: the TC is too complex for tcstage's dependence "
+                                "analysis") from None
+
+
 def compute_schedule(scop: Scop, fusion="Preserve3Coincident", allow_skewing: bool = False,
                      dependences: isl.UnionMap | None = None) -> isl.Schedule:
     """An isl schedule tree for the scop under the given fusion strategy; `dependences` (all
-    of them) saves recomputing the scop's."""
+    of them) saves recomputing the scop's. More than CHUNK statements are scheduled CHUNK at a
+    time, in program order, and consecutive chunks fuse their outer bands where that is legal
+    (`_chained`): the scheduler's ILPs grow much faster than the statements they hold."""
     strategy = _strategy_name(fusion)
     deps = scop.dependences().all if dependences is None else dependences
     coincidence = deps.subtract(reduction_dependences(scop))
-    constraints = (isl.ScheduleConstraints.on_domain(scop.domain)
-                   .set_context(scop.context)
-                   .set_validity(deps)
-                   .set_proximity(deps)
-                   .set_coincidence(coincidence))
     limits = {} if allow_skewing else {"max_coefficient": 1}
 
-    def run(**options) -> isl.Schedule:
-        with _isl_options(**limits, **options):
-            return constraints.compute_schedule()
+    def scheduled(statements) -> isl.Schedule:
+        domain = _union_of([s.domain for s in statements])
+        mine = deps.intersect_domain(domain).intersect_range(domain)
+        constraints = (isl.ScheduleConstraints.on_domain(domain)
+                       .set_context(scop.context)
+                       .set_validity(mine)
+                       .set_proximity(mine)
+                       .set_coincidence(coincidence.intersect_domain(domain)
+                                        .intersect_range(domain)))
 
-    if strategy == "Min":
-        return run(serialize_sccs=1, whole_component=0)
-    fused = run(serialize_sccs=0, whole_component=1)
-    if strategy == "Max" or _keeps_parallelism(fused, scop):
-        return fused
-    return run(serialize_sccs=0, whole_component=0)
+        def run(**options) -> isl.Schedule:
+            with _isl_options(**limits, **options), bounded(budget.SCHEDULE,
+                                                            "the isl scheduler"):
+                return constraints.compute_schedule()
+
+        if strategy == "Min":
+            return run(serialize_sccs=1, whole_component=0)
+        fused = run(serialize_sccs=0, whole_component=1)
+        if strategy == "Max" or _keeps_parallelism(fused, statements):
+            return fused
+        return run(serialize_sccs=0, whole_component=0)
+
+    statements = scop.statements
+    chunk = len(statements) if strategy == "Min" else CHUNK  # Min never fuses: one ILP each
+    try:
+        parts = [(scheduled(statements[k:k + chunk]), statements[k:k + chunk])
+                 for k in range(0, len(statements), chunk)]
+    except WorkLimitExceeded as exceeded:
+        warn(f"in '{scop.name}', {exceeded.message}: its statements run one after another "
+             "instead, each with its loops in TC order (nothing is fused)")
+        return program_order(scop, deps)
+    return _chained(parts, deps, coincidence, strategy)
+
+
+# Statements the isl scheduler takes at once. Its ILP over a component grows superlinearly
+# (100 in-place updates of one tensor: 1.5 s in one piece; 200: 15 s).
+CHUNK = 24
+
+
+@attrs.frozen
+class _Group:
+    """Consecutive chunks whose outer bands become one: their schedules and statements, and
+    the band they share (statement instance -> its first `members` members, over the group)."""
+
+    parts: tuple  # (schedule, statements) per chunk
+    domain: isl.UnionSet
+    band: isl.UnionMap | None
+    members: int  # 0: the group cannot fuse with the next chunk
+    coincident: int  # leading members of the shared band no coincidence dependence crosses
+
+
+def _chained(parts, deps: isl.UnionMap, coincidence: isl.UnionMap, strategy: str) -> isl.Schedule:
+    """The schedules of consecutive chunks of statements (with their statements), in sequence;
+    consecutive chunks whose outer bands can be one band share it (not under Min, and under
+    Preserve3Coincident only where it keeps the members the statements can run in parallel)."""
+    groups: list[_Group] = []
+    for part in parts:
+        joined = groups and strategy != "Min" and _joined(groups[-1], part, deps, coincidence,
+                                                          strategy)
+        if joined:
+            groups[-1] = joined
+        else:
+            groups.append(_alone(part, coincidence))
+    out = None
+    for group in groups:
+        schedule = group.parts[0][0] if len(group.parts) == 1 else _fused(group)
+        out = schedule if out is None else out.sequence(schedule)
+    return out
+
+
+def _top_band(schedule: isl.Schedule) -> isl.ScheduleNode | None:
+    node = schedule.get_root().child(0)
+    if node.get_type() != isl.schedule_node_type.band or not node.band_get_permutable():
+        return None
+    return node
+
+
+def _first(band: isl.UnionMap, members: int) -> isl.UnionMap:
+    """The band's first `members` members (of however many it has)."""
+    n = isl.Set.from_union_set(band.range()).dim(isl.dim_type.set) if not band.is_empty() \
+        else members
+    if n == members:
+        return band
+    d = [f"d{k}" for k in range(n)]
+    return band.apply_range(isl.UnionMap(f"{{ [{', '.join(d)}] -> [{', '.join(d[:members])}] }}"))
+
+
+def _alone(part, coincidence: isl.UnionMap) -> _Group:
+    schedule, statements = part
+    domain = schedule.get_domain()
+    node = _top_band(schedule)
+    if node is None:
+        return _Group((part,), domain, None, 0, 0)
+    band = isl.UnionMap.from_multi_union_pw_aff(node.band_get_partial_schedule()) \
+        .intersect_domain(domain)
+    members = node.band_n_member()
+    own = coincidence.intersect_domain(domain).intersect_range(domain)
+    return _Group((part,), domain, band, members, _unchanged(own, band, members))
+
+
+def _joined(group: _Group, part, deps: isl.UnionMap, coincidence: isl.UnionMap,
+            strategy: str) -> _Group | None:
+    """The group with the chunk added under its outer band, or None where the dependences
+    from the group to the chunk do not all go forward (or stay) along each shared member (the
+    sequence below the band orders the chunks), or where the band would lose parallelism."""
+    new = _alone(part, coincidence)
+    members = min(group.members, new.members)
+    if not members:
+        return None
+    band = _first(group.band, members).union(_first(new.band, members))
+    across = deps.intersect_range(new.domain).intersect_domain(group.domain)
+    distances = across.apply_domain(band).apply_range(band).deltas()
+    d = [f"d{k}" for k in range(members)]
+    forward = isl.Set(f"{{ [{', '.join(d)}] : {' and '.join(f'{v} >= 0' for v in d)} }}")
+    if not distances.is_subset(isl.UnionSet.from_set(forward)):
+        return None
+    across = coincidence.intersect_range(new.domain).intersect_domain(group.domain)
+    parallel = min(group.coincident, new.coincident, _unchanged(across, band, members))
+    statements = [s for _, chunk in (*group.parts, part) for s in chunk]
+    wanted = min(3, min(len(s.iterators) - len(s.reduction_vars) for s in statements))
+    if strategy == "Preserve3Coincident" and parallel < wanted:
+        return None
+    return _Group((*group.parts, part), group.domain.union(new.domain), band, members,
+                  parallel)
+
+
+def _unchanged(deps: isl.UnionMap, band: isl.UnionMap, members: int) -> int:
+    """How many leading members of the band no dependence changes."""
+    distances = deps.apply_domain(band).apply_range(band).deltas()
+    d = [f"d{k}" for k in range(members)]
+    for k in range(members):
+        crossing = isl.UnionSet(f"{{ [{', '.join(d)}] : d{k} != 0 }}")
+        if not distances.intersect(crossing).is_empty():
+            return k
+    return members
+
+
+def _fused(group: _Group) -> isl.Schedule:
+    """One permutable band of the members the chunks share, over what is left of each chunk's
+    schedule, in sequence."""
+    partial = below = None
+    for schedule, _ in group.parts:
+        node = _top_band(schedule)
+        if node.band_n_member() > group.members:
+            node = node.band_split(group.members)
+        mine = node.band_get_partial_schedule()
+        partial = mine if partial is None else partial.union_add(mine)
+        rest = node.delete().get_schedule()
+        below = rest if below is None else below.sequence(rest)
+    node = below.insert_partial_schedule(partial).get_root().child(0).band_set_permutable(1)
+    for k in range(group.coincident):
+        node = node.band_member_set_coincident(k, 1)
+    return node.get_schedule()
+
+
+def _union_of(sets) -> isl.UnionSet:
+    out = None
+    for s in sets:
+        part = isl.UnionSet.from_set(s)
+        out = part if out is None else out.union(part)
+    return out
+
+
+def program_order(scop: Scop, dependences: isl.UnionMap) -> isl.Schedule:
+    """A schedule without the scheduler's ILP: the statements in sequence, each with its loops
+    in TC order (the order the dependences were computed in, so always legal). The leading
+    loops that no dependence of a statement on itself crosses form one permutable band, all
+    coincident, which can be tiled and mapped; every other loop is a band of its own."""
+    schedule = None
+    for s in scop.statements:
+        domain = isl.UnionSet.from_set(s.domain)
+        own = dependences.intersect_domain(domain).intersect_range(domain).deltas()
+        free = 0
+        while free < len(s.iterators) and _zero_along(own, s, free):
+            free += 1
+        groups = ([s.iterators[:free]] if free else []) + [[v] for v in s.iterators[free:]]
+        part = isl.Schedule.from_domain(domain)
+        vec = ", ".join(s.iterators)
+        for group in reversed(groups):  # each band goes above the ones inserted before it
+            part = part.insert_partial_schedule(isl.MultiUnionPwAff.from_union_map(
+                isl.UnionMap(f"{{ {s.name}[{vec}] -> [{', '.join(group)}] }}")))
+        if free:
+            band = part.get_root().child(0).band_set_permutable(1)
+            for k in range(free):
+                band = band.band_member_set_coincident(k, 1)
+            part = band.get_schedule()
+        schedule = part if schedule is None else schedule.sequence(part)
+    return schedule
+
+
+def _zero_along(deltas: isl.UnionSet, statement, k: int) -> bool:
+    """Whether every distance vector of the statement's own dependences is 0 in loop k."""
+    d = [f"d{i}" for i in range(len(statement.iterators))]
+    crossing = isl.UnionSet(f"{{ {statement.name}[{', '.join(d)}] : d{k} != 0 }}")
+    return deltas.intersect(crossing).is_empty()
 
 
 def outer_band(schedule: isl.Schedule) -> isl.ScheduleNode | None:
@@ -147,8 +355,8 @@ def coincident_members(band: isl.ScheduleNode) -> int:
     return count
 
 
-def _keeps_parallelism(schedule: isl.Schedule, scop: Scop) -> bool:
-    wanted = min(3, min(len(s.iterators) - len(s.reduction_vars) for s in scop.statements))
+def _keeps_parallelism(schedule: isl.Schedule, statements) -> bool:
+    wanted = min(3, min(len(s.iterators) - len(s.reduction_vars) for s in statements))
     band = outer_band(schedule)
     if band is None:  # nothing fused at all: no parallelism was traded for fusion
         return True
