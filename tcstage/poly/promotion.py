@@ -49,7 +49,10 @@ import attrs
 import islpy as isl
 import numpy as np
 
+from tcstage.errors import warn
 from tcstage.options import MappingOptions
+from tcstage.poly import budget
+from tcstage.poly.budget import WorkLimitExceeded, bounded
 from tcstage.poly.mapping import KERNEL, THREAD_IDS, THREADS, Mapped, sync_graft
 from tcstage.poly.notes import OptionNote, call
 from tcstage.poly.schedule import path_of
@@ -178,8 +181,14 @@ def promote(scop: Scop, mapped: Mapped, options: MappingOptions, dtypes: dict) -
     state = _State(scop, mapped, options, dtypes)
     node = mapped.schedule.get_root()
     scopes = _find(node, KERNEL)
-    for path in scopes:  # promoting under one scope leaves the paths of the others
-        state.promote_at(path)
+    try:
+        with bounded(budget.PROMOTION, "memory promotion"):
+            for path in scopes:  # promoting under one scope leaves the paths of the others
+                state.promote_at(path)
+    except WorkLimitExceeded as exceeded:  # promotion is an optimisation: go without it
+        warn(f"in '{scop.name}', {exceeded.message}: every tensor stays in global memory")
+        state = _State(scop, mapped, options, dtypes)
+        state.declined.append(f"everything: {exceeded.message}")
     schedule = _strip_marks(state.schedule.get_root()).get_schedule()
     notes = [OptionNote(call(option, [depth]), f"has no effect without {use}(True)")
              for option, depth, use, used in (
@@ -477,16 +486,21 @@ class _State:
         """An extension node adding the copy statement, one instance per element and prefix,
         with its loops over the tile (last dimension innermost, on threadIdx.x)."""
         name, footprint = copy
-        offsets = isl.Map.from_pw_multi_aff(
-            _offsets_pma(promotion.copy_offsets, footprint))
-        pairs = offsets.product(footprint.range().identity()).intersect_domain(footprint.wrap())
-        relative = pairs.apply_range(pairs.range().unwrap().deltas_map())
-        relative = relative.flatten_domain().set_tuple_name(isl.dim_type.in_, name) \
-            .reset_tuple_id(isl.dim_type.out)
+        # [prefix -> element] -> element - offset(prefix), as a piecewise function: computed as
+        # a relation (deltas of pairs), it split into hundreds of pieces on skewed schedules,
+        # and isl's AST generation took minutes over them
+        space = footprint.get_space()
+        offsets = _offsets_pma(promotion.copy_offsets, footprint) \
+            .pullback_multi_aff(isl.MultiAff.domain_map(space))
+        relative = isl.PwMultiAff.from_multi_aff(isl.MultiAff.range_map(space)).sub(offsets) \
+            .intersect_domain(footprint.wrap()).coalesce().reset_tuple_id(isl.dim_type.out)
         if any(s > 1 for s in promotion.strides):  # buffer coordinates, not distances
             d = [f"d{k}" for k in range(len(promotion.strides))]
             q = [f"floor({v}/{s})" if s > 1 else v for v, s in zip(d, promotion.strides)]
-            relative = relative.apply_range(isl.Map(f"{{ [{', '.join(d)}] -> [{', '.join(q)}] }}"))
+            relative = isl.PwMultiAff(f"{{ [{', '.join(d)}] -> [{', '.join(q)}] }}") \
+                .pullback_pw_multi_aff(relative)
+        relative = isl.Map.from_pw_multi_aff(relative).flatten_domain() \
+            .set_tuple_name(isl.dim_type.in_, name)
         extension = footprint.domain_map().reverse().flatten_range() \
             .set_tuple_name(isl.dim_type.out, name)
         root = isl.ScheduleNode.from_extension(isl.UnionMap.from_map(extension))
@@ -675,24 +689,30 @@ def _live_in(refs, prefix, scop: Scop) -> isl.Map | None:
     reads = [r for r in refs if not r.write]
     if not reads:
         return None
-    writes = [r for r in refs if r.write]
     needed = None
     order = scop.schedule.get_map()
+    # all writes at once, and the prefix and order restricted to the writers: per pair of a
+    # read and a write, with the prefix of every statement, this took seconds on 31 statements
+    written = None
+    for w in refs:
+        if w.write:
+            part = isl.UnionMap.from_map(w.relation)
+            written = part if written is None else written.union(part)
+    if written is not None:
+        writers = written.domain()
+        writer_prefix = prefix.intersect_domain(writers).reverse()  # p -> w
+        writer_order = order.intersect_domain(writers)
     for r in reads:
         read = isl.UnionMap.from_map(r.relation)
         pairs = read.wrap()  # [instance -> element]
-        if writes:
-            written = None
-            for w in writes:
-                # [instance -> element] -> writer instance, same element and prefix, earlier
-                wr = isl.UnionMap.from_map(w.relation)
-                same = read.range_map().apply_range(wr.reverse())  # [i -> a] -> w
-                where = read.domain_map().apply_range(prefix)  # [i -> a] -> p
-                same = same.intersect(where.apply_range(prefix.reverse()))
-                before = read.domain_map().apply_range(order.lex_gt_union_map(order))
-                hit = same.intersect(before).domain()
-                written = hit if written is None else written.union(hit)
-            pairs = pairs.subtract(written)
+        if written is not None:
+            # [instance -> element] -> writer instance, same element and prefix, earlier
+            same = read.range_map().apply_range(written.reverse())
+            same = same.intersect(read.domain_map().apply_range(prefix)
+                                  .apply_range(writer_prefix))
+            earlier = order.intersect_domain(read.domain()).lex_gt_union_map(writer_order)
+            pairs = pairs.subtract(same.intersect(read.domain_map().apply_range(earlier))
+                                   .domain())
         part = pairs.unwrap().apply_domain(prefix)
         needed = part if needed is None else needed.union(part)
     return isl.Map.from_union_map(needed) if not needed.is_empty() else None
