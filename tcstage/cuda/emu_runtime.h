@@ -10,7 +10,8 @@
 // __shared__ variables become `static thread_local`: one copy per OS thread, hence per block
 // being run, shared by that block's fibers. threadIdx is a thread_local the scheduler rewrites
 // before each switch, so each fiber sees its own value. Faults in a fiber (SIGSEGV, SIGBUS,
-// SIGFPE) end the launch with an error instead of the process; see FaultGuard.
+// SIGFPE) end the launch with an error instead of the process; see FaultGuard. A launch that
+// runs past its time limit ends the same way; see Watchdog.
 #pragma once
 
 #include <math.h>  // the C++ wrapper: float overloads of exp, log, ... in the global namespace
@@ -24,9 +25,11 @@
 #include <new>
 #include <type_traits>
 
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #if !defined(__x86_64__) || defined(TCEMU_USE_UCONTEXT)
@@ -250,7 +253,7 @@ static inline void __threadfence_system() {}
 namespace tcemu {
 
 enum FiberState { RUNNABLE = 0, WAITING = 1, DONE = 2 };
-enum Status { OK = 0, DIVERGENT = 1, TRAPPED = 2, BAD_LAUNCH = 3, FAULT = 4 };
+enum Status { OK = 0, DIVERGENT = 1, TRAPPED = 2, BAD_LAUNCH = 3, FAULT = 4, TIMED_OUT = 5 };
 enum Order { FORWARD = 0, REVERSE = 1, SHUFFLE = 2 };
 
 #ifndef TCEMU_UCONTEXT
@@ -322,6 +325,11 @@ struct Scheduler {
     int status = OK;
     char* message = nullptr;
     size_t message_len = 0;
+    double time_limit = 0;  // seconds; 0: none
+    // Written by the time limit's signal handler: whether the running fiber is in kernel code
+    // (not switching, not in the runtime), so that the handler may abandon it.
+    volatile sig_atomic_t in_kernel = 0;
+    volatile sig_atomic_t timed_out = 0;
 
     ~Scheduler() {  // a Python thread that ran kernels and ends gives its stacks back
         for (size_t i = 0; i < capacity; ++i)
@@ -338,15 +346,19 @@ thread_local Scheduler sched;
 
 static inline void to_scheduler() {
     Fiber* f = sched.current;
+    sched.in_kernel = 0;
 #ifdef TCEMU_UCONTEXT
     swapcontext(&f->ctx, &sched.main_ctx);
 #else
     tcemu_switch(&f->sp, sched.main_sp);
 #endif
+    sched.in_kernel = 1;  // resumed: back in the kernel's code
 }
 
 static void fiber_main() {
+    sched.in_kernel = 1;
     sched.invoke(sched.args);
+    sched.in_kernel = 0;
     sched.current->state = DONE;
     to_scheduler();
     abort();  // a finished fiber is never resumed
@@ -454,6 +466,12 @@ static inline const char* describe(const Fiber& f, char* buf, size_t len) {
     return buf;
 }
 
+static inline void time_is_up() {
+    uint3 bi = blockIdx;
+    fail(TIMED_OUT, "the launch ran longer than its time limit of %g s (in block (%u,%u,%u))",
+         sched.time_limit, bi.x, bi.y, bi.z);
+}
+
 // Runs one block to completion; false (with sched.status set) on an error.
 static bool run_block(size_t nthreads, size_t* order, int kind, uint64_t& rng) {
     dim3 bd = blockDim;
@@ -472,6 +490,7 @@ static bool run_block(size_t nthreads, size_t* order, int kind, uint64_t& rng) {
             Fiber& f = sched.fibers[order[k]];
             if (f.state != RUNNABLE) continue;
             resume(f);
+            if (sched.status == OK && sched.timed_out) time_is_up();
             if (sched.status != OK) return false;
         }
         // The phase is over: every fiber waits at a barrier or has returned.
@@ -587,6 +606,79 @@ static void on_fault(int sig, siginfo_t* info, void* context) {
     to_scheduler();
 }
 
+// The time limit. A watchdog thread signals the launching thread when the limit has passed, and
+// again every 50 ms until the launch ends: a fiber running kernel code is abandoned like a
+// faulting one; anywhere else (switching fibers, in the runtime) the handler only sets
+// `timed_out`, which the scheduler checks after every fiber it resumes.
+
+static int timeout_signal() { return SIGRTMIN + 7; }
+static struct sigaction previous_timeout_action;
+
+static void on_timeout(int) {
+    Scheduler* s = active_scheduler();
+    if (!s) return;
+    s->timed_out = 1;
+    if (!s->in_kernel || !s->current) return;
+    s->in_kernel = 0;
+    char t[48];
+    uint3 bi = blockIdx;
+    fail(TIMED_OUT, "the launch ran longer than its time limit of %g s (in block (%u,%u,%u), "
+         "thread %s)", s->time_limit, bi.x, bi.y, bi.z, describe(*s->current, t, sizeof t));
+    to_scheduler();
+}
+
+struct Watchdog {
+    pthread_t thread, target;
+    pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t wake;
+    bool stop = false, running = false;
+    struct timespec deadline;
+
+    explicit Watchdog(double seconds) {
+        if (!(seconds > 0) || seconds > 1e9) return;  // no limit
+        pthread_condattr_t attr;
+        pthread_condattr_init(&attr);
+        pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+        pthread_cond_init(&wake, &attr);
+        pthread_condattr_destroy(&attr);
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        advance(seconds);
+        target = pthread_self();
+        running = pthread_create(&thread, nullptr, main, this) == 0;
+        if (!running) pthread_cond_destroy(&wake);
+    }
+
+    void advance(double seconds) {
+        long long ns = deadline.tv_nsec + (long long)((seconds - (long long)seconds) * 1e9);
+        deadline.tv_sec += (time_t)seconds + (time_t)(ns / 1000000000);
+        deadline.tv_nsec = (long)(ns % 1000000000);
+    }
+
+    static void* main(void* self) {
+        Watchdog* w = (Watchdog*)self;
+        pthread_mutex_lock(&w->mutex);
+        while (!w->stop) {
+            if (pthread_cond_timedwait(&w->wake, &w->mutex, &w->deadline) == ETIMEDOUT &&
+                !w->stop) {
+                pthread_kill(w->target, timeout_signal());
+                w->advance(0.05);
+            }
+        }
+        pthread_mutex_unlock(&w->mutex);
+        return nullptr;
+    }
+
+    ~Watchdog() {  // before the handler goes: a signal it sent has been handled once joined
+        if (!running) return;
+        pthread_mutex_lock(&mutex);
+        stop = true;
+        pthread_cond_signal(&wake);
+        pthread_mutex_unlock(&mutex);
+        pthread_join(thread, nullptr);
+        pthread_cond_destroy(&wake);
+    }
+};
+
 struct FaultGuard {
     int slot = -1;
     stack_t old_stack;
@@ -602,6 +694,9 @@ struct FaultGuard {
             sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
             sigemptyset(&sa.sa_mask);
             for (int k = 0; k < 3; ++k) sigaction(fault_signals[k], &sa, &previous_actions[k]);
+            sa.sa_handler = on_timeout;
+            sa.sa_flags = SA_ONSTACK | SA_NODEFER;
+            sigaction(timeout_signal(), &sa, &previous_timeout_action);
         }
         for (int i = 0; i < 64; ++i)
             if (!active_launches[i].sched) {
@@ -626,29 +721,39 @@ struct FaultGuard {
         pthread_mutex_lock(&fault_mutex);
         if (slot >= 0)
             __atomic_store_n(&active_launches[slot].sched, (Scheduler*)nullptr, __ATOMIC_RELEASE);
-        if (--fault_users == 0)
+        if (--fault_users == 0) {
             for (int k = 0; k < 3; ++k) {
                 struct sigaction current;
                 sigaction(fault_signals[k], nullptr, &current);
                 if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_fault)
                     sigaction(fault_signals[k], &previous_actions[k], nullptr);
             }
+            struct sigaction current;
+            sigaction(timeout_signal(), nullptr, &current);
+            if (!(current.sa_flags & SA_SIGINFO) && current.sa_handler == on_timeout)
+                sigaction(timeout_signal(), &previous_timeout_action, nullptr);
+        }
         pthread_mutex_unlock(&fault_mutex);
     }
 };
 
 // Runs a whole grid. `block_order`/`thread_order` pick FORWARD, REVERSE or SHUFFLE.
+// `time_limit`: seconds (0: none).
 static int launch(Invoker invoke, void** args, const long long* grid, const long long* block,
                   int block_order, int thread_order, unsigned long long seed, long long stack_size,
-                  char* message, long long message_len, int* flags) {
+                  double time_limit, char* message, long long message_len, int* flags) {
     sched.invoke = invoke;
     sched.args = args;
     sched.status = OK;
     sched.message = message;
     sched.message_len = (size_t)message_len;
+    sched.time_limit = time_limit;
+    sched.in_kernel = 0;
+    sched.timed_out = 0;
     if (message_len > 0) message[0] = 0;
     float_atomics_used = 0;
     FaultGuard guard;
+    Watchdog watchdog(time_limit);  // declared after the guard: gone before its handler
     size_t nthreads = (size_t)block[0] * block[1] * block[2];
     size_t nblocks = (size_t)grid[0] * grid[1] * grid[2];
     if (!ensure_fibers(nthreads, (size_t)stack_size)) {
@@ -669,6 +774,10 @@ static int launch(Invoker invoke, void** args, const long long* grid, const long
     gridDim = dim3((unsigned)grid[0], (unsigned)grid[1], (unsigned)grid[2]);
     blockDim = dim3((unsigned)block[0], (unsigned)block[1], (unsigned)block[2]);
     for (size_t k = 0; k < nblocks; ++k) {
+        if (sched.timed_out) {
+            time_is_up();
+            break;
+        }
         size_t b = border[k];
         blockIdx = uint3{unsigned(b % grid[0]), unsigned(b / grid[0] % grid[1]),
                          unsigned(b / (size_t(grid[0]) * grid[1]))};

@@ -6,7 +6,9 @@ cooperative fiber, `__syncthreads()` hands control back to the block's scheduler
 variables exist once per block being run, and blocks run one after another. A barrier that not
 all of a block's threads reach, or reach at different `__syncthreads()` calls, is an error, as are
 `__trap()`, a failed `assert`, and faults (wild pointers, integer division by zero, stack
-overflow), which end the launch instead of the process.
+overflow), which end the launch instead of the process; so does running past a time limit
+(`TIME_LIMIT`, or `time_limit=`): the emulator runs a GPU's threads one at a time, and a kernel
+that loops forever must not hold the process.
 
 Race detection: `emulate` runs the kernel on private copies of the arrays under two schedules,
 forward (blocks and, within every barrier phase, threads in increasing linear index) and reverse
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import platform
 import re
@@ -58,6 +61,12 @@ if platform.machine().lower() in ("x86_64", "amd64"):
     # unmarked library is never run with them.
     CXX_FLAGS += ("-fcf-protection=none",)
 DEFAULT_STACK_SIZE = 64 * 1024
+# Seconds one launch may run before it ends with an EmulationError (`time_limit` overrides it;
+# inf: no limit).
+TIME_LIMIT = 120.0
+# Blocks one launch may have: the runtime keeps an order of them (8 bytes each) and runs them
+# one after another; CUDA's 2^31 - 1 would need 16 GiB before the first block ran.
+MAX_BLOCKS = 1 << 24
 # Block and thread orders the runtime knows (tcemu::Order), by schedule name.
 SCHEDULES = {"forward": 0, "reverse": 1, "shuffle": 2}
 
@@ -278,10 +287,10 @@ def _translation_unit(source: str, kernels: dict[str, KernelSignature]) -> str:
             "}",
             f'extern "C" __attribute__((visibility("default"))) int {_launcher_symbol(k.name)}('
             "void** a, const long long* grid, const long long* block, int block_order, "
-            "int thread_order, unsigned long long seed, long long stack_size, char* message, "
-            "long long message_len, int* flags) {",
+            "int thread_order, unsigned long long seed, long long stack_size, double time_limit, "
+            "char* message, long long message_len, int* flags) {",
             f"  return ::tcemu::launch(tcemu_invoke_{k.name}, a, grid, block, block_order, "
-            "thread_order, seed, stack_size, message, message_len, flags);",
+            "thread_order, seed, stack_size, time_limit, message, message_len, flags);",
             "}",
         ]
     # numpy's dtype and the C type must agree on size for the pointer casts above to be right.
@@ -437,7 +446,7 @@ class EmulatedKernel:
         return _Bound(tuple(arrays), tuple(scalars))
 
     def _launch(self, grid, block, bound: _Bound, arrays: dict[int, np.ndarray], schedule: str,
-                seed: int, stack_size: int) -> bool:
+                seed: int, stack_size: int, time_limit: float) -> bool:
         """One run; True when it used floating-point atomics."""
         n = len(self.signature.params)
         ptrs = (ctypes.c_void_p * max(n, 1))()
@@ -453,21 +462,27 @@ class EmulatedKernel:
         flags = ctypes.c_int(0)
         order = SCHEDULES[schedule]
         status = fn(ptrs, g, b, ctypes.c_int(order), ctypes.c_int(order), ctypes.c_ulonglong(seed),
-                    ctypes.c_longlong(stack_size), message, ctypes.c_longlong(len(message)),
-                    ctypes.byref(flags))
+                    ctypes.c_longlong(stack_size), ctypes.c_double(time_limit), message,
+                    ctypes.c_longlong(len(message)), ctypes.byref(flags))
         if status != 0:
             text = message.value.decode(errors="replace")
-            error = EmulationError if status in (1, 2, 4) else TCError  # tcemu::Status
+            if status == 5:  # tcemu::TIMED_OUT
+                text += " (emulate's time_limit, or tcstage.cuda.emulate.TIME_LIMIT, allows more)"
+            error = EmulationError if status in (1, 2, 4, 5) else TCError  # tcemu::Status
             raise error(f"kernel '{self.name}': {text}")
         return bool(flags.value & 1)
 
     def __call__(self, grid, block, args: Sequence, *, check_races: bool = True,
                  schedules: Sequence[str] = ("forward", "reverse"), seed: int = 0,
-                 stack_size: int | None = None) -> None:
+                 stack_size: int | None = None, time_limit: float | None = None) -> None:
         """Runs the kernel; see `emulate`."""
         stack_size = max(stack_size or 0, self.stack_size)
+        time_limit = _seconds(TIME_LIMIT if time_limit is None else time_limit)
         grid, block = _dim(grid, "grid"), _dim(block, "block")
         _check_launch(grid, block)
+        if math.prod(grid) > MAX_BLOCKS:
+            raise EmulationError(f"kernel '{self.name}': grid {grid} has {math.prod(grid)} blocks; "
+                                 f"the emulator runs at most {MAX_BLOCKS} (MAX_BLOCKS)")
         bound = self._bind(args)
         for s in schedules:
             if s not in SCHEDULES:
@@ -475,7 +490,8 @@ class EmulatedKernel:
         if not schedules:
             raise TCError("emulate needs at least one schedule")
         if not check_races:
-            self._launch(grid, block, bound, dict(bound.arrays), schedules[0], seed, stack_size)
+            self._launch(grid, block, bound, dict(bound.arrays), schedules[0], seed, stack_size,
+                         time_limit)
             return
         runs, atomics = [], False
         for s in schedules:
@@ -484,7 +500,7 @@ class EmulatedKernel:
                 alias = next((j for j, b in bound.arrays if j < i and _same_buffer(a, b)), None)
                 copies[i] = copies[alias] if alias is not None else _Guarded.of(a, len(copies))
             atomics |= self._launch(grid, block, bound, {i: g.array for i, g in copies.items()},
-                                    s, seed, stack_size)
+                                    s, seed, stack_size, time_limit)
             for i, g in copies.items():
                 g.check(self.name, self.signature.params[i].name)
             runs.append({i: g.array for i, g in copies.items()})
@@ -546,6 +562,15 @@ class _Guarded:
                 f"({self.array.size} elements): at flat indices {lo} to {hi}")
 
 
+def _seconds(limit) -> float:
+    """A launch's time limit for the runtime: seconds, or 0 for none (None, inf)."""
+    if limit is None or limit == float("inf"):
+        return 0.0
+    if not isinstance(limit, (int, float)) or isinstance(limit, bool) or not limit > 0:
+        raise TCError(f"time_limit must be a positive number of seconds (or None), got {limit!r}")
+    return float(limit)
+
+
 def _same_buffer(a: np.ndarray, b: np.ndarray) -> bool:
     return (a.ctypes.data == b.ctypes.data and a.nbytes == b.nbytes and a.dtype == b.dtype)
 
@@ -594,7 +619,7 @@ def compile_kernels(source: str, *, defines: Sequence[str] = ()) -> dict[str, Em
 
 def emulate(source: str, kernel: str, grid, block, args: Sequence, *, check_races: bool = True,
             schedules: Sequence[str] = ("forward", "reverse"), seed: int = 0,
-            stack_size: int | None = None) -> None:
+            stack_size: int | None = None, time_limit: float | None = None) -> None:
     """Runs `kernel` from CUDA `source` on the CPU as `kernel<<<grid, block>>>(*args)` would.
 
     `args` follow the kernel's parameters: C-contiguous numpy arrays of the pointee type for
@@ -602,7 +627,8 @@ def emulate(source: str, kernel: str, grid, block, args: Sequence, *, check_race
     kernel runs once per schedule ("forward", "reverse", "shuffle") on private copies and
     `EmulationRaceError` reports a result that depends on the schedule; without it, it runs once
     on the arrays themselves. Each CUDA thread gets a stack of at least `stack_size` bytes, at
-    least 64 KiB, and at least what the compiler's frame sizes say the kernel needs.
+    least 64 KiB, and at least what the compiler's frame sizes say the kernel needs. Each
+    launch ends with an EmulationError after `time_limit` seconds (default TIME_LIMIT).
     """
     kernels = parse_kernels(source)
     if kernel not in kernels:
@@ -613,4 +639,4 @@ def emulate(source: str, kernel: str, grid, block, args: Sequence, *, check_race
         raise TCError(sig.unsupported)
     compiled = compile_kernels(source)[kernel]
     compiled(grid, block, args, check_races=check_races, schedules=schedules, seed=seed,
-             stack_size=stack_size)
+             stack_size=stack_size, time_limit=time_limit)
