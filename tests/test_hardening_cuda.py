@@ -9,6 +9,7 @@ each other; options that cannot take effect; located back-end errors; pycuda's e
 internal errors named by stage.
 """
 
+import math
 import re
 import types
 import warnings
@@ -154,6 +155,43 @@ def test_64_bit_kernels_compute_the_same(monkeypatch):
     assert "tc_div<int64_t>" in kernel.cuda_source and "tc_div<int32_t>" in kernel.cuda_source
     np.testing.assert_allclose(B, A[i // 2] + A[np.minimum(i, 3)] * A[(8 - i) % 5], rtol=1e-6)
     np.testing.assert_array_equal(C, I // 3 + np.minimum(I, 7) + I % 4)
+
+
+# -- builtins -------------------------------------------------------------------------------------
+
+_ONE = {"exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x),
+        "tanh": np.tanh, "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin,
+        "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh,
+        "exp2": np.exp2, "log2": np.log2, "log10": np.log10,
+        "erf": np.vectorize(math.erf), "floor": lambda x: np.floor(4 * x),
+        "ceil": lambda x: np.ceil(4 * x), "trunc": lambda x: np.trunc(4 * x),
+        "fabs": lambda x: np.abs(x - 1), "sigmoid": lambda x: 1 / (1 + np.exp(-x))}
+_TWO = {"pow": np.power, "fmax": np.fmax, "fmin": np.fmin, "atan2": np.arctan2,
+        "fmod": lambda x, y: np.fmod(4 * x, y)}
+_ARGS = {"floor": "4 * A(i)", "ceil": "4 * A(i)", "trunc": "4 * A(i)", "fabs": "A(i) - 1"}
+
+
+@pytest.mark.parametrize("dtype,numpy_type,tolerance", [
+    ("float", np.float32, 1e-5), ("double", np.float64, 1e-12), ("half", np.float16, 4e-3)])
+def test_every_builtin_runs_in_every_float_type(dtype, numpy_type, tolerance):
+    """Halide names float16 math `exp_f16` and rounding `round` (ties to even): CUDA's math
+    library has neither, so they go through float32 and rint."""
+    names = [*_ONE, *_TWO, "round"]
+    lines = [f"O{k}(i) = {f}({_ARGS.get(f, 'A(i)')})" for k, f in enumerate(_ONE)]
+    lines += [f"O{len(_ONE) + k}(i) = {f}(A(i), B(i))" for k, f in enumerate(_TWO)]
+    lines.append(f"O{len(names) - 1}(j) = round(R(j))")
+    source = (f"def f({dtype}(N) A, {dtype}(N) B, {dtype}(M) R) -> "
+              f"({', '.join(f'O{k}' for k in range(len(names)))}) {{\n  "
+              + "\n  ".join(lines) + "\n}")
+    A, B = (np.linspace(0.15, 0.85, 6).astype(numpy_type) for _ in range(2))
+    R = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 3.25, -2.75], numpy_type)
+    _, outputs = run(source, "f", A, B, R, options="pointwise")
+    a, b = A.astype(np.float64), B.astype(np.float64)
+    expected = [f(a) for f in _ONE.values()] + [f(a, b) for f in _TWO.values()] + [np.round(R)]
+    for name, got, want in zip(names, outputs, expected):
+        tol = max(tolerance, 1e-6) if name == "erf" else tolerance  # Halide's erf is float32
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol,
+                                   err_msg=name)
 
 
 # -- names ---------------------------------------------------------------------------------------

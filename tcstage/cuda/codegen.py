@@ -20,10 +20,12 @@ from collections.abc import Mapping
 import attrs
 import islpy as isl
 
-from tcstage.errors import TCError
+from tcstage.errors import TCError, warn
 from tcstage.halide.lower import Lowered
 from tcstage.halide.solver import Tree, inline_lets
 from tcstage.lang.types import ScalarType
+from tcstage.poly import budget
+from tcstage.poly.budget import WorkLimitExceeded, bounded
 from tcstage.poly.mapping import BLOCK_IDS, SYNC, THREAD_IDS, Mapped
 from tcstage.poly.promotion import Promoted, Promotion
 from tcstage.poly.scop import Scop
@@ -146,7 +148,7 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
                            for o in scop.statements)
         macros.append(f"// {s.name}: {'identity for ' if first_of_two else ''}{text}")
         macros.append(f"#define {s.name}({args}) {body}" if body else f"#define {s.name}({args})")
-    ast = isl.AstBuild.from_context(mapped.context).node_from_schedule(promoted.schedule)
+    ast = _ast(promoted.schedule, mapped.context, fn.name)
     loops = _index_text(ast.to_C_str().rstrip(), index)
     syncs = sorted(set(re.findall(rf"\b({SYNC}\d*)\(\);", loops)))
     macros = [f"#define {b}() __syncthreads()" for b in syncs or [SYNC]] + macros
@@ -173,6 +175,26 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
     source = (f"{prelude}\n{comment}\nextern \"C\" __global__ void __launch_bounds__({threads}) "
               f"{name}({header}) {{\n" + "\n".join(macros) + "\n" + body + "\n" + undef + "\n}\n")
     return CudaKernel(name, source, tuple(params), mapped.grid, mapped.block)
+
+
+def _ast(schedule: isl.Schedule, context: isl.Set, function: str) -> isl.AstNode:
+    """isl's AST of the schedule, within a budget. Past it (many statements under one band:
+    isl compares their domains pairwise to give each its own loops, a minute for 60 under
+    thread mapping), again with coscheduled instances grouped in one loop nest, which skips
+    that; the code may then test more conditions inside loops."""
+    ctx = isl.DEFAULT_CONTEXT
+    try:
+        with bounded(budget.AST, "isl's code generation"):
+            return isl.AstBuild.from_context(context).node_from_schedule(schedule)
+    except WorkLimitExceeded as exceeded:
+        warn(f"in '{function}', {exceeded.message}: it groups statement instances that run at "
+             "the same point of the schedule instead")
+    ctx.set_ast_build_group_coscheduled(1)
+    try:
+        with bounded(budget.GROUPED_AST, "isl's code generation"):
+            return isl.AstBuild.from_context(context).node_from_schedule(schedule)
+    finally:
+        ctx.set_ast_build_group_coscheduled(0)
 
 
 def index_type(scop: Scop) -> str:
@@ -393,17 +415,25 @@ class _ValuePrinter:
 
     def call(self, name: str, args: list[tuple[str, str]]) -> tuple[str, str]:
         base, _, suffix = name.rpartition("_")
-        texts = ", ".join(a for a, _ in args)
-        if base in _MATH and suffix in ("f32", "f64"):
-            return f"{base}{'f' if suffix == 'f32' else ''}({texts})", \
-                "float32" if suffix == "f32" else "float64"
+        types = {"f16": "float16", "f32": "float32", "f64": "float64"}
+        if base in _MATH and suffix in types:
+            return _math(base, [a for a, _ in args], types[suffix])
+        if name == "round":  # Halide rounds halfway cases to even, as rint does
+            return _math("rint", [args[0][0]], args[0][1])
         if name == "abs":
             text, ty = args[0]
-            return (f"fabs{'f' if ty == 'float32' else ''}({text})" if ty.startswith("float")
-                    else f"abs({text})"), ty
+            return _math("fabs", [text], ty) if ty.startswith("float") else (f"abs({text})", ty)
         if name in ("likely", "likely_if_innermost", "promise_clamped", "unsafe_promise_clamped"):
             return args[0]
         raise TCError(f"the CUDA printer does not know Halide's '{name}' call")
+
+
+def _math(fn: str, args: list[str], ty: str) -> tuple[str, str]:
+    """A call of the C math function fn on values of type ty: `expf` for float32, `exp` for
+    float64, and through float32 for half, which CUDA's math library does not take."""
+    if ty == "float16":
+        return f"((half){fn}f({', '.join(f'(float)({a})' for a in args)}))", ty
+    return f"{fn}{'f' if ty == 'float32' else ''}({', '.join(args)})", ty
 
 
 def _common(ta: str, tb: str) -> str:
