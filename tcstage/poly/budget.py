@@ -23,6 +23,10 @@ DEPENDENCES = 2_000_000
 SCHEDULE = 3_000_000
 # Memory promotion of one kernel.
 PROMOTION = 5_000_000
+# isl's AST of a kernel (about a million operations a second); then with coscheduled statement
+# instances grouped, which is cheaper but may test more conditions inside loops.
+AST = 3_000_000
+GROUPED_AST = 30_000_000
 
 # isl fails an exhausted quota with the message of whatever it was doing ("syntax error" while
 # parsing), so exhaustion is recognised by a small computation that needs a pivot failing too.
