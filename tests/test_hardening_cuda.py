@@ -157,6 +157,47 @@ def test_64_bit_kernels_compute_the_same(monkeypatch):
     np.testing.assert_array_equal(C, I // 3 + np.minimum(I, 7) + I % 4)
 
 
+def _euclidean(a, b, dtype):
+    """Halide's integer division and remainder: a = q * b + r with 0 <= r < |b|; x / 0 and
+    x % 0 are 0; the quotient wraps to dtype (the most negative value / -1 is itself)."""
+    q, r = [], []
+    for x, y in zip(a.tolist(), b.tolist()):
+        rem = x % abs(y) if y else 0
+        q.append((x - rem) // y if y else 0)
+        r.append(rem)
+    return np.array(q).astype(dtype), np.array(r).astype(dtype)  # (astype wraps)
+
+
+def test_integer_division_is_euclidean_and_total_as_on_the_cpu():
+    """Negative divisors, zero divisors and the most negative value over -1, in signed and
+    unsigned types: C's / and % truncate toward zero, are undefined there, and trap on x86
+    (the emulator's machine); the kernel computes what Halide computes."""
+    source = """def f(int32(N) A, int32(N) D, int8(N) A8, int8(N) D8, uint32(N) AU, uint32(N) DU)
+        -> (Q, R, Q8, R8, QU, RU) {
+      Q(i) = A(i) / D(i)
+      R(i) = A(i) % D(i)
+      Q8(i) = A8(i) / D8(i)
+      R8(i) = A8(i) % D8(i)
+      QU(i) = AU(i) / DU(i)
+      RU(i) = AU(i) % DU(i)
+    }"""
+    low, high = np.iinfo(np.int32).min, np.iinfo(np.int32).max
+    A = np.array([7, -7, 7, -7, 6, -6, 5, -5, 0, low, low, low, high, 3], np.int32)
+    D = np.array([2, 2, -2, -2, -3, -3, 0, 0, 0, -1, 0, 7, low, 1], np.int32)
+    A8 = np.array([7, -7, 7, -7, 6, -6, 5, -5, 0, -128, -128, -128, 127, 3], np.int8)
+    D8 = np.array([2, 2, -2, -2, -3, -3, 0, 0, 0, -1, 0, 7, -128, 1], np.int8)
+    AU = np.array([7, 0, 5, 2**32 - 1, 9, 1, 2, 3, 4, 5, 6, 7, 8, 9], np.uint32)
+    DU = np.array([2, 0, 0, 3, 2**32 - 1, 1, 5, 2, 3, 2, 4, 0, 3, 9], np.uint32)
+    args = (A, D, A8, D8, AU, DU)
+    expected = [*_euclidean(A, D, np.int32), *_euclidean(A8, D8, np.int8),
+                *_euclidean(AU, DU, np.uint32)]
+    _, got = run(source, "f", *args, options="pointwise")
+    for name, g, cpu, e in zip(("Q", "R", "Q8", "R8", "QU", "RU"), got,
+                               tc.define(source).f(*args), expected):
+        np.testing.assert_array_equal(cpu, e, err_msg=f"{name} on the CPU")
+        np.testing.assert_array_equal(g, e, err_msg=f"{name} under emulation")
+
+
 # -- builtins -------------------------------------------------------------------------------------
 
 _ONE = {"exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x),

@@ -7,8 +7,8 @@ the statements stay independent of each other. With `MappingOptions()` (no tilin
 this is the paper's naive kernel: one thread runs the whole schedule in order.
 
 Row-major layout: a read `T(a0, ..., an)` becomes `T[((a0 - min0) * e1 + (a1 - min1)) * e2 + ...]`
-with the tensor's inferred extents `e_k`. Integer `/` and `%` keep Halide's (and TC's) rounding
-toward negative infinity through `tc_div` / `tc_mod`.
+with the tensor's inferred extents `e_k`. Integer `/` and `%` keep Halide's (and TC's)
+semantics through `tc_div` / `tc_mod`: the remainder is never negative, and x / 0 = x % 0 = 0.
 """
 
 from __future__ import annotations
@@ -32,13 +32,23 @@ from tcstage.poly.scop import Scop
 
 PRELUDE = r"""#include <cstdint>
 
-// Integer division and remainder rounding toward negative infinity, as in Halide and TC.
+// Integer division and remainder as in Halide and TC (Euclidean): the remainder is never
+// negative, so the quotient rounds down for a positive divisor and up for a negative one;
+// dividing by zero gives 0, and the most negative value divided by -1 wraps to itself (C's
+// division is undefined in both cases, and traps on x86, where the emulator runs).
 template <typename T> __device__ __forceinline__ T tc_div(T a, T b) {
-  T q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+  if (b == 0) return 0;
+  if (T(-1) < T(0) && b == T(-1)) return T(0ULL - (unsigned long long)a);
+  T q = a / b; return a % b < 0 ? (b > 0 ? q - 1 : q + 1) : q;
 }
 template <typename T> __device__ __forceinline__ T tc_mod(T a, T b) {
-  T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+  if (b == 0 || (T(-1) < T(0) && b == T(-1))) return 0;
+  T r = a % b; return r < 0 ? (b > 0 ? r + b : r - b) : r;
 }
+// Floating-point remainder as in Halide: a - b * floor(a / b), of the divisor's sign (C's fmod
+// takes the dividend's); half goes through float
+__device__ __forceinline__ float tc_fmodf(float a, float b) { return a - b * floorf(a / b); }
+__device__ __forceinline__ double tc_fmod(double a, double b) { return a - b * floor(a / b); }
 #define floord(n, d) tc_div<decltype((n) + (d))>((n), (d))
 // min and max for half, which has no overloads of its own
 template <typename T> __device__ __forceinline__ T tc_min(T a, T b) { return b < a ? b : a; }
@@ -393,7 +403,7 @@ class _ValuePrinter:
             (a, ta), (b, tb) = self.expr(t[1], local), self.expr(t[2], local)
             ta = _common(ta, tb)
             if ta.startswith("float"):
-                return (f"({a} / {b})", ta) if tag == "div" else (f"fmod{'f' if ta == 'float32' else ''}({a}, {b})", ta)
+                return (f"({a} / {b})", ta) if tag == "div" else _math("tc_fmod", [a, b], ta)
             return f"tc_{tag}<{c_type(ta)}>({a}, {b})", ta
         if tag in ("min", "max"):
             (a, ta), (b, tb) = self.expr(t[1], local), self.expr(t[2], local)
