@@ -45,6 +45,7 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
+from tcstage.cuda.tool import run_tool
 from tcstage.errors import TCError
 
 __all__ = [
@@ -64,6 +65,8 @@ DEFAULT_STACK_SIZE = 64 * 1024
 # Seconds one launch may run before it ends with an EmulationError (`time_limit` overrides it;
 # inf: no limit).
 TIME_LIMIT = 120.0
+# Seconds the C++ compiler may take on one translation unit (then it and its children are killed)
+COMPILE_TIME_LIMIT = 600.0
 # Blocks one launch may have: the runtime keeps an order of them (8 bytes each) and runs them
 # one after another; CUDA's 2^31 - 1 would need 16 GiB before the first block ran.
 MAX_BLOCKS = 1 << 24
@@ -350,8 +353,11 @@ def _compile(tu: str, defines: Sequence[str]) -> tuple[ctypes.CDLL, int]:
                 out = os.path.join(tmp, "kernel.so")
                 cmd = [cxx, *flags, "-fstack-usage", "-I", _HERE, "-x", "c++", src, "-o", out]
                 try:
-                    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp)
-                except (OSError, subprocess.SubprocessError) as e:
+                    r = run_tool(cmd, timeout=COMPILE_TIME_LIMIT, cwd=tmp)
+                except subprocess.TimeoutExpired as e:
+                    raise TCError(f"the C++ compiler for the CUDA emulator took longer than "
+                                  f"{COMPILE_TIME_LIMIT} s on the kernel source") from e
+                except OSError as e:
                     raise TCError(f"cannot run the C++ compiler for the CUDA emulator: {e}") from e
                 if r.returncode != 0:
                     raise TCError("the CUDA emulator could not compile the kernel source:\n"

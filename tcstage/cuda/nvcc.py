@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 import threading
 
+from tcstage.cuda.tool import run_tool
 from tcstage.errors import TCError
 
 __all__ = ["DEFAULT_ARCH", "compile_check", "nvcc_path", "ptx", "resources"]
@@ -86,7 +87,7 @@ def _nvcc(source: str, args: list[str], timeout: float, keep: str | None = None
             f.write(source)
         cmd = [nvcc, *args, "-std=c++17", "-x", "cu", "-o", out, path]
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp)
+            r = run_tool(cmd, timeout=timeout, cwd=tmp)
         except subprocess.TimeoutExpired as e:
             raise TCError(f"nvcc took longer than {timeout} s on the kernel source") from e
         except OSError as e:

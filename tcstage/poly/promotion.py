@@ -42,6 +42,7 @@ just below the blocks, so a thread's outputs stay private across the whole reduc
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -525,27 +526,48 @@ class _State:
 
 # -- footprints and tiles ---------------------------------------------------------------------
 
+_UNKNOWN = object()  # a tile not computed yet (None is no tile)
+
+
 def _groups(refs: list[Reference], prefix, context):
     """refs (of one tensor, or one gathered view) in groups, with their tiles: references that
-    must share a buffer, and groups whose union has a smaller box than the two."""
+    must share a buffer, and groups whose union has a smaller box than the two. Groups merge
+    one pair at a time, first pair first. Footprints are kept per group, tiles computed when a
+    comparison needs them, and a pair found apart is not compared again until one of the two
+    grows (recomputing every pair after every merge, 31 in-place updates took seconds)."""
     groups = [[r] for r in refs]
-    tiles = [_tile(_footprint(g, prefix), context) for g in groups]
-    merged = True
-    while merged:
-        merged = False
-        for i in range(len(groups)):
-            for j in range(i + 1, len(groups)):
-                union = groups[i] + groups[j]
-                tile = _tile(_footprint(union, prefix), context)
-                if _must_group(groups[i], groups[j], prefix) or _smaller(tile, tiles[i],
-                                                                         tiles[j]):
-                    groups[i], tiles[i] = union, tile
-                    del groups[j], tiles[j]
-                    merged = True
-                    break
-            if merged:
-                break
-    return list(zip(groups, tiles))
+    prints = [_footprint(g, prefix) for g in groups]
+    tiles: list = [_UNKNOWN] * len(groups)
+    fresh = itertools.count()
+    versions = [next(fresh) for _ in groups]  # a group gets a new version when it grows
+    apart: set[tuple[int, int]] = set()  # pairs of versions that stay apart
+
+    def tile(k: int) -> _Tile | None:
+        if tiles[k] is _UNKNOWN:
+            tiles[k] = _tile(prints[k], context)
+        return tiles[k]
+
+    def merge_first_pair() -> bool:
+        for i, j in itertools.combinations(range(len(groups)), 2):
+            if (versions[i], versions[j]) in apart:
+                continue
+            union = prints[j] if prints[i] is None else \
+                prints[i] if prints[j] is None else prints[i].union(prints[j])
+            union_tile = _UNKNOWN
+            if not _must_group(groups[i] + groups[j], prints[i], prints[j]):
+                union_tile = _tile(union, context)
+                if not _smaller(union_tile, tile(i), tile(j)):
+                    apart.add((versions[i], versions[j]))
+                    continue
+            groups[i], prints[i], tiles[i] = groups[i] + groups[j], union, union_tile
+            versions[i] = next(fresh)
+            del groups[j], prints[j], tiles[j], versions[j]
+            return True
+        return False
+
+    while merge_first_pair():
+        pass
+    return [(g, tile(k)) for k, g in enumerate(groups)]
 
 
 def _smaller_view(group: list[Reference], tile, prefix, context):
@@ -639,14 +661,15 @@ def _smaller(union_tile, a, b) -> bool:
     return math.prod(union_tile.sizes) < math.prod(a.sizes) + math.prod(b.sizes)
 
 
-def _must_group(a, b, prefix) -> bool:
-    """References that touch a common element in one scope instance, one of them writing,
-    must share a buffer (or both stay in global memory)."""
-    if not any(r.write for r in a + b):
+def _must_group(refs, fa: isl.Map | None, fb: isl.Map | None) -> bool:
+    """References (of two groups, with footprints fa and fb) that touch a common element in
+    one scope instance, one of them writing, must share a buffer (or both stay in global
+    memory)."""
+    if not any(r.write for r in refs):
         return False
-    fa, fb = _footprint(a, prefix), _footprint(b, prefix)
-    inexact = not all(r.exact for r in a + b)
-    return inexact or not fa.intersect(fb).is_empty()
+    if not all(r.exact for r in refs):
+        return True
+    return fa is not None and fb is not None and not fa.intersect(fb).is_empty()
 
 
 def _padded(sizes: tuple[int, ...]) -> tuple[int, ...]:
@@ -657,17 +680,21 @@ def _padded(sizes: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _reused(refs, prefix) -> bool:
-    """Whether some element is used twice in one scope instance: the map from
-    reference-tagged instances to [prefix -> element] is not injective. (With the thread ids
-    as parameters, as in private promotion, that is per thread.)"""
-    tagged = None
-    for k, r in enumerate(refs):
+    """Whether some element is used twice in one scope instance: by two instances of one
+    reference (its map to [prefix -> element] is not injective), or by two references (their
+    images meet). (With the thread ids as parameters, as in private promotion, that is per
+    thread.) Checked reference by reference, so that the usual answer, yes, comes early."""
+    images = []
+    for r in refs:
         own = isl.UnionMap.from_map(r.relation)
-        part = prefix.intersect_domain(own.domain()).range_product(own)
-        part = isl.UnionMap.from_map(isl.Map.from_union_map(part).set_tuple_name(
-            isl.dim_type.in_, f"{r.statement}_ref{k}"))
-        tagged = part if tagged is None else tagged.union(part)
-    return tagged is not None and not tagged.is_injective()
+        image = prefix.intersect_domain(own.domain()).range_product(own)
+        if not image.is_injective():
+            return True
+        reached = image.range()
+        if any(not reached.intersect(other).is_empty() for other in images):
+            return True
+        images.append(reached)
+    return False
 
 
 def _thread_private(refs, prefix, thread_map) -> bool:
@@ -685,37 +712,48 @@ def _thread_private(refs, prefix, thread_map) -> bool:
 
 def _live_in(refs, prefix, scop: Scop) -> isl.Map | None:
     """{prefix -> element} read in a scope instance before the instance writes it: what a
-    copy-in must bring (the program order decides "before"; the schedule respects it)."""
+    copy-in must bring (the program order decides "before"; the schedule respects it).
+    Statements run in order, so a write runs before a read where its statement comes first,
+    or where it is the same statement and the write's instance comes first."""
     reads = [r for r in refs if not r.write]
     if not reads:
         return None
-    needed = None
+    position = {s.name: k for k, s in enumerate(scop.statements)}
     order = scop.schedule.get_map()
-    # all writes at once, and the prefix and order restricted to the writers: per pair of a
-    # read and a write, with the prefix of every statement, this took seconds on 31 statements
-    written = None
-    for w in refs:
-        if w.write:
-            part = isl.UnionMap.from_map(w.relation)
-            written = part if written is None else written.union(part)
-    if written is not None:
-        writers = written.domain()
-        writer_prefix = prefix.intersect_domain(writers).reverse()  # p -> w
-        writer_order = order.intersect_domain(writers)
+    needed = None
     for r in reads:
         read = isl.UnionMap.from_map(r.relation)
         pairs = read.wrap()  # [instance -> element]
+        where = read.domain_map().apply_range(prefix)  # [i -> a] -> p
+        written = None
+        for same_statement in (False, True):
+            writes = [w for w in refs if w.write and (
+                w.statement == r.statement if same_statement
+                else position[w.statement] < position[r.statement])]
+            if not writes:
+                continue
+            relation = _union_maps([w.relation for w in writes])
+            # [instance -> element] -> writer instance, same element and prefix
+            hit = read.range_map().apply_range(relation.reverse()).intersect(
+                where.apply_range(prefix.intersect_domain(relation.domain()).reverse()))
+            if same_statement:  # and earlier
+                earlier = order.intersect_domain(read.domain()).lex_gt_union_map(
+                    order.intersect_domain(relation.domain()))
+                hit = hit.intersect(read.domain_map().apply_range(earlier))
+            written = hit.domain() if written is None else written.union(hit.domain())
         if written is not None:
-            # [instance -> element] -> writer instance, same element and prefix, earlier
-            same = read.range_map().apply_range(written.reverse())
-            same = same.intersect(read.domain_map().apply_range(prefix)
-                                  .apply_range(writer_prefix))
-            earlier = order.intersect_domain(read.domain()).lex_gt_union_map(writer_order)
-            pairs = pairs.subtract(same.intersect(read.domain_map().apply_range(earlier))
-                                   .domain())
+            pairs = pairs.subtract(written)
         part = pairs.unwrap().apply_domain(prefix)
         needed = part if needed is None else needed.union(part)
     return isl.Map.from_union_map(needed) if not needed.is_empty() else None
+
+
+def _union_maps(maps) -> isl.UnionMap:
+    out = None
+    for m in maps:
+        part = isl.UnionMap.from_map(m)
+        out = part if out is None else out.union(part)
+    return out
 
 
 def _offsets_pma(offsets: tuple, footprint: isl.Map) -> isl.PwMultiAff:
