@@ -152,7 +152,7 @@ def test_64_bit_kernels_compute_the_same(monkeypatch):
     }"""
     A, I, i = f32(9), np.arange(-4, 5, dtype=np.int32), np.arange(9)
     kernel, (B, C) = run(source, "f", A, I, options="mlp")
-    assert "tc_div<int64_t>" in kernel.cuda_source and "tc_div<int32_t>" in kernel.cuda_source
+    assert "tc::div<int64_t>" in kernel.cuda_source and "tc::div<int32_t>" in kernel.cuda_source
     np.testing.assert_allclose(B, A[i // 2] + A[np.minimum(i, 3)] * A[(8 - i) % 5], rtol=1e-6)
     np.testing.assert_array_equal(C, I // 3 + np.minimum(I, 7) + I % 4)
 
@@ -238,7 +238,7 @@ def test_every_builtin_runs_in_every_float_type(dtype, numpy_type, tolerance):
 # -- names ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["int", "main", "if", "threadIdx", "printf", "__syncthreads",
-                                  "half", "expf"])
+                                  "half", "expf", "time", "rand", "index", "cudaFree", "tc_f"])
 def test_functions_named_like_cpp_or_cuda_compile(name):
     """(conftest compiles every kernel with nvcc; the emulator compiles it with g++)"""
     A = f32(5)
@@ -260,6 +260,19 @@ def test_tensors_named_like_math_functions_and_macros_compile():
     np.testing.assert_allclose(null, np.exp(e) + np.tanh(t), rtol=1e-5)
     np.testing.assert_allclose(nan, np.sqrt(s) * np.floor(f * 3), rtol=1e-5)
     np.testing.assert_allclose(inf, null * nan.sum(), rtol=1e-5)
+
+
+def test_tensors_named_like_lower_case_macros_compile():
+    """GNU mode defines `linux` and `unix`; the C library's errno, stdin and the signal
+    fields the emulator's runtime includes (si_pid) are macros; M_PIf is math.h's."""
+    source = """def f(float(N) linux, float(N) errno, float(N) stdin) -> (M_PIf, si_pid) {
+      M_PIf(i) = linux(i) * errno(i)
+      si_pid(i) = M_PIf(i) + stdin(i)
+    }"""
+    a, b, c = (f32(4) for _ in range(3))
+    _, (m, s) = run(source, "f", a, b, c, options="pointwise")
+    np.testing.assert_allclose(m, a * b, rtol=1e-6)
+    np.testing.assert_allclose(s, a * b + c, rtol=1e-6)
 
 
 def test_isl_names_never_collide():
@@ -368,11 +381,11 @@ def _stand_in_pycuda(fail: str):
 
 
 @pytest.mark.parametrize("fail,message", [
-    ("compile", r"compiling kernel 'f' with pycuda for sm_90 failed: ptxas fatal"),
+    ("compile", r"compiling kernel 'tc_f' with pycuda for sm_90 failed: ptxas fatal"),
     ("allocate", r"allocating and copying the arrays of 'f' to the GPU failed: cuMemAlloc"),
-    ("launch", r"launching kernel 'f' on grid \(1, 1, 1\), block \(4, 1, 1\) failed: "
+    ("launch", r"launching kernel 'tc_f' on grid \(1, 1, 1\), block \(4, 1, 1\) failed: "
                r"cuLaunchKernel"),
-    ("copy", r"running kernel 'f' and copying its outputs back failed: an illegal memory"),
+    ("copy", r"running kernel 'tc_f' and copying its outputs back failed: an illegal memory"),
 ])
 def test_pycuda_errors_become_tc_errors(monkeypatch, fail, message):
     modules = _stand_in_pycuda(fail)

@@ -8,7 +8,7 @@ this is the paper's naive kernel: one thread runs the whole schedule in order.
 
 Row-major layout: a read `T(a0, ..., an)` becomes `T[((a0 - min0) * e1 + (a1 - min1)) * e2 + ...]`
 with the tensor's inferred extents `e_k`. Integer `/` and `%` keep Halide's (and TC's)
-semantics through `tc_div` / `tc_mod`: the remainder is never negative, and x / 0 = x % 0 = 0.
+semantics through `tc::div` / `tc::mod`: the remainder is never negative, and x / 0 = x % 0 = 0.
 """
 
 from __future__ import annotations
@@ -32,27 +32,33 @@ from tcstage.poly.scop import Scop
 
 PRELUDE = r"""#include <cstdint>
 
+namespace tc {  // (kernels are named tc_<function>, so no kernel clashes with these)
 // Integer division and remainder as in Halide and TC (Euclidean): the remainder is never
 // negative, so the quotient rounds down for a positive divisor and up for a negative one;
 // dividing by zero gives 0, and the most negative value divided by -1 wraps to itself (C's
 // division is undefined in both cases, and traps on x86, where the emulator runs).
-template <typename T> __device__ __forceinline__ T tc_div(T a, T b) {
+template <typename T> __device__ __forceinline__ T div(T a, T b) {
   if (b == 0) return 0;
   if (T(-1) < T(0) && b == T(-1)) return T(0ULL - (unsigned long long)a);
   T q = a / b; return a % b < 0 ? (b > 0 ? q - 1 : q + 1) : q;
 }
-template <typename T> __device__ __forceinline__ T tc_mod(T a, T b) {
+template <typename T> __device__ __forceinline__ T mod(T a, T b) {
   if (b == 0 || (T(-1) < T(0) && b == T(-1))) return 0;
   T r = a % b; return r < 0 ? (b > 0 ? r + b : r - b) : r;
 }
 // Floating-point remainder as in Halide: a - b * floor(a / b), of the divisor's sign (C's fmod
-// takes the dividend's); half goes through float
-__device__ __forceinline__ float tc_fmodf(float a, float b) { return a - b * floorf(a / b); }
-__device__ __forceinline__ double tc_fmod(double a, double b) { return a - b * floor(a / b); }
-#define floord(n, d) tc_div<decltype((n) + (d))>((n), (d))
-// min and max for half, which has no overloads of its own
-template <typename T> __device__ __forceinline__ T tc_min(T a, T b) { return b < a ? b : a; }
-template <typename T> __device__ __forceinline__ T tc_max(T a, T b) { return a < b ? b : a; }
+// takes the dividend's)
+__device__ __forceinline__ float fmod(float a, float b) { return a - b * floorf(a / b); }
+__device__ __forceinline__ double fmod(double a, double b) { return a - b * ::floor(a / b); }
+// min and max for half, which has no overloads of its own, and for mixed integer widths
+template <typename T> __device__ __forceinline__ T min(T a, T b) { return b < a ? b : a; }
+template <typename T> __device__ __forceinline__ T max(T a, T b) { return a < b ? b : a; }
+// |x| behind a call: GCC folds nested fabs calls in time exponential in their depth (24 deep:
+// 15 s, even at -O0)
+__device__ __forceinline__ float fabs(float x) { return fabsf(x); }
+__device__ __forceinline__ double fabs(double x) { return ::fabs(x); }
+}  // namespace tc
+#define floord(n, d) tc::div<decltype((n) + (d))>((n), (d))
 """
 # Flat indices and loop values are `int` (faster) unless a tensor or a size is too large for it:
 # loop values mix a few iterators and sizes, hence the margin on sizes.
@@ -77,35 +83,48 @@ not_eq nullptr operator or or_eq private protected public register reinterpret_c
 return short signed sizeof static static_assert static_cast struct switch template this
 thread_local throw true try typedef typeid typename union unsigned using virtual void volatile
 wchar_t while xor xor_eq main""".split()
-# Names CUDA, its headers, the emulator's runtime or the generated code declare: a tensor or
-# kernel of that name would shadow or redeclare them.
+# Names CUDA, its headers, the emulator's runtime or the generated code declare: a tensor of
+# that name would shadow or redefine them.
 _LIBRARY = """threadIdx blockIdx blockDim gridDim warpSize half nv_bfloat16 size_t ptrdiff_t
 int8_t int16_t int32_t int64_t uint8_t uint16_t uint32_t uint64_t intptr_t uintptr_t std cuda
 printf malloc free memcpy memset abort exit assert clock clock64 abs labs llabs min max umin
 umax llmin llmax ullmin ullmax floord atomicAdd atomicSub atomicExch atomicMin atomicMax
 atomicInc atomicDec atomicCAS atomicAnd atomicOr atomicXor fdividef hexp hlog hsqrt hrsqrt
 sincos sincosf""".split()
+# lower-case macros of the C library and the compilers (GNU mode defines linux and unix)
+_MACROS = """errno stdin stdout stderr math_errhandling linux unix sched_priority""".split()
 _MATH_LIBRARY = """acos acosh asin asinh atan atan2 atanh cbrt ceil copysign cos cosh cospi
 cyl_bessel_i0 cyl_bessel_i1 erf erfc erfcinv erfcx erfinv exp exp10 exp2 expm1 fabs fdim floor fma
 fmax fmin fmod frexp hypot ilogb isfinite isinf isnan j0 j1 jn ldexp lgamma llrint llround log
 log10 log1p log2 logb lrint lround modf nan nearbyint nextafter norm norm3d norm4d normcdf
 normcdfinv pow rcbrt remainder remquo rhypot rint rnorm rnorm3d rnorm4d round rsqrt scalbln
 scalbn signbit sin sinh sinpi sqrt tan tanh tgamma trunc y0 y1 yn""".split()
-_RESERVED = frozenset(_KEYWORDS + _LIBRARY + _MATH_LIBRARY + [f + "f" for f in _MATH_LIBRARY])
+_RESERVED = frozenset(_KEYWORDS + _LIBRARY + _MACROS + _MATH_LIBRARY
+                      + [f + "f" for f in _MATH_LIBRARY])
 # generated names (loops c0.., ids b0.. t0.., statements S0.., buffers), CUDA's vector types,
-# and macros, which headers name in capitals (NULL, NAN, INFINITY, M_PI, INT_MAX)
+# macros, which headers name in capitals (NULL, NAN, INFINITY, M_PI, INT_MAX) or with a
+# capital and an underscore (M_PIf, L_tmpnam), CUDA's runtime (cudaStreamDefault) and
+# signal.h's field macros (si_pid, sa_handler), which the emulator includes
 _GENERATED = re.compile(r"[bctS]\d+|(shared|private)_\w+|tc_\w*|_\w*"
                         r"|u?(char|short|int|long|longlong)[1-4]|(float|double)[1-4]|dim3|half2"
-                        r"|[A-Z][A-Z0-9]*(_[A-Z0-9]+)+|[A-Z][A-Z0-9]{2,}")
+                        r"|[A-Z][A-Z0-9]*(_[A-Z0-9]+)+|[A-Z][A-Z0-9]{2,}|[A-Z]_\w*"
+                        r"|cuda\w*|(sa|si|sigev)_\w+")
 
 
 def c_name(name: str) -> str:
-    """A TC name (tensor, scalar or function) as a C identifier: the name itself unless it
-    clashes with C++, CUDA or the generated code, else `tc_` + name. (Names starting with `tc_`
-    get the prefix too, so that no two names map to one.)"""
+    """A TC tensor or scalar name as a C identifier: the name itself unless it clashes with
+    C++, CUDA or the generated code, else `tc_` + name. (Names starting with `tc_` get the
+    prefix too, so that no two names map to one.)"""
     name = re.sub(r"\W", "_", name)
     clash = name in _RESERVED or _GENERATED.fullmatch(name) or name[0].isdigit()
     return f"tc_{name}" if clash else name
+
+
+def kernel_name(function: str) -> str:
+    """The C name of the kernel of a TC function: always `tc_` + its name. The kernel is
+    `extern "C"`, and the headers that CUDA and the emulator include declare hundreds of C
+    functions (time, index, rand, cudaFree, ...) that any other name could redeclare."""
+    return "tc_" + re.sub(r"\W", "_", function)
 
 
 @attrs.frozen
@@ -163,7 +182,7 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
     syncs = sorted(set(re.findall(rf"\b({SYNC}\d*)\(\);", loops)))
     macros = [f"#define {b}() __syncthreads()" for b in syncs or [SYNC]] + macros
     params = printer.parameters()
-    name = c_name(fn.name)
+    name = kernel_name(fn.name)
     header = ", ".join(p.c_decl for p in params)
     text = fn.span.text() if fn.span is not None else fn.name  # the TC, as a comment
     comment = "\n".join(f"// {line}" for line in text.splitlines() if line.strip())
@@ -233,7 +252,7 @@ def _index_text(text: str, index: str) -> str:
     if index == "int":
         return text
     text = re.sub(r"\bfor \(int ", f"for ({index} ", text)
-    return re.sub(r"\b(min|max)\(", rf"tc_\1<{index}>(", text)
+    return re.sub(r"\b(min|max)\(", rf"tc::\1<{index}>(", text)
 
 
 def _dim3(d) -> str:
@@ -403,14 +422,18 @@ class _ValuePrinter:
             (a, ta), (b, tb) = self.expr(t[1], local), self.expr(t[2], local)
             ta = _common(ta, tb)
             if ta.startswith("float"):
-                return (f"({a} / {b})", ta) if tag == "div" else _math("tc_fmod", [a, b], ta)
-            return f"tc_{tag}<{c_type(ta)}>({a}, {b})", ta
+                if tag == "div":
+                    return f"({a} / {b})", ta
+                if ta == "float16":
+                    return f"((half)tc::fmod((float)({a}), (float)({b})))", ta
+                return f"tc::fmod({a}, {b})", ta
+            return f"tc::{tag}<{c_type(ta)}>({a}, {b})", ta
         if tag in ("min", "max"):
             (a, ta), (b, tb) = self.expr(t[1], local), self.expr(t[2], local)
             if ta == tb and ta != "float16":
                 return f"{tag}({a}, {b})", ta
             ty = _common(ta, tb)  # (CUDA has no min(half, half), nor min(int, int64_t))
-            return f"tc_{tag}<{c_type(ty)}>({a}, {b})", ty
+            return f"tc::{tag}<{c_type(ty)}>({a}, {b})", ty
         if tag == "not":
             return f"(!{self.expr(t[1], local)[0]})", "bool"
         if tag == "select":
@@ -441,9 +464,15 @@ class _ValuePrinter:
 def _math(fn: str, args: list[str], ty: str) -> tuple[str, str]:
     """A call of the C math function fn on values of type ty: `expf` for float32, `exp` for
     float64, and through float32 for half, which CUDA's math library does not take."""
+    if fn == "fabs":  # (overloaded for float and double)
+        return _math_call("tc::fabs", "tc::fabs", args, ty)
+    return _math_call(f"{fn}f", fn, args, ty)
+
+
+def _math_call(single: str, double: str, args: list[str], ty: str) -> tuple[str, str]:
     if ty == "float16":
-        return f"((half){fn}f({', '.join(f'(float)({a})' for a in args)}))", ty
-    return f"{fn}{'f' if ty == 'float32' else ''}({', '.join(args)})", ty
+        return f"((half){single}({', '.join(f'(float)({a})' for a in args)}))", ty
+    return f"{single if ty == 'float32' else double}({', '.join(args)})", ty
 
 
 def _common(ta: str, tb: str) -> str:
