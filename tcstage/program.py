@@ -8,6 +8,7 @@ pipeline, caching one compiled kernel per (shapes, dtypes, specialised scalars, 
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -169,8 +170,11 @@ class TCFunction:
 
     def lower(self, *args, out=None, **named) -> Lowered:
         """The Halide Funcs of this function (for the call's scalar specialisation)."""
-        spec = self.bind(args, out, shapes_only=True, named=named).specialization(self) \
-            if args or named else ()
+        if not (args or named):
+            return lower(self.checked, self._infer(()), {})
+        b = self.bind(args, out, shapes_only=True, named=named)
+        self._output_layout(b)  # rejects impossible shapes and ranges for these sizes
+        spec = b.specialization(self)
         return lower(self.checked, self._infer(spec), dict(spec))
 
     def __call__(self, *args, out=None, schedule=_DEFAULT, **named):
@@ -203,9 +207,26 @@ class TCFunction:
         final = [b.inout.get(n, r) for n, r in zip(self.checked.outputs, results)]
         return final[0] if len(final) == 1 else tuple(final)
 
+    def _check_where_ranges(self, fr: R.FunctionRanges, values: Mapping[str, int]) -> None:
+        """A where range whose end lies before its start is an error: ranges inferred through
+        it would grow as it shrinks (`m in 0:s` with s = -1 gave N + 2 windows). An empty
+        range (equal bounds) is valid: a reduction over it gives the identity."""
+        for st, sr in zip(self.checked.statements, fr.statements):
+            for w in st.where:
+                begin, end = sr.ranges[w.var].evaluate(values)
+                if end < begin:
+                    used = sorted(n for n in values if n in _names_in(w))
+                    given = ", ".join(f"{n} = {values[n]}" for n in used)
+                    raise TCArgumentError(
+                        f"the where range of '{w.var}' ends before it starts: {begin}:{end}"
+                        + (f" for {given}" if given else ""), w.span,
+                        (f"an empty range has equal bounds, such as "
+                         f"'{w.var} in {begin}:{begin}'",))
+
     def _output_layout(self, b: Binding) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
         fr = self._infer(b.specialization(self))
         values = {**b.sizes, **_int_scalars(b)}
+        self._check_where_ranges(fr, values)
         layout = []
         for name in self.checked.outputs:
             tb = fr.tensors[name]
@@ -219,6 +240,11 @@ class TCFunction:
                     f"(inferred as {R.tree_to_str(tb.extents[k])}) for these inputs")
             layout.append((extents, mins))
         return layout
+
+
+def _names_in(w: C.RangeConstraint) -> set[str]:
+    """The names a where range's text mentions (to show the values of its sizes and scalars)."""
+    return set(re.findall(r"[A-Za-z_]\w*", w.span.text())) if w.span is not None else set()
 
 
 def _int_scalars(b: Binding) -> dict:

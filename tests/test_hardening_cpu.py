@@ -295,3 +295,46 @@ def test_zero_stride_scalar_is_named(body):
     with pytest.raises(tc.TCRangeError, match=r"scalar input s = 0 of this call") as e:
         f(f32(6), 0, schedule=None)
     assert "with s = 0, the subscript 's * i" in str(e.value)
+
+
+# -- where ranges that end before they start --------------------------------------------------
+
+WINDOWS = "def f(float(N) A, int32 s) -> (O) { O(n) +=! A(n + m) where m in 0:s }"
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda-emulated"])
+def test_window_sums_of_every_width_including_zero(target):
+    """N - s + 1 windows of width s; width 0 gives N + 1 empty windows, each the identity."""
+    A = np.arange(8, dtype=np.float32)
+    for s in (0, 1, 2, 8):
+        expected = np.array([A[n:n + s].sum() for n in range(8 - s + 1)], np.float32)
+        if target == "cpu":
+            O = tc.define(WINDOWS).f(A, s)
+        else:
+            O = tc.compile(WINDOWS, "f", A, s, target=target)(A, s)
+        np.testing.assert_array_equal(O, expected)
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda-emulated"])
+def test_a_where_range_ending_before_its_start_is_an_error_naming_the_values(target):
+    """m in 0:s with s = -1 gave 10 windows of 8 elements (N - s + 1), silently."""
+    A = np.arange(8, dtype=np.float32)
+    message = r"where range of 'm' ends before it starts: 0:-1 for s = -1"
+    with pytest.raises(tc.TCArgumentError, match=message) as info:
+        if target == "cpu":
+            tc.define(WINDOWS).f(A, -1)
+        else:
+            tc.compile(WINDOWS, "f", A, -1, target=target)
+    assert info.value.span is not None and info.value.span.text() == "m in 0:s"
+    sized = "def f(float(N) A) -> (O) { O(n) +=! A(n + m) where m in 0:N-5 }"
+    with pytest.raises(tc.TCArgumentError, match=r"0:-2 for N = 3"):
+        tc.define(sized).f(np.ones(3, np.float32))
+    with pytest.raises(tc.TCArgumentError, match=r"0:-2 for N = 3"):
+        tc.define(sized).f.output_shapes((3,))
+
+
+def test_a_constant_where_range_ending_before_its_start_is_refused_at_definition():
+    with pytest.raises(tc.TCSemanticError, match=r"where range of 'm' ends before it starts: "
+                                                 r"3:1") as info:
+        tc.define("def f(float(N) A) -> (O) { O(n) +=! A(n + m) where m in 3:1 }")
+    assert "m in 3:3" in str(info.value)

@@ -226,6 +226,11 @@ class _StatementChecker:
                              w.var.span)
         lo = self.size_expr(w.lo)
         hi = self.size_expr(w.hi)
+        if isinstance(lo, C.Const) and isinstance(hi, C.Const) and hi.value < lo.value:
+            raise self.error(f"the where range of '{v}' ends before it starts: "
+                             f"{lo.value}:{hi.value}", w.span,
+                             f"an empty range has equal bounds, such as '{v} in "
+                             f"{lo.value}:{lo.value}'")
         return C.RangeConstraint(v, lo, hi, span=w.span)
 
     def size_expr(self, e: ast.Expr) -> C.Expr:
