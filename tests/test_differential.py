@@ -9,8 +9,6 @@ hand computations.
 """
 
 import random
-import signal
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -18,24 +16,11 @@ import pytest
 from fuzz import differential, mapping, programs
 from fuzz import nodes as N
 from fuzz import reference as R
+from fuzz.limits import time_limit
 
 CPU_SEEDS = range(0, 12)
 EMULATED_SEEDS = range(12, 17)
 TIME_LIMIT_S = 180
-
-
-@contextmanager
-def time_limit(seconds: int):
-    def expire(signum, frame):
-        raise TimeoutError(f"more than {seconds} s: a hang")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _report(case, findings) -> str:
@@ -153,7 +138,7 @@ def test_generated_programs_are_deterministic_and_well_formed():
 @pytest.mark.parametrize("seed", CPU_SEEDS)
 def test_cpu_matches_reference(seed):
     case = programs.case(seed)
-    with time_limit(TIME_LIMIT_S):
+    with time_limit(TIME_LIMIT_S, "the CPU path"):
         findings = differential.check(case, ())
     assert not findings, _report(case, findings)
 
@@ -162,6 +147,6 @@ def test_cpu_matches_reference(seed):
 def test_emulated_kernel_matches_reference(seed):
     case = programs.case(seed)
     options = [mapping.random_options(random.Random(f"options/{seed}"))]
-    with time_limit(TIME_LIMIT_S):
+    with time_limit(TIME_LIMIT_S, "emulation"):
         findings = differential.check(case, options, cpu_schedules=())
     assert not findings, _report(case, findings)

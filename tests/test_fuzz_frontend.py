@@ -8,15 +8,14 @@ benchmarks/fuzz_campaign.py runs the long campaign (1e5 inputs, each in a killab
 """
 
 import os
-import signal
 import warnings
-from contextlib import contextmanager
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import tcstage as tc
 from fuzz import frontend
+from fuzz.limits import time_limit
 
 EXAMPLES = int(os.environ.get("TCSTAGE_FUZZ_EXAMPLES", "100"))
 TIME_LIMIT_S = 5
@@ -28,28 +27,8 @@ fuzz_settings = settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMP
                          suppress_health_check=list(HealthCheck))
 
 
-class Hang(Exception):
-    pass
-
-
-@contextmanager
-def time_limit(seconds: int):
-    """Interrupts Python code that runs longer than `seconds` (the front end is pure Python
-    around short calls into Halide's solver, so an alarm reaches it)."""
-    def expire(signum, frame):
-        raise Hang(f"tc.define took more than {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def assert_defines_or_rejects(source) -> None:
-    with warnings.catch_warnings(), time_limit(TIME_LIMIT_S):
+    with warnings.catch_warnings(), time_limit(TIME_LIMIT_S, "tc.define"):
         warnings.simplefilter("ignore")
         try:
             tc.define(source)

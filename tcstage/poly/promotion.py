@@ -42,6 +42,7 @@ just below the blocks, so a thread's outputs stay private across the whole reduc
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -749,11 +750,7 @@ def _live_in(refs, prefix, scop: Scop) -> isl.Map | None:
 
 
 def _union_maps(maps) -> isl.UnionMap:
-    out = None
-    for m in maps:
-        part = isl.UnionMap.from_map(m)
-        out = part if out is None else out.union(part)
-    return out
+    return functools.reduce(isl.UnionMap.union, map(isl.UnionMap.from_map, maps))
 
 
 def _offsets_pma(offsets: tuple, footprint: isl.Map) -> isl.PwMultiAff:

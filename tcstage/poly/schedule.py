@@ -26,6 +26,7 @@ The scheduler's ILPs can grow without bound on unlucky inputs; its work is bound
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import attrs
 import islpy as isl
@@ -259,11 +260,7 @@ def _fused(group: _Group) -> isl.Schedule:
 
 
 def _union_of(sets) -> isl.UnionSet:
-    out = None
-    for s in sets:
-        part = isl.UnionSet.from_set(s)
-        out = part if out is None else out.union(part)
-    return out
+    return functools.reduce(isl.UnionSet.union, map(isl.UnionSet.from_set, sets))
 
 
 def program_order(scop: Scop, dependences: isl.UnionMap) -> isl.Schedule:
