@@ -407,3 +407,24 @@ def test_an_internal_error_names_its_stage_and_function(monkeypatch):
         tc.compile("def f(float(N) A) -> (B) { B(i) = A(i) }", "f", (4,),
                    target="cuda-emulated")
     assert isinstance(info.value.__cause__, KeyError) and "please report" in str(info.value)
+
+
+# -- block ids a band does not map --------------------------------------------------------------
+
+@pytest.mark.parametrize("options", [M().mapToBlocks(1, 2), M().mapToThreads(4).mapToBlocks(1, 3),
+                                     M().mapToThreads(2, 2).mapToBlocks(1, 1, 2)],
+                         ids=["y", "threads-y", "z"])
+def test_a_band_pins_the_block_ids_it_does_not_map(options):
+    """Two independent groups of statements each get a band; with one block along x, the first
+    group's band maps only x. It must run in block y = 0 (z = 0) only: it ran in every block
+    along y, and the in-place update of O happened twice (fuzz seed 123)."""
+    source = """def f(float(N) A, float(M, M, M) W) -> (O, T) {
+      O(i) += A(i) * 2
+      T(m, k, l) = W(m, k, l) + 1
+    }"""
+    A, W, O = f32(5), f32(4, 4, 4), f32(5)
+    expected = O + 2 * A
+    kernel, (O_, T) = run(source, "f", A, W, options=options, out=O)
+    np.testing.assert_allclose(O_, expected, rtol=1e-6)
+    np.testing.assert_allclose(T, W + 1, rtol=1e-6)
+    assert max(kernel.grid[1:]) > 1

@@ -171,7 +171,9 @@ def _map_blocks(schedule, deps, blocks: Sequence[int]) -> tuple[isl.Schedule, _B
     for members in chosen.values():
         for d, (_, size) in enumerate(members):
             grid[d] = max(grid[d], size)
-    n_dims = sum(1 for g in grid if g > 1)
+    # the ids up to the last dimension with more than one block (mapToBlocks(1, 2) uses b1
+    # while b0 stays 0): a band pins every id it does not map to 0, or it ran in every block
+    n_dims = max((d + 1 for d, g in enumerate(grid) if g > 1), default=0)
     if not n_dims:  # one block: its work on one tile still begins below each tile band
         for path in chosen or [()]:
             schedule = node_at(schedule, path).child(0).insert_mark(isl.Id(KERNEL)).get_schedule()
