@@ -451,6 +451,9 @@ class _ValuePrinter:
         types = {"f16": "float16", "f32": "float32", "f64": "float64"}
         if base in _MATH and suffix in types:
             return _math(base, [a for a, _ in args], types[suffix])
+        if base == "is_nan" and suffix in types:  # (double erf keeps NaN through it)
+            text, ty = args[0]
+            return f"isnan({'(float)' if ty == 'float16' else ''}({text}))", "bool"
         if name == "round":  # Halide rounds halfway cases to even, as rint does
             return _math("rint", [args[0][0]], args[0][1])
         if name == "abs":
