@@ -428,3 +428,32 @@ def test_a_band_pins_the_block_ids_it_does_not_map(options):
     np.testing.assert_allclose(O_, expected, rtol=1e-6)
     np.testing.assert_allclose(T, W + 1, rtol=1e-6)
     assert max(kernel.grid[1:]) > 1
+
+
+# -- private copies and the barriers between threads -------------------------------------------
+
+def test_private_copy_out_is_not_moved_past_the_barrier_another_thread_waits_for():
+    """Each thread computes its own element of O0 (private, copied out at the end of the
+    scope), and in the next iteration of the loop around the scope thread 0 reads all of
+    them. The barrier that ordered the write before the read lies inside the scope, before the
+    copy-out: thread 0 read stale values (fuzz seed 200). Such a group stays in global memory."""
+    source = """def f(float(K) W, float(4) A) -> (O0, O1) {
+      O0(r) = A(r)
+      O0(r) += fabs(A(r / 2)) - expf(2.0)
+      O1(l, k) *=! 1.0 + (W(l) / 2.0f - O0(2 * n + _v) + O0(k)) / 4.0f where _v in 0:2
+      O1(p, x1) = O1(p, x1) * O0(x1) where p in 0:1
+    }"""
+    W, A = f32(4), f32(4)
+    O0 = A + np.abs(A[np.arange(4) // 2]) - np.float32(np.exp(2.0))
+    O1 = np.ones((4, 4), np.float32)
+    for n in range(2):
+        for v in range(2):
+            O1 *= 1 + (W[:, None] / 2 - O0[2 * n + v] + O0[None, :]) / 4
+    O1[0] *= O0
+    options = M().tile(4, 3, 3).mapToThreads(8).usePrivateMemory(True) \
+        .outerScheduleFusionStrategy("Max")
+    kernel, (got0, got1) = run(source, "f", W, A, options=options)
+    np.testing.assert_allclose(got0, O0, rtol=1e-5)
+    np.testing.assert_allclose(got1, O1, rtol=1e-4)
+    assert any("O0" in d and "another instance of this scope" in d
+               for d in kernel.compiled.promoted.declined)

@@ -27,12 +27,15 @@ gathered group needs no such reference, as in the paper).
 Copy-in brings the elements that are read before the block writes them, copy-out writes back
 what the block wrote; copies put the last dimension on threadIdx.x (coalesced), and the last
 dimension of a rank >= 2 buffer is padded to an odd length against bank conflicts. Barriers:
-after the copy-in, before the copy-out, and after the scope when it runs in a loop; the
-barriers mapping placed for dependences between threads stay, and they order the promoted
-accesses in the same way.
+after the copy-in, before the copy-out, after the copy-out when statements outside the scope
+access the tensor (a barrier mapping placed inside the scope, which ordered the original
+writes before them, now comes before the copy-out), and after the scope when it runs in a
+loop; the barriers mapping placed for dependences between threads stay, and they order the
+promoted accesses in the same way.
 
 Private memory takes, per thread, a group with a tile that the thread uses more than once,
-whose elements no other thread touches when it is written (a thread-private group), within
+whose elements no other thread touches when it is written, in any instance of the scope or
+outside it (a thread-private group: its copy-out comes after the scope's barriers), within
 PRIVATE_ELEMENTS elements per thread. Its copies run in the thread that owns them and are
 unrolled, so that with the compute loops unrolled too (`unroll`) nvcc keeps the buffer in
 registers; otherwise it lives in local memory (cached, still per thread). Under register
@@ -385,8 +388,13 @@ class _State:
             self.unneeded |= _index_reads(refs)
         made, copies_in, copies_out = self._build("shared", chosen)
         before = copies_in + ([self._sync(node)] if copies_in else [])
-        # barrier first: other threads wrote the data
-        after = ([self._sync(node)] if copies_out else []) + copies_out
+        # barrier first: other threads wrote the data; and one after, where statements outside
+        # the scope access a tensor copied out (the barrier that ordered them after the
+        # original writes may lie inside the scope, before the copy-out)
+        escapes = any(p.copy_out is not None and self._touched_outside(p.tensor, domain)
+                      for p in made)
+        after = ([self._sync(node)] if copies_out else []) + copies_out \
+            + ([self._sync(node)] if escapes else [])
         # in a loop, the next iteration's copies overwrite what this one may still read
         last = self._sync(node) if made and _runs_in_loop(node, domain, self.mapped.context) \
             else None
@@ -422,6 +430,12 @@ class _State:
                 self.declined.append(f"{label}: other threads access elements of {tensor} that "
                                      "are written here")
                 continue
+            if any(r.write for r in refs) and self._other_threads_elsewhere(
+                    tensor, every, per_thread, thread_map):
+                self.declined.append(f"{label}: other threads access elements of {tensor} "
+                                     "that are written here, in another instance of this "
+                                     "scope or outside it")
+                continue
             if not _reused(refs, prefix):
                 self.declined.append(f"{label}: no element is used twice by a thread")
                 continue
@@ -435,6 +449,35 @@ class _State:
             self.unneeded |= _index_reads(refs)
         made, before, after = self._build("private", chosen)
         return _Plan(path_of(node), made, before, after, None)
+
+    def _outside(self, scope_domain: isl.UnionSet) -> isl.UnionSet:
+        """The kernel's statement instances (with their thread ids) that do not run in the
+        scope whose instances are scope_domain."""
+        everything = None
+        for leaf in _leaves(self.schedule.get_root()):
+            everything = leaf.domain if everything is None else everything.union(leaf.domain)
+        return everything.subtract(scope_domain)
+
+    def _touched_outside(self, tensor: str, scope_domain: isl.UnionSet) -> bool:
+        """Whether statements outside the scope access the tensor at all."""
+        outside = self._outside(scope_domain)
+        return not outside.is_empty() and bool(self._references(outside).get(tensor))
+
+    def _other_threads_elsewhere(self, tensor: str, refs, scope_domain, thread_map) -> bool:
+        """Whether an element a thread writes in the scope (refs: the scope's references to
+        the tensor) is accessed by another thread in another instance of the scope or outside
+        it. A thread's copy-out writes it at the end of the scope instance, after the barriers
+        inside the scope that ordered the original write before those accesses, and with no
+        barrier between scope instances (fuzz seed 200: a copy-out in one iteration of a loop
+        around the scope, a copy-in of another thread in the next)."""
+        written = _element_threads([r for r in refs if r.write], thread_map)  # element -> thread
+        touched = _element_threads(refs, thread_map)
+        outside = self._outside(scope_domain)
+        others = self._references(outside).get(tensor, []) if not outside.is_empty() else []
+        if others:
+            touched = touched.union(_element_threads(others, _thread_map(outside)))
+        pairs = written.reverse().apply_range(touched)  # thread -> thread, same element
+        return not pairs.subtract(pairs.domain().identity()).is_empty()
 
     # -- building ----------------------------------------------------------------------------------
     def _build(self, memory: str, chosen):
@@ -711,6 +754,12 @@ def _thread_private(refs, prefix, thread_map) -> bool:
     return out is None or out.is_single_valued()
 
 
+def _element_threads(refs, thread_map) -> isl.UnionMap:
+    """{element -> thread} of the references (thread ids explicit through thread_map)."""
+    return _union_maps_of(_forget_threads(isl.UnionMap.from_map(r.relation)).reverse()
+                          .apply_range(thread_map) for r in refs)
+
+
 def _live_in(refs, prefix, scop: Scop) -> isl.Map | None:
     """{prefix -> element} read in a scope instance before the instance writes it: what a
     copy-in must bring (the program order decides "before"; the schedule respects it).
@@ -750,7 +799,11 @@ def _live_in(refs, prefix, scop: Scop) -> isl.Map | None:
 
 
 def _union_maps(maps) -> isl.UnionMap:
-    return functools.reduce(isl.UnionMap.union, map(isl.UnionMap.from_map, maps))
+    return _union_maps_of(map(isl.UnionMap.from_map, maps))
+
+
+def _union_maps_of(union_maps) -> isl.UnionMap:
+    return functools.reduce(isl.UnionMap.union, union_maps)
 
 
 def _offsets_pma(offsets: tuple, footprint: isl.Map) -> isl.PwMultiAff:
