@@ -455,22 +455,29 @@ def test_a_tool_past_its_time_limit_is_killed_with_its_children(tmp_path):
     assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
 
 
-SLOW_TO_COMPILE = """
-constexpr long long count(long long n) { long long s = 0; for (long long i = 0; i < n; ++i) s += i; return s; }
-static_assert(count(1LL << 40) > 0, "");
-extern "C" __global__ void k(int* out) { out[threadIdx.x] = 1; }
-"""
-
-
-def test_emulator_compiler_past_its_time_limit_is_a_clear_error(monkeypatch):
+def test_emulator_compiler_past_its_time_limit_is_a_clear_error(monkeypatch, tmp_path):
+    """A compiler (TCSTAGE_CXX) that never finishes: its time limit ends it, and the process
+    it started, with an error naming the limit."""
     from tcstage.cuda import emulate as emulation
 
+    child = tmp_path / "child"
+    compiler = tmp_path / "stuck-c++"
+    compiler.write_text("#!/bin/sh\n"
+                        "if [ \"$1\" = --version ]; then echo stuck 1.0; exit 0; fi\n"
+                        f"sleep 60 & echo $! > {child}; wait\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("TCSTAGE_CXX", str(compiler))
     monkeypatch.setattr(emulation, "COMPILE_TIME_LIMIT", 2)
     start = time.monotonic()
     with pytest.raises(tc.TCError, match=r"the C\+\+ compiler for the CUDA emulator took longer "
                                          r"than 2 s on the kernel source"):
-        emulate(SLOW_TO_COMPILE, "k", 1, 4, [np.zeros(4, np.int32)])
+        emulate(SPIN, "store", 1, 4, [np.zeros(4, np.int32), 1])
     assert time.monotonic() - start < 30
+    pid = int(child.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
