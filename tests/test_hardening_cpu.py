@@ -4,7 +4,12 @@ References are numpy computations written from the TC semantics (statements run 
 in/out output keeps the caller's values wherever no statement writes), never tcstage's output.
 """
 
+import json
 import math
+import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -217,6 +222,44 @@ def test_schedule_failing_at_run_time_falls_back_to_unscheduled():
     reference = np.array([[[min(Z[j, l] * D[k] for l in range(6)) for j in range(6)]
                            for _ in range(6)] for k in range(3)])
     np.testing.assert_allclose(got, reference, rtol=1e-6)
+
+
+NESTED_TEMPORARY = """def f(int32(N) I) -> (O) {
+  T(i) = I(I(i))
+  O(i) = T(T(T(T(T(T(T(I(i))))))))
+}"""
+
+
+@pytest.mark.parametrize("schedule", ["Mullapudi2016", "Li2018"])
+def test_reads_nested_through_a_split_temporary_compile_in_bounded_time(schedule):
+    # The autoscheduler splits T (ShiftInwards); with symbolic input extents T's realized
+    # region was max(min(N, 8), 1) - 8 .., and Halide's lowering of the nested reads of T took
+    # time exponential in their depth: 90 s for 5 levels, unbounded for 7 (0.7 s unscheduled).
+    # Compiled in a child process, so that a regression fails instead of holding the suite.
+    I = rng.integers(0, 16, 16).astype(np.int32)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(tc.__file__)))
+    code = textwrap.dedent(f"""
+        import json, warnings
+        import numpy as np
+        warnings.simplefilter("ignore")
+        import tcstage as tc
+        O = tc.define({NESTED_TEMPORARY!r}).f(np.array({I.tolist()}, np.int32),
+                                              schedule={schedule!r})
+        print(json.dumps(O.tolist()))
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=60, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"compiling with {schedule} took more than 60 s")
+    assert done.returncode == 0, done.stderr
+    T = I[I]
+    reference = I.copy()
+    for _ in range(7):
+        reference = T[reference]
+    np.testing.assert_array_equal(np.array(json.loads(done.stdout)), reference)
 
 
 # -- arrays the CPU path takes -----------------------------------------------------------------

@@ -1,11 +1,12 @@
 """The CPU back end: Halide's JIT, with a real schedule from one of the wheel's autoschedulers.
 
 A `CpuKernel` is compiled for one set of shapes (the autoscheduler plans for them through
-`set_estimates`) and run on numpy arrays. The default autoscheduler is Mullapudi2016, which
-needs no trained weights and schedules the TC kernels well; Adams2019 and Li2018 are available,
-and `schedule=None` gives Halide's unscheduled code (every tensor computed at the root). A
-schedule that fails (an autoscheduler that rejects the pipeline, or code that touches elements
-beyond small arrays) falls back to unscheduled code, with a `TCWarning`.
+`set_estimates`, and the inputs' bounds are set to them) and run on numpy arrays. The default
+autoscheduler is Mullapudi2016, which needs no trained weights and schedules the TC kernels
+well; Adams2019 and Li2018 are available, and `schedule=None` gives Halide's unscheduled code
+(every tensor computed at the root). A schedule that fails (an autoscheduler that rejects the
+pipeline, or code that touches elements beyond small arrays) falls back to unscheduled code,
+with a `TCWarning`.
 
 Arrays go to Halide as they are where it can take them (read-only ones included) and as
 C-ordered, aligned, native-endian copies where it cannot; tensors beyond Halide's int32
@@ -125,14 +126,20 @@ class CpuKernel:
 
     def _compile_pipeline(self) -> hl.Pipeline:
         lowered, fn, values, target = self.lowered, self.lowered.fn, self.values, self.target
-        for name, p in lowered.params.items():
-            t = fn.tensors[name]
-            if t.rank:
-                p.set_estimates(_reversed_estimates(
-                    [0] * t.rank, [int(d) if d.isdigit() else values[d] for d in t.dims]))
-        for name, p in lowered.inout_params.items():
-            t = fn.tensors[name]
-            p.set_estimates(_reversed_estimates([0] * t.rank, [values[d] for d in t.dims]))
+        params = [(p, [int(d) if d.isdigit() else values[d] for d in fn.tensors[name].dims])
+                  for name, p in (*lowered.params.items(), *lowered.inout_params.items())
+                  if fn.tensors[name].rank]
+        for p, extents in params:
+            p.set_estimates(_reversed_estimates([0] * len(extents), extents))
+            # The kernel serves only these shapes, so Halide is told them. With symbolic
+            # extents, a temporary that the autoscheduler splits (ShiftInwards) has a realized
+            # region like max(min(N, 8), 1) - 8, and lowering a subscript that reads it
+            # through nested reads, T(T(T(T(T(I(i)))))), took time exponential in the depth
+            # (90 s for 5 levels with Mullapudi2016, unbounded with Li2018). Empty tensors
+            # keep symbolic bounds: Li2018 aborts the process on a constant extent 0.
+            if min(extents) > 0:
+                for k, e in enumerate(reversed(extents)):
+                    p.dim(k).set_bounds(0, int(e))
         for f, (mins, extents) in zip(lowered.outputs, self.output_bounds):
             if mins:
                 f.set_estimates(_reversed_estimates(mins, extents))
