@@ -398,3 +398,23 @@ def test_a_constant_where_range_ending_before_its_start_is_refused_at_definition
                                                  r"3:1") as info:
         tc.define("def f(float(N) A) -> (O) { O(n) +=! A(n + m) where m in 3:1 }")
     assert "m in 3:3" in str(info.value)
+
+
+SELF_READ_SIMPLIFIED = """def f(int(L, K) W) -> (O0) {
+  O0() +=! W(p, K - 1 - p)
+  O0() = O0 * (1 - 1)
+  O0() = O0 - (L + L)
+}"""
+
+
+def test_an_update_whose_self_read_simplifies_away_runs_without_halide_warnings():
+    """O0() = O0 * (1 - 1) reads O0 only in form: Halide's simplifier drops the read, and
+    the update without it made Halide print 'Update definition completely hides earlier
+    definitions' on stderr (fuzz seed 530). Run in a child, whose stderr is all its own."""
+    code = ("import numpy as np, tcstage as tc\n"
+            "W = np.arange(12, dtype=np.int32).reshape(3, 4)\n"
+            f"print(int(tc.define({SELF_READ_SIMPLIFIED!r}).f(W)))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["-6"] and "hides earlier definitions" not in done.stderr

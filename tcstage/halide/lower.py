@@ -305,7 +305,9 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
         return tree(ranges.tensors[d.tensor].extents[d.dim])
 
     rhs = to_halide(st.rhs, names, read=read, dim=dim)
-    dead = frozenset(read_tensors) - solver.read_names(solver.simplify(rhs))
+    # (a read of the statement's own Func stays: it is no other Func's bounds, and without it
+    # Halide warns on stderr that the update hides the earlier definitions, O0() = O0 * 0)
+    dead = frozenset(read_tensors) - solver.read_names(solver.simplify(rhs)) - {func.name()}
     if dead:
         read_tensors.clear()
         rhs = to_halide(st.rhs, names, read=read, dim=dim)
