@@ -292,30 +292,29 @@ def test_dependences_over_budget_for_fixed_sizes_are_a_clear_error(monkeypatch):
         tc.compile(MATMUL_NORMS, "f", (6, 5), (5, 7), (6,), target="cuda")
 
 
-def test_promotion_over_budget_keeps_every_tensor_in_global_memory(monkeypatch):
+def matmul_norms_over_budget(monkeypatch, stage: str, warning: str):
+    """The matmul-norms kernel compiled with `stage`'s isl budget at 1 (the warning it must
+    give), checked against the reference; the kernel."""
     from tcstage.poly import budget
 
-    monkeypatch.setattr(budget, "PROMOTION", 1)
+    monkeypatch.setattr(budget, stage, 1)
     A, B, C = f32(6, 5), f32(5, 7), f32(6)
-    with pytest.warns(tc.TCWarning, match="every tensor stays in global memory"):
+    with pytest.warns(tc.TCWarning, match=warning):
         k = tc.compile(MATMUL_NORMS, "f", A, B, C, options=SHARED_PRIVATE,
                        target="cuda-emulated")
-    assert "__shared__" not in k.cuda_source
-    assert "not promoted: everything: memory promotion needs more than 1" in k.describe()
     for got, want in zip(k(A, B, C), matmul_norms_reference(A, B, C)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    return k
+
+
+def test_promotion_over_budget_keeps_every_tensor_in_global_memory(monkeypatch):
+    k = matmul_norms_over_budget(monkeypatch, "PROMOTION", "every tensor stays in global memory")
+    assert "__shared__" not in k.cuda_source
+    assert "not promoted: everything: memory promotion needs more than 1" in k.describe()
 
 
 def test_code_generation_over_budget_groups_coscheduled_instances(monkeypatch):
-    from tcstage.poly import budget
-
-    monkeypatch.setattr(budget, "AST", 1)
-    A, B, C = f32(6, 5), f32(5, 7), f32(6)
-    with pytest.warns(tc.TCWarning, match="groups statement instances that run at the same"):
-        k = tc.compile(MATMUL_NORMS, "f", A, B, C, options=SHARED_PRIVATE,
-                       target="cuda-emulated")
-    for got, want in zip(k(A, B, C), matmul_norms_reference(A, B, C)):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    matmul_norms_over_budget(monkeypatch, "AST", "groups statement instances that run at the same")
 
 
 # -- copy schedules under the conv preset (promotion took minutes) ------------------------------

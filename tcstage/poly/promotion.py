@@ -391,8 +391,8 @@ class _State:
         # barrier first: other threads wrote the data; and one after, where statements outside
         # the scope access a tensor copied out (the barrier that ordered them after the
         # original writes may lie inside the scope, before the copy-out)
-        escapes = any(p.copy_out is not None and self._touched_outside(p.tensor, domain)
-                      for p in made)
+        outside_refs = self._outside(domain)[0] if copies_out else {}
+        escapes = any(p.copy_out is not None and p.tensor in outside_refs for p in made)
         after = ([self._sync(node)] if copies_out else []) + copies_out \
             + ([self._sync(node)] if escapes else [])
         # in a loop, the next iteration's copies overwrite what this one may still read
@@ -417,6 +417,7 @@ class _State:
         # A thread's private copy is right only if no other thread writes what it holds or
         # reads what it writes, through this group or any other reference to the tensor.
         references = self._references(per_thread)
+        outside = None  # the kernel's references beyond the scope, once a written group asks
         budget = PRIVATE_ELEMENTS
         chosen = []
         for label, tensor, refs, tile, prefix in self._candidates(node, per_thread, "private"):
@@ -430,12 +431,13 @@ class _State:
                 self.declined.append(f"{label}: other threads access elements of {tensor} that "
                                      "are written here")
                 continue
-            if any(r.write for r in refs) and self._other_threads_elsewhere(
-                    tensor, every, per_thread, thread_map):
-                self.declined.append(f"{label}: other threads access elements of {tensor} "
-                                     "that are written here, in another instance of this "
-                                     "scope or outside it")
-                continue
+            if any(r.write for r in refs):
+                outside = outside or self._outside(per_thread)
+                if _other_threads_elsewhere(every, thread_map, *outside, tensor):
+                    self.declined.append(f"{label}: other threads access elements of {tensor} "
+                                         "that are written here, in another instance of this "
+                                         "scope or outside it")
+                    continue
             if not _reused(refs, prefix):
                 self.declined.append(f"{label}: no element is used twice by a thread")
                 continue
@@ -450,34 +452,15 @@ class _State:
         made, before, after = self._build("private", chosen)
         return _Plan(path_of(node), made, before, after, None)
 
-    def _outside(self, scope_domain: isl.UnionSet) -> isl.UnionSet:
-        """The kernel's statement instances (with their thread ids) that do not run in the
-        scope whose instances are scope_domain."""
-        everything = None
-        for leaf in _leaves(self.schedule.get_root()):
-            everything = leaf.domain if everything is None else everything.union(leaf.domain)
-        return everything.subtract(scope_domain)
-
-    def _touched_outside(self, tensor: str, scope_domain: isl.UnionSet) -> bool:
-        """Whether statements outside the scope access the tensor at all."""
-        outside = self._outside(scope_domain)
-        return not outside.is_empty() and bool(self._references(outside).get(tensor))
-
-    def _other_threads_elsewhere(self, tensor: str, refs, scope_domain, thread_map) -> bool:
-        """Whether an element a thread writes in the scope (refs: the scope's references to
-        the tensor) is accessed by another thread in another instance of the scope or outside
-        it. A thread's copy-out writes it at the end of the scope instance, after the barriers
-        inside the scope that ordered the original write before those accesses, and with no
-        barrier between scope instances (fuzz seed 200: a copy-out in one iteration of a loop
-        around the scope, a copy-in of another thread in the next)."""
-        written = _element_threads([r for r in refs if r.write], thread_map)  # element -> thread
-        touched = _element_threads(refs, thread_map)
-        outside = self._outside(scope_domain)
-        others = self._references(outside).get(tensor, []) if not outside.is_empty() else []
-        if others:
-            touched = touched.union(_element_threads(others, _thread_map(outside)))
-        pairs = written.reverse().apply_range(touched)  # thread -> thread, same element
-        return not pairs.subtract(pairs.domain().identity()).is_empty()
+    def _outside(self, scope_domain: isl.UnionSet) -> tuple[dict, isl.UnionMap | None]:
+        """The references, per tensor, of the kernel's statement instances that do not run in
+        the scope whose instances are scope_domain, and their thread ids (thread_map)."""
+        leaves = _leaves(self.schedule.get_root())
+        outside = functools.reduce(isl.UnionSet.union, (leaf.domain for leaf in leaves)) \
+            .subtract(scope_domain)
+        if outside.is_empty():
+            return {}, None
+        return self._references(outside), _thread_map(outside)
 
     # -- building ----------------------------------------------------------------------------------
     def _build(self, memory: str, chosen):
@@ -752,6 +735,22 @@ def _thread_private(refs, prefix, thread_map) -> bool:
             .apply_range(thread_map)
         out = part if out is None else out.union(part)
     return out is None or out.is_single_valued()
+
+
+def _other_threads_elsewhere(refs, thread_map, outside_refs: dict, outside_threads,
+                             tensor: str) -> bool:
+    """Whether an element a thread writes in the scope (refs: the scope's references to the
+    tensor) is accessed by another thread in another instance of the scope or outside it
+    (outside_refs, with outside_threads). A thread's copy-out writes it at the end of the scope
+    instance, after the barriers inside the scope that ordered the original write before those
+    accesses, and with no barrier between scope instances (fuzz seed 200: a copy-out in one
+    iteration of a loop around the scope, a copy-in of another thread in the next)."""
+    written = _element_threads([r for r in refs if r.write], thread_map)  # element -> thread
+    touched = _element_threads(refs, thread_map)
+    if outside_refs.get(tensor):
+        touched = touched.union(_element_threads(outside_refs[tensor], outside_threads))
+    pairs = written.reverse().apply_range(touched)  # thread -> thread, same element
+    return not pairs.subtract(pairs.domain().identity()).is_empty()
 
 
 def _element_threads(refs, thread_map) -> isl.UnionMap:
