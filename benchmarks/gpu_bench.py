@@ -139,7 +139,7 @@ def percentile(sorted_values, q: float) -> float:
 
 def make_inputs(fn, sizes, device: str):
     import torch
-    from tcstage.cli import index_bounds
+    from tcstage.inputs import index_bounds
     bounds = index_bounds(fn.checked, lambda d: sizes[d])
     gen = torch.Generator(device=device).manual_seed(0)
     args = []

@@ -36,7 +36,8 @@ def define(source: str, filename: str = "<string>") -> "Program":
                 notes=("decode bytes first, e.g. data.decode('utf-8')",)
                 if isinstance(value, (bytes, bytearray)) else ())
     module = parse(source, filename)
-    return Program({name: TCFunction(fn) for name, fn in check_module(module).items()})
+    return Program({name: TCFunction(fn) for name, fn in check_module(module).items()},
+                   source, filename)
 
 
 def _describe(value) -> str:
@@ -49,8 +50,12 @@ def _describe(value) -> str:
 class Program:
     """The functions of one TC source, by name: `prog.matmul` or `prog["matmul"]`."""
 
-    def __init__(self, functions: dict[str, "TCFunction"]):
+    def __init__(self, functions: dict[str, "TCFunction"], source: str | None = None,
+                 filename: str = "<string>"):
         self._functions = functions
+        # the text it was defined from: what worker processes define again (Halide objects
+        # do not pickle)
+        self.source, self.filename = source, filename
 
     @property
     def names(self) -> list[str]:
