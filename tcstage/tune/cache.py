@@ -255,6 +255,7 @@ class Cache:
         self.persistent = True  # False when a newer tcstage's file forced a cache in memory
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
+        self._inherited: list[sqlite3.Connection] = []  # connections of a parent before fork
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -393,6 +394,9 @@ class Cache:
             if self._conn is None:
                 raise CacheError(f"tuning cache {self.path}: used after close()")
             if os.getpid() != self._pid and self.persistent:
+                # The parent's connection is kept, unused and unclosed: closing it here could
+                # checkpoint or unlock the parent's file.
+                self._inherited.append(self._conn)
                 self._conn = self._connect(str(self.path))
                 self._pid = os.getpid()
             try:
