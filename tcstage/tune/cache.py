@@ -354,6 +354,8 @@ class Cache:
             raise _Unusable("newer", f"written by a newer tcstage (schema {schema}; this "
                                      f"version reads up to {SCHEMA_VERSION})")
         columns = {r[1] for r in conn.execute("PRAGMA table_info(entries)")}
+        if not columns:
+            raise _Unusable("corrupt", "it has no entries table")
         if not set(_COLUMNS) <= columns:
             raise _Unusable("corrupt", "its entries table lacks columns "
                                        f"{', '.join(sorted(set(_COLUMNS) - columns))}")
