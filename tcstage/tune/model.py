@@ -569,6 +569,7 @@ def _statement_at_leaf(counts: _Counts, s: isl.Set, leaf: _Leaf, refs, ops, inst
                     break
     plain = _drop_params(sched, THREAD_IDS)
     latency_global = latency_shared = False
+    serial = 0.0  # cycles a warp's access waits for its sectors or conflicting words
     for ref in refs:
         if ref.memory == "private":
             continue
@@ -581,6 +582,7 @@ def _statement_at_leaf(counts: _Counts, s: isl.Set, leaf: _Leaf, refs, ops, inst
             counts.global_sectors += warp_execs * per
             counts.global_sectors_by_tensor[ref.tensor] += warp_execs * per
             counts.global_instrs += warp_execs
+            serial += per * device.sector_bytes / device.l1_bytes_per_clock
             if not ref.write:
                 latency_global = True
                 counts.global_loads += executions
@@ -600,13 +602,14 @@ def _statement_at_leaf(counts: _Counts, s: isl.Set, leaf: _Leaf, refs, ops, inst
                                 device.shared_bank_bytes)
             counts.shared_instrs += warp_execs
             counts.shared_wavefronts += warp_execs * degree
+            serial += degree
             if not ref.write:
                 latency_shared = True
                 counts.shared_loads += executions
     counts.alu_instrs += warp_execs * (instrs + 1)  # + address arithmetic and the loop
     counts.flops += executions * ops
     # a thread waits for an instance's loads (issued together), then computes
-    counts.chain += per_thread * ((device.shared_latency if latency_shared else 0)
+    counts.chain += per_thread * (serial + (device.shared_latency if latency_shared else 0)
                                   + max(instrs, 1) * device.alu_latency)
     counts.chain_loads += per_thread if latency_global else 0
 
