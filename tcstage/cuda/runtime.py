@@ -94,6 +94,12 @@ class Kernel:
                  c.promoted.describe(), "", "mapped schedule:", self.schedule_tree]
         return "\n".join(lines)
 
+    def explain(self) -> str:
+        """What each option did: the loops tiled, the loop on each block and thread index,
+        promotions, unrolling, why each barrier is there, and the options without effect."""
+        from tcstage.poly.explain import explain
+        return explain(self.compiled)
+
     def __repr__(self) -> str:
         return (f"<tcstage.Kernel {self.name} target={self.target} grid={self.grid} "
                 f"block={self.block}>")

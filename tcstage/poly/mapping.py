@@ -77,6 +77,16 @@ class Mapped:
     syncs: int  # barriers inserted
     unrolled: int  # loops marked for unrolling
     notes: tuple[OptionNote, ...] = ()  # thread or block sizes that no loop could use
+    # For explaining the mapping (poly/explain.py). Loops are band members as relations,
+    # instance -> value (schedule.member_map), united over the bands mapped alike.
+    block_loops: tuple[isl.UnionMap, ...] = ()  # the loop on blockIdx.x, .y, .z (dims used)
+    thread_loops: tuple[isl.UnionMap, ...] = ()  # the loop on threadIdx.x, .y, .z (dims used)
+    # per barrier: ("after", statements of the child it follows: a later child depends on
+    # them across threads) or ("iteration", statements of the sequence it ends, in a loop)
+    barriers: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    unrolled_loops: tuple[tuple[isl.UnionMap, int], ...] = ()  # with their trips per thread
+    # the loops where unrolling stopped: (loop, trips per thread, copies of the body already)
+    unroll_stops: tuple[tuple[isl.UnionMap, int, int], ...] = ()
 
 
 @attrs.frozen
@@ -111,7 +121,20 @@ def map_to_gpu(schedule: isl.Schedule, dependences: isl.UnionMap, context: isl.S
                                 "carries no dependence: blocks cannot synchronise)")
     return Mapped(node.get_schedule(), context.intersect_params(ranges).params(),
                   grid, tuple(block), len(blocks.bands), len(decide.bands), insert.syncs,
-                  insert.unrolled, notes)
+                  insert.unrolled, notes, blocks.loops, _united(decide.loops),
+                  tuple(insert.barriers), tuple(insert.unrolled_loops), tuple(insert.stops))
+
+
+def _united(per_band: list[list[isl.UnionMap]]) -> tuple[isl.UnionMap, ...]:
+    """Per dimension, the union of each band's loop on it."""
+    out: list[isl.UnionMap] = []
+    for loops in per_band:
+        for d, loop in enumerate(loops):
+            if d == len(out):
+                out.append(loop)
+            else:
+                out[d] = out[d].union(loop)
+    return tuple(out)
 
 
 def _unused_dimensions(option: str, wanted: Sequence[int], got: Sequence[int], ids: str,
@@ -133,6 +156,7 @@ class _Blocks:
     bands: dict  # tree path of each block-mapped band -> {member: blocks along it}
     grid: tuple[int, int, int]
     values: isl.UnionMap | None  # instance -> its block-mapped member values
+    loops: tuple[isl.UnionMap, ...] = ()  # per grid dimension used, its loop (all bands)
 
 
 def _block_bands(schedule, deps) -> list[isl.ScheduleNode]:
@@ -178,9 +202,11 @@ def _map_blocks(schedule, deps, blocks: Sequence[int]) -> tuple[isl.Schedule, _B
         for path in chosen or [()]:
             schedule = node_at(schedule, path).child(0).insert_mark(isl.Id(KERNEL)).get_schedule()
         return schedule, _Blocks({}, (1, 1, 1), None)
-    bands, values = {}, None
+    bands, values, per_band = {}, None, []
     for path, members in chosen.items():  # inserting in one branch leaves the others' paths
         band = node_at(schedule, path)
+        # the loops as written, before the filter pins them to the block ids
+        per_band.append([member_map(band, k) for k, _ in members])
         filter_ = band.get_domain()
         for d, (k, size) in enumerate(members):
             filter_ = filter_.intersect(_modulo_filter(band, k, size, BLOCK_IDS[d]))
@@ -199,7 +225,7 @@ def _map_blocks(schedule, deps, blocks: Sequence[int]) -> tuple[isl.Schedule, _B
             own = part if own is None else own.flat_range_product(part)
         if own is not None:
             values = own if values is None else values.union(own)
-    return schedule, _Blocks(bands, tuple(grid), values)
+    return schedule, _Blocks(bands, tuple(grid), values, _united(per_band))
 
 
 # -- threads: deciding -------------------------------------------------------------------------
@@ -212,6 +238,7 @@ class _ThreadDecisions:
         self.bands: dict[tuple[int, ...], _ThreadBand] = {}
         self.mapped_below: dict[tuple[int, ...], int] = {}
         self.thread_ids: list[tuple[isl.UnionSet, list[isl.UnionPwAff]]] = []
+        self.loops: list[list[isl.UnionMap]] = []  # per thread band, its loop on each dimension
         self._counts: dict[tuple[tuple[int, ...], int], int] = {}
 
     def count(self, node: isl.ScheduleNode, path: tuple[int, ...], k: int) -> int:
@@ -264,6 +291,7 @@ class _ThreadDecisions:
         partial = node.band_get_partial_schedule()
         self.thread_ids.append((domain, [partial.get_union_pw_aff(k).mod_val(isl.Val(size))
                                          for k, size in zip(members, sizes)]))
+        self.loops.append([member_map(node, k) for k in members])
         return _ThreadBand(tuple(members), tuple(sizes))
 
     def cross_thread(self, domain: isl.UnionSet, n_threads: int) -> isl.UnionMap:
@@ -299,6 +327,9 @@ class _Insert:
         self.decide, self.deps, self.n_threads, self.unroll = decide, deps, n_threads, unroll
         self.register_tiling = register_tiling
         self.syncs = self.unrolled = 0
+        self.barriers: list[tuple[str, tuple[str, ...]]] = []  # Mapped.barriers
+        self.unrolled_loops: list[tuple[isl.UnionMap, int]] = []
+        self.stops: list[tuple[isl.UnionMap, int, int]] = []
         self.ends_with_sync: set[tuple[int, ...]] = set()  # subtrees whose last act is a barrier
 
     def visit(self, node, path, *, under_threads: bool, in_loop: bool):
@@ -407,10 +438,12 @@ class _Insert:
             grafted = node.child(i).child(0).graft_after(graft)
             node = grafted.ancestor(grafted.get_tree_depth() - depth)
             self.syncs += 1
+            self.barriers.append(("after", _statements(domains[i])))
         if at_end:  # after the whole sequence, in every iteration in which any child runs
             grafted = node.graft_after(sync_graft(node))
             node = grafted.ancestor(grafted.get_tree_depth() - depth)
             self.syncs += 1
+            self.barriers.append(("iteration", _statements(whole)))
         return node
 
     def _unroll(self, node, path, band: _ThreadBand | None, on_blocks, copies: int, full: bool):
@@ -420,10 +453,13 @@ class _Insert:
         for k in reversed(range(node.band_n_member())):
             trips = -(-self.decide.count(node, path, k) // threads.get(k, 1))
             if not full or copies * trips > self.unroll or k in on_blocks:
+                if full and k not in on_blocks:
+                    self.stops.append((member_map(node, k), trips, copies))
                 return node, copies, False
             node = node.band_member_set_ast_loop_type(k, isl.ast_loop_type.unroll)
             copies *= trips
             self.unrolled += 1
+            self.unrolled_loops.append((member_map(node, k), trips))
         return node, copies, full
 
 
@@ -445,6 +481,13 @@ def sync_graft(node: isl.ScheduleNode, tag: int | None = None) -> isl.ScheduleNo
 def _prefix_values(node: isl.ScheduleNode) -> isl.UnionSet:
     """The values the loops around node take where some instance reaches it."""
     return node.get_prefix_schedule_union_map().intersect_domain(node.get_domain()).range()
+
+
+def _statements(domain: isl.UnionSet) -> tuple[str, ...]:
+    """The names of the statements (not copies or barriers) with instances in domain."""
+    names = []
+    domain.foreach_set(lambda s: names.append(s.get_tuple_name()))
+    return tuple(sorted(n for n in names if n and not n.startswith("_")))
 
 
 def _constant(domain: isl.UnionSet, value: int) -> isl.UnionMap:

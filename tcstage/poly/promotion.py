@@ -171,6 +171,10 @@ class Promoted:
     declined: tuple[str, ...]  # why other groups were not promoted, for `tcstage show`
     syncs: int
     notes: tuple[OptionNote, ...] = ()  # depths that could not take effect
+    # per barrier (for poly/explain.py): (why, the tensors copied), why one of "after copy-in",
+    # "before copy-out", "after copy-out" (statements outside the scope access them) or "loop"
+    # (the scope runs in a loop: the next iteration's copies overwrite the buffers)
+    barriers: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def describe(self) -> str:
         shared = sum(p.nbytes for p in self.promotions if p.memory == "shared")
@@ -202,7 +206,7 @@ def promote(scop: Scop, mapped: Mapped, options: MappingOptions, dtypes: dict) -
                  ("privateDepth", options.private_depth, "usePrivateMemory",
                   options.use_private_memory)) if depth is not None and not used]
     return Promoted(schedule, tuple(state.promotions), tuple(state.declined), state.syncs,
-                    tuple(dict.fromkeys(notes + state.notes)))
+                    tuple(dict.fromkeys(notes + state.notes)), tuple(state.barriers))
 
 
 @attrs.frozen
@@ -227,6 +231,7 @@ class _State:
         self.promotions: list[Promotion] = []
         self.declined: list[str] = []
         self.syncs = 0
+        self.barriers: list[tuple[str, tuple[str, ...]]] = []  # Promoted.barriers
         self.buffers: set[str] = set()
         self.written = {s.write.tensor for s in scop.statements}
         self.views: dict[tuple, str] = {}  # gathered views: (tensor, subscripts) -> tuple name
@@ -387,21 +392,24 @@ class _State:
             chosen.append((tensor, refs, tile, prefix, padded))
             self.unneeded |= _index_reads(refs)
         made, copies_in, copies_out = self._build("shared", chosen)
-        before = copies_in + ([self._sync(node)] if copies_in else [])
+        copied_in = tuple(p.tensor for p in made if p.copy_in is not None)
+        copied_out = tuple(p.tensor for p in made if p.copy_out is not None)
+        before = copies_in + ([self._sync(node, "after copy-in", copied_in)] if copies_in else [])
         # barrier first: other threads wrote the data; and one after, where statements outside
         # the scope access a tensor copied out (the barrier that ordered them after the
         # original writes may lie inside the scope, before the copy-out)
         outside_refs = self._outside(domain)[0] if copies_out else {}
         escapes = any(p.copy_out is not None and p.tensor in outside_refs for p in made)
-        after = ([self._sync(node)] if copies_out else []) + copies_out \
-            + ([self._sync(node)] if escapes else [])
+        after = ([self._sync(node, "before copy-out", copied_out)] if copies_out else []) \
+            + copies_out + ([self._sync(node, "after copy-out", copied_out)] if escapes else [])
         # in a loop, the next iteration's copies overwrite what this one may still read
-        last = self._sync(node) if made and _runs_in_loop(node, domain, self.mapped.context) \
-            else None
+        last = self._sync(node, "loop", tuple(p.tensor for p in made)) \
+            if made and _runs_in_loop(node, domain, self.mapped.context) else None
         return _Plan(path_of(node), made, before, after, last)
 
-    def _sync(self, node) -> isl.ScheduleNode:
+    def _sync(self, node, why: str, tensors: tuple[str, ...]) -> isl.ScheduleNode:
         self.syncs += 1
+        self.barriers.append((why, tensors))
         return sync_graft(node, self.syncs)
 
     # -- private memory ----------------------------------------------------------------------------

@@ -1,0 +1,340 @@
+"""What each mapping option did to one compiled kernel, in a few lines a user comparing
+schedules can read: which loops were tiled, which loop went to each block and thread index,
+what was promoted (and why not), what was unrolled, why each barrier is there, and which
+options had no effect and why (`Kernel.explain()`, `tcstage show --explain`).
+
+Only facts the passes recorded are used (Tiled, Mapped, Promoted, the OptionNotes); loops are
+named by the TC index names of the statements' iterators (`kk`, not Halide's `C_r$x`).
+"""
+
+from __future__ import annotations
+
+import islpy as isl
+
+from tcstage.options import MappingOptions
+from tcstage.poly.schedule import member_map, outermost_bands, value_count
+
+WIDTH = 22  # the option column
+_XYZ = "xyz"
+# accepted, stored and printed, but not acted on by any pass (docs/cuda.md)
+_NOT_IMPLEMENTED = {
+    "unrollGpuTile": "tcstage does not implement it",
+    "matchLibraryCalls": "no library calls are generated",
+    "intraTileScheduleFusionStrategy": "tcstage does not reschedule inside tiles",
+    "intraTileScheduleAllowSkewing": "tcstage does not reschedule inside tiles",
+    "intraTileSchedulePositiveOrthant": "tcstage does not reschedule inside tiles",
+    "outerSchedulePositiveOrthant": "tcstage does not implement it",
+}
+
+
+def explain(compiled) -> str:
+    """A per-option account of what the compiler made of `compiled.options`."""
+    return _Explainer(compiled).text()
+
+
+class _Explainer:
+    def __init__(self, c):
+        self.c, self.o, self.m, self.p = c, c.options, c.mapped, c.promoted
+        self.rows: list[tuple[str, str]] = []
+        self.no_effect: list[tuple[str, str]] = []
+        # statement name -> {isl iterator: TC index name}
+        self.loop_names = {}
+        for s in c.scop.statements:
+            tc = c.lowered.var_names[s.tc_statement]
+            self.loop_names[s.name] = [tc.get(h, h) for h in s.halide_iterators]
+        self.writes = {s.name: s.tensor for s in c.scop.statements}
+        self.order = {s.name: k for k, s in enumerate(c.scop.statements)}
+
+    # -- naming ------------------------------------------------------------------------------
+    def name(self, loop: isl.UnionMap) -> str:
+        """The TC loop(s) a band member runs over: 'n', or 'i/j' where statements differ."""
+        found: list[tuple[int, str]] = []  # (statement order, name)
+
+        def piece(m: isl.Map) -> None:
+            statement = m.get_tuple_name(isl.dim_type.in_)
+            names = self.loop_names.get(statement, [])
+            order = self.order.get(statement, len(self.order))
+            pa = isl.PwMultiAff.from_map(m).get_at(0)
+
+            def aff(_, a: isl.Aff) -> None:
+                found.extend((order, n) for i, n in enumerate(names)
+                             if a.involves_dims(isl.dim_type.in_, i, 1))
+            pa.foreach_piece(aff)
+        loop.foreach_map(piece)
+        return "/".join(dict.fromkeys(n for _, n in sorted(found))) or "(a constant)"
+
+    def statements(self, names) -> str:
+        return ", ".join(f"{s} (writes {self.writes.get(s, '?')})" for s in names)
+
+    # -- the text ----------------------------------------------------------------------------
+    def text(self) -> str:
+        c, m = self.c, self.m
+        sizes = ", ".join(f"{k}={v}" for k, v in c.binding.sizes.items())
+        threads, blocks = _prod(m.block), _prod(m.grid)
+        head = (f"kernel {c.cuda.name} for {sizes or 'no sizes'}: grid {m.grid} x block "
+                f"{m.block} = {threads} thread{'s' if threads != 1 else ''}, {blocks} "
+                f"block{'s' if blocks != 1 else ''}")
+        lines = [head]
+        if self.o == MappingOptions():
+            lines.append("one thread in one block: no mapping options given "
+                         "(every loop runs sequentially in thread 0 of block 0)")
+        self.outer_loops()
+        for method, args in self.o.calls():
+            handler = getattr(self, f"on_{method}", None)
+            if method in _NOT_IMPLEMENTED:
+                self.no_effect.append((method, _NOT_IMPLEMENTED[method]))
+            elif handler is not None:
+                handler(args)
+        self.barriers()
+        named = {option for option, _ in self.no_effect}
+        for note in c.notes:
+            if note.option not in named:
+                self.no_effect.append((note.option, note.why))
+        lines += [_row(label, text) for label, text in self.rows]
+        if self.no_effect:
+            lines.append(_row("no effect", "; ".join(f"{o}: {why}" for o, why in self.no_effect)))
+        return "\n".join(lines)
+
+    def outer_loops(self) -> None:
+        """The loops of the outermost band(s) before tiling, for the tile line."""
+        bands = outermost_bands(self.c.schedule)
+        self.bands = len(bands)
+        self.band_loops = [self.name(member_map(bands[0], k))
+                           for k in range(bands[0].band_n_member())] if bands else []
+
+    # -- one method per option ---------------------------------------------------------------
+    def on_tile(self, args) -> None:
+        t = self.c.tiled
+        if not t.tiled_members:
+            if not any(note.option.startswith("tile(") for note in self.c.notes):
+                self.no_effect.append((_call("tile", args), "no loop of the outermost band "
+                                       "got a size other than 0"))
+            return
+        names = [self.band_loops[k] if k < len(self.band_loops) else f"member {k}"
+                 for k in t.tiled_members]
+        untiled = [n for k, n in enumerate(self.band_loops) if k not in t.tiled_members]
+        where = "the outer band" if self.bands == 1 else \
+            f"each of the {self.bands} groups' outer bands"
+        text = f"tiles loops {', '.join(names)} of {where} by {' x '.join(map(str, t.tile_sizes))}"
+        if self.m.block_loops:
+            text += " (tile loops -> blocks, point loops -> threads)"
+        if untiled:
+            text += f"; {', '.join(untiled)} not tiled"
+        self.rows.append((_call("tile", args), text))
+
+    def on_tileImperfectlyNested(self, args) -> None:
+        if not self.c.tiled.tiled_members:
+            self.no_effect.append(("tileImperfectlyNested", "nothing was tiled"))
+            return
+        self.rows.append(("tileImperfectlyNested", "point loops that no dependence crosses sink "
+                          "below the loops nested inside them (e.g. a reduction runs once per "
+                          "tile, outside the points)"))
+
+    def on_mapToBlocks(self, args) -> None:
+        m = self.m
+        if not m.block_loops:
+            if not any(note.option.startswith("mapToBlocks") for note in self.c.notes):
+                self.no_effect.append((_call("mapToBlocks", args), "no loop can be mapped to "
+                                       "blocks (a dependence crosses it, or some statement "
+                                       "lies outside every band)"))
+            return
+        parts = []
+        for d, loop in enumerate(m.block_loops):
+            values = value_count(loop)
+            tiles = "tiles" if self.c.tiled.tiled_members else "values"
+            kind = "tile loop over " if self.c.tiled.tiled_members and d == 0 else ""
+            loops = f", each block runs {-(-values // m.grid[d])}" if values > m.grid[d] else ""
+            parts.append(f"blockIdx.{_XYZ[d]} <- {kind}{self.name(loop)} "
+                         f"({values} {tiles}{loops})")
+        used = m.grid[:len(m.block_loops)]
+        text = ", ".join(parts) + f"; asked {' x '.join(map(str, args))}, " \
+            f"{' x '.join(map(str, used))} used"
+        if any(u < a for u, a in zip(used, args)):
+            text += " (the iteration space has no more)"
+        self.rows.append((_call("mapToBlocks", args), text))
+
+    def on_mapToThreads(self, args) -> None:
+        m = self.m
+        if not m.thread_loops:
+            if not any(note.option.startswith("mapToThreads") for note in self.c.notes):
+                self.no_effect.append((_call("mapToThreads", args), "no loop can be split "
+                                       "across threads (each carries a dependence, such as a "
+                                       "reduction, or takes a single value)"))
+            return
+        parts = []
+        for d, loop in enumerate(m.thread_loops):
+            values = value_count(loop)
+            per = " per tile" if self.c.tiled.tiled_members else ""
+            loops = f", each thread runs {-(-values // m.block[d])}" \
+                if values > m.block[d] else ""
+            parts.append(f"threadIdx.{_XYZ[d]} <- {self.name(loop)} "
+                         f"({values} values{per}{loops})")
+        used = m.block[:len(m.thread_loops)]
+        text = ", ".join(parts) + f"; asked {' x '.join(map(str, args))}, " \
+            f"{' x '.join(map(str, used))} used"
+        if any(u < a for u, a in zip(used, args)):
+            text += " (the loops have fewer values)"
+        if m.thread_bands > 1:
+            text += f"; {m.thread_bands} bands mapped alike"
+        self.rows.append((_call("mapToThreads", args), text))
+
+    def _promotion(self, memory: str, option: str) -> None:
+        made = [p for p in self.p.promotions if p.memory == memory]
+        declined = [why[len(memory) + 1:] for why in self.p.declined
+                    if why.startswith(f"{memory} ")]
+        declined += [why for why in self.p.declined if why.startswith("everything")]
+        if not made:
+            why = "; ".join(declined) or "no tensor has a tile to promote here"
+            self.no_effect.append((option, f"nothing promoted ({why})"))
+            return
+        parts = []
+        for p in made:
+            copies = " and ".join(c for c, n in (("copied in", p.copy_in),
+                                                 ("copied out", p.copy_out)) if n) or "no copies"
+            dims = "".join(f"[{d}]" for d in p.padded)
+            per = " per thread" if memory == "private" else " per block"
+            parts.append(f"{p.tensor}: {' x '.join(map(str, p.sizes)) or '1'} tile in "
+                         f"{p.buffer}{dims} {p.dtype} ({p.nbytes} bytes{per}), {copies}")
+        parts += [f"not promoted: {why}" for why in declined]
+        self.rows.append((option, "; ".join(parts)))
+
+    def on_useSharedMemory(self, args) -> None:
+        self._promotion("shared", "useSharedMemory")
+
+    def on_usePrivateMemory(self, args) -> None:
+        self._promotion("private", "usePrivateMemory")
+
+    def on_maxSharedMemory(self, args) -> None:
+        if not self.o.use_shared_memory:
+            self.no_effect.append((_call("maxSharedMemory", args),
+                                   "has no effect without useSharedMemory(True)"))
+            return
+        used = sum(p.nbytes for p in self.p.promotions if p.memory == "shared")
+        self.rows.append((_call("maxSharedMemory", args),
+                          f"shared memory budget {min(args[0], 48 * 1024)} bytes per block; "
+                          f"{used} used"))
+
+    def on_sharedDepth(self, args) -> None:
+        self._depth("sharedDepth", args, self.o.use_shared_memory)
+
+    def on_privateDepth(self, args) -> None:
+        self._depth("privateDepth", args, self.o.use_private_memory)
+
+    def _depth(self, option, args, used) -> None:
+        if used and not any(n.option == _call(option, args) for n in self.c.notes):
+            self.rows.append((_call(option, args), f"promotion scope below {args[0]} band "
+                              "member(s): one copy per value of the loops above"))
+
+    def on_unroll(self, args) -> None:
+        m, n = self.m, args[0]
+        if m.unrolled_loops:
+            # loops of one iteration (a statement's constant member) unroll for free
+            loops = ", ".join(f"{self.name(loop)} ({trips} per thread)"
+                              for loop, trips in m.unrolled_loops if trips > 1) or "none"
+            text = f"unrolled {m.unrolled} loop(s), those with more than one iteration: {loops}"
+            stops = [f"{self.name(loop)} ({trips} iterations x {copies} copies > {n})"
+                     for loop, trips, copies in m.unroll_stops if copies > 1]
+            if stops:
+                text += f"; stopped at {', '.join(stops)}"
+            self.rows.append((_call("unroll", args), text))
+            return
+        stops = [f"{self.name(loop)} runs {trips} times per thread"
+                 for loop, trips, _ in m.unroll_stops]
+        why = f"nothing unrolled: the innermost loop {' and '.join(stops)}, more than {n}" \
+            if stops else "no loop can be unrolled (the innermost ones are mapped to blocks)"
+        self.no_effect.append((_call("unroll", args), why))
+
+    def on_unrollCopyShared(self, args) -> None:
+        if not any(p.memory == "shared" for p in self.p.promotions):
+            self.no_effect.append(("unrollCopyShared", "no copies to shared memory"))
+        else:
+            self.rows.append(("unrollCopyShared", "the loops of the copies to and from shared "
+                              "memory are unrolled"))
+
+    def on_useRegisterTiling(self, args) -> None:
+        if not self.m.thread_loops:
+            self.no_effect.append(("useRegisterTiling", "no loop is mapped to threads"))
+            return
+        private = any(p.memory == "private" for p in self.p.promotions)
+        self.rows.append(("useRegisterTiling", "loops threads do not split (a reduction) run "
+                          "outside each thread's points" + (
+                              "; private scope just below the blocks" if private else "")))
+
+    def on_useReadOnlyCache(self, args) -> None:
+        inputs = [n for n, t in self.c.fn.checked.tensors.items() if t.kind == "input"
+                  and n not in self.writes.values() and not t.type.name == "bool"]
+        if "__ldg(" not in self.c.cuda.source:
+            self.no_effect.append(("useReadOnlyCache", "no load of a read-only input is left "
+                                   "in global memory"))
+        else:
+            self.rows.append(("useReadOnlyCache", f"global loads of {', '.join(inputs)} go "
+                              "through __ldg (the read-only data cache)"))
+
+    def _fusion(self, method, args) -> None:
+        groups = f"one outer band over loops {', '.join(self.band_loops)}" if self.bands == 1 \
+            else f"{self.bands} groups of statements with no common loop"
+        self.rows.append((_call(method, [f'"{a.name}"' for a in args]),
+                          f"the isl scheduler's fusion: {groups}"))
+
+    def on_scheduleFusionStrategy(self, args) -> None:
+        self._fusion("scheduleFusionStrategy", args)
+
+    def on_outerScheduleFusionStrategy(self, args) -> None:
+        self._fusion("outerScheduleFusionStrategy", args)
+
+    def on_outerScheduleAllowSkewing(self, args) -> None:
+        self.rows.append(("outerScheduleAllowSkewing", "schedule coefficients not limited to 1 "
+                          "(loops may be skewed)"))
+
+    def _specialize(self, option) -> None:
+        sizes = ", ".join(f"{k}={v}" for k, v in self.c.binding.sizes.items())
+        self.rows.append((option, f"the scheduler saw the sizes ({sizes}), not symbols"))
+
+    def on_scheduleSpecialize(self, args) -> None:
+        self._specialize("scheduleSpecialize")
+
+    def on_fixParametersBeforeScheduling(self, args) -> None:
+        self._specialize("fixParametersBeforeScheduling")
+
+    # -- barriers ----------------------------------------------------------------------------
+    def barriers(self) -> None:
+        count = self.m.syncs + self.p.syncs
+        if not count:
+            return
+        parts = []
+        for kind, statements in self.m.barriers:
+            if kind == "after":
+                parts.append(f"after {self.statements(statements)} (a later statement uses "
+                             "what other threads wrote)")
+            else:
+                parts.append("at the end of each iteration of the loop around "
+                             f"{self.statements(statements)} (the next iteration uses what "
+                             "other threads wrote)")
+        for why, tensors in self.p.barriers:
+            names = ", ".join(tensors)
+            parts.append({
+                "after copy-in": f"after the copy-in of {names} (threads read what others "
+                                 "copied)",
+                "before copy-out": f"before the copy-out of {names} (threads copy what others "
+                                   "computed)",
+                "after copy-out": f"after the copy-out of {names} (statements outside the "
+                                  "scope read them)",
+                "loop": f"after the promoted scope of {names}, which runs in a loop (the next "
+                        "copy-in overwrites the buffers)",
+            }.get(why, why))
+        self.rows.append(("barriers", f"{count} __syncthreads(): " + "; ".join(parts)))
+
+
+def _row(label: str, text: str) -> str:
+    return f"{label:<{WIDTH - 1}} {text}"
+
+
+def _call(name: str, args) -> str:
+    return f"{name}({', '.join(map(str, args))})"
+
+
+def _prod(values) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out

@@ -1,0 +1,127 @@
+"""Kernel.explain(): the per-option account, checked against facts worked out by hand for
+the kernels below (loop sizes, which loop is contiguous, what can be promoted)."""
+
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+import tcstage as tc
+from tcstage import MappingOptions as M
+
+TMM = "def tmm(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,kk) * B(n,kk) }"
+MLP2 = """def mlp2(float(B,M) I, float(O,M) W2, float(P,O) W3) -> (O2, O3) {
+  O2(b,o) +=! I(b,m) * W2(o,m)
+  O3(b,p) +=! O2(b,o) * W3(p,o)
+}"""
+SCALE = "def scale(float(N) X) -> (Y) { Y(i) = X(i) * 2 }"
+EXAMPLE = M().tile(32, 32).mapToThreads(32, 8).mapToBlocks(64, 64).useSharedMemory(True) \
+    .unroll(4)
+
+
+def f32(*shape):
+    return np.zeros(shape, np.float32)
+
+
+def compile_quietly(src, name, *inputs, options):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        return tc.compile(src, name, *inputs, options=options, target="cuda-emulated")
+
+
+def rows(text: str) -> dict:
+    """The explain text's lines by their option column."""
+    return {line[:21].strip(): line[22:] for line in text.splitlines()[1:] if line[:1] != " "}
+
+
+@pytest.fixture(scope="module")
+def tmm():
+    return compile_quietly(TMM, "tmm", f32(128, 64), f32(256, 64), options=EXAMPLE)
+
+
+def barrier_calls(source: str) -> int:
+    return len(re.findall(r"^\s*_sync\d*\(\);", source, flags=re.M))
+
+
+def test_example_names_the_loop_of_each_index_and_the_grid_used(tmm):
+    text = tmm.explain()
+    # 128 / 32 = 4 tiles of m, 256 / 32 = 8 tiles of n; 32 x 8 threads
+    assert text.splitlines()[0] == ("kernel tc_tmm for M=128, K=64, N=256: grid (4, 8, 1) x "
+                                    "block (32, 8, 1) = 256 threads, 32 blocks")
+    row = rows(text)
+    assert row["tile(32, 32)"].startswith("tiles loops m, n of the outer band by 32 x 32")
+    assert "kk not tiled" in row["tile(32, 32)"]
+    # blockIdx.x takes the outermost tile loop (m), threadIdx.x the innermost point loop: n,
+    # the last (contiguous) dimension of C
+    blocks = row["mapToBlocks(64, 64)"]
+    assert "blockIdx.x <- tile loop over m (4 tiles)" in blocks
+    assert "blockIdx.y <- n (8 tiles)" in blocks
+    assert "asked 64 x 64, 4 x 8 used (the iteration space has no more)" in blocks
+    threads = row["mapToThreads(32, 8)"]
+    assert threads.startswith("threadIdx.x <- n (32 values per tile), threadIdx.y <- m")
+    assert "each thread runs 4" in threads  # 32 rows of m over 8 threads
+
+
+def test_promotion_lines_name_the_promoted_tensors(tmm):
+    promoted = tmm.compiled.promoted.promotions
+    # by hand: A(m, kk) and B(n, kk) are read along kk by consecutive threads (not coalesced)
+    # and reused across the tile; C(m, n) is coalesced on threadIdx.x = n
+    assert sorted(p.tensor for p in promoted) == ["A", "B"]
+    line = rows(tmm.explain())["useSharedMemory"]
+    for p in promoted:
+        assert f"{p.tensor}: 32 x 64 tile in {p.buffer}[32][65]" in line
+    assert "not promoted: C (C(m, n)): every access is coalesced" in line
+
+
+def test_barrier_count_matches_the_source(tmm):
+    # one barrier: after the copies of A and B (the scope runs once per block, no loop)
+    assert barrier_calls(tmm.cuda_source) == 1
+    line = rows(tmm.explain())["barriers"]
+    assert line.startswith("1 __syncthreads(): after the copy-in of A, B")
+
+
+def test_barrier_between_dependent_statements():
+    k = compile_quietly(MLP2, "mlp2", f32(3, 5), f32(16, 5), f32(4, 16),
+                        options=M().scheduleFusionStrategy("Min").mapToThreads(16))
+    assert barrier_calls(k.cuda_source) == 1  # O3 reads rows of O2 other threads wrote
+    line = rows(k.explain())["barriers"]
+    assert line.startswith("1 __syncthreads(): after S1 (writes O2)")
+
+
+def test_unroll_without_effect_says_why(tmm):
+    no_effect = rows(tmm.explain())["no effect"]
+    # kk is not tiled and not mapped: 64 iterations per thread, more than 4
+    assert "unroll(4): nothing unrolled: the innermost loop kk runs 64 times per thread, " \
+        "more than 4" in no_effect
+
+
+def test_options_without_effect_are_listed_with_the_reason():
+    k = compile_quietly(TMM, "tmm", f32(128, 64), f32(256, 64),
+                        options=M().tile(8, 8, 8, 8).mapToThreads(32, 8, 4).unrollGpuTile(True))
+    no_effect = rows(k.explain())["no effect"]
+    # the band has three loops (m, n, kk); kk is a reduction, so only m and n take threads
+    assert "tile(8, 8, 8, 8): the outermost band has 3 loops" in no_effect
+    assert "mapToThreads(32, 8, 4): only 2 loops can be split across threads" in no_effect
+    assert "threadIdx.z stays 1" in no_effect
+    assert "unrollGpuTile: tcstage does not implement it" in no_effect
+
+
+def test_private_memory_with_nothing_to_promote():
+    # each thread reads X(i) and writes Y(i) once: nothing is used twice
+    k = compile_quietly(SCALE, "scale", f32(64),
+                        options=M().mapToThreads(64).usePrivateMemory(True))
+    assert k.compiled.promoted.promotions == ()
+    row = rows(k.explain())
+    assert "usePrivateMemory" not in row
+    assert "usePrivateMemory: nothing promoted (" in row["no effect"]
+    assert "no element is used twice by a thread" in row["no effect"]
+    assert row["mapToThreads(64)"].startswith("threadIdx.x <- i (64 values)")
+
+
+def test_naive_kernel_explains_itself():
+    k = compile_quietly(SCALE, "scale", f32(10), options=None)
+    lines = k.explain().splitlines()
+    assert lines[0].endswith("grid (1, 1, 1) x block (1, 1, 1) = 1 thread, 1 block")
+    assert lines[1].startswith("one thread in one block: no mapping options given")
+    assert len(lines) == 2
