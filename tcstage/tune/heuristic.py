@@ -1,0 +1,52 @@
+"""A default schedule chosen from the TC's structure, for `options="auto"` when nothing is
+cached: what a CUDA programmer writes first for a loop nest of this shape.
+
+The largest statement (most loop iterations) decides. Its output loops (the indices of the
+tensor it writes) are tiled, the innermost by 32 so that threadIdx.x walks the contiguous
+dimension of the output (coalesced stores; row-major tensors), the one outside it by 8; outer
+output loops get tiles of 1, so each block takes one of their values. A block is one tile:
+32 x 8 threads. Blocks cover the tile loops (the mapper puts blockIdx.x on the outermost tile
+loop). Reduction loops stay untiled and sequential per thread. When the statement reduces,
+operands are reused across a tile, so tiles are promoted to shared memory and the accumulator to
+a register; the innermost loops are unrolled by 4.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tcstage.options import MappingOptions
+
+WARP = 32
+
+
+def heuristic_options(fn, reports) -> MappingOptions:
+    """fn: a TCFunction; reports: `fn.ranges(...)` at the call's sizes."""
+    checked = fn.checked
+    best, best_work = None, -1
+    for st, report in zip(checked.statements, reports):
+        extents = [max(int(hi) - int(lo), 1) for lo, hi in report.concrete.values()]
+        work = math.prod(extents)
+        if work > best_work:
+            best, best_work = (st, report), work
+    if best is None:
+        return MappingOptions()
+    st, report = best
+    extents = {v: max(int(hi) - int(lo), 1) for v, (lo, hi) in report.concrete.items()}
+    outputs = [extents[v] for v in st.indices if v in extents]
+    if not outputs:  # a full reduction to a scalar: one thread block cannot split it yet
+        return MappingOptions()
+    reduces = len(extents) > len(outputs)
+    tiles = [1] * len(outputs)
+    tiles[-1] = min(WARP, outputs[-1])
+    if len(outputs) >= 2:
+        tiles[-2] = min(8, outputs[-2])
+    threads = [tiles[-1]] + ([tiles[-2]] if len(outputs) >= 2 else [])
+    counts = [-(-e // t) for e, t in zip(outputs, tiles)]
+    blocks = [min(c, 65535) for c in counts[:3]]
+    blocks[0] = min(counts[0], 2**31 - 1)
+    options = (MappingOptions().tile(*tiles).mapToThreads(*threads).mapToBlocks(*blocks)
+               .unroll(4))
+    if reduces:
+        options = options.useSharedMemory(True).usePrivateMemory(True)
+    return options

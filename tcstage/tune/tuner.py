@@ -1,0 +1,611 @@
+"""`tc.autotune`: search the MappingOptions of one TC function at one set of sizes.
+
+A generation at a time, the search strategy (an optuna sampler) proposes candidates; each goes
+through the evaluation phases of `evaluate.py` in worker processes; the results go back to the
+strategy, and every new best is written to the cache at once (so Ctrl-C, or a kill, loses
+nothing found before).
+
+Objective: the time per call measured on the GPU, or, where there is none, the cost model's
+prediction. A candidate's time counts only after its outputs matched the Halide CPU result on
+the tuning inputs. On a GPU every candidate is checked. Under the model the check is emulation,
+which costs about as much as everything else together, so it is spent where it decides the
+outcome: on each candidate that would enter the best `CHECK_TOP` so far (a candidate never
+checked can never be among them, hence never win). Kernels too large to emulate are marked
+unchecked, and a result that is unchecked says so (`TuneResult.checked`, and a TCWarning).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import time
+
+import attrs
+import numpy as np
+
+from tcstage.errors import TCError, warn
+from tcstage.options import MAX_THREADS_PER_BLOCK, MappingOptions
+from tcstage.tune import evaluate
+from tcstage.tune.evaluate import Job
+from tcstage.tune.heuristic import heuristic_options
+from tcstage.tune.space import Space, build_space, loop_extents
+from tcstage.tune.workers import LocalPool, make_pool
+
+STATUSES = ("ok", "wrong", "compile_error", "timeout", "crash", "pruned")
+STRATEGIES = ("genetic", "tpe")
+DEFAULT_STRATEGY = "genetic"
+# The TC autotuner's defaults (the paper's Section 7; TC's GeneticTuner flags)
+POPULATION, GENERATIONS, ELITES, CROSSOVER, MUTATION = 100, 25, 10, 0.8, 0.07
+CHECK_TOP = 10
+# Pruned candidates (invalid, ignored options, repeats, duplicate kernels) cost at most a compile
+# of a tenth of a second and do not count against the budget; the search stops anyway after this
+# many proposals per unit of budget (a space almost all invalid)
+PROPOSALS = 20
+TIMEOUT = 120.0  # seconds per candidate and phase
+PRESETS = ("pointwise", "mlp", "conv", "group_conv", "reduction")
+
+
+@attrs.frozen
+class Candidate:
+    """One evaluated candidate: `options` (chain text), `status` (one of STATUSES), `time`
+    (seconds per call, measured or predicted; None unless ok), `generation`."""
+
+    index: int
+    options: str
+    status: str
+    time: float | None
+    generation: int
+    detail: str = ""  # why it failed or was pruned
+    predicted: float | None = None  # the cost model's time
+    checked: str = ""  # "gpu", "emulated", or why not
+    kernel: str | None = None  # hash of the generated kernel (equal hashes: equal kernels)
+    source: str = "search"  # "search", or where a warm start came from
+
+
+@attrs.frozen
+class TuneResult:
+    options: MappingOptions  # the best
+    time: float  # seconds per call of the best, measured or predicted
+    measured_on: str  # the GPU's name, or "model"
+    history: tuple[Candidate, ...]
+    function: str
+    sizes: dict
+    strategy: str
+    seconds: float  # tuning time
+    checked: bool  # whether the best was checked against the CPU result
+    interrupted: bool = False
+    device: str = ""  # the cache key's device
+
+    def curve(self) -> list[tuple[int, float]]:
+        """(candidates evaluated, best time so far) after each improvement."""
+        points, best = [], math.inf
+        for n, c in enumerate(self.history, 1):
+            if c.status == "ok" and c.time is not None and c.time < best and \
+                    (c.checked in ("gpu", "emulated") or not self.checked):
+                best = c.time
+                points.append((n, best))
+        return points
+
+    def __str__(self) -> str:
+        counts = {s: sum(c.status == s for c in self.history) for s in STATUSES}
+        tally = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        how = "measured on " + self.measured_on if self.measured_on != "model" else \
+            "predicted by the cost model"
+        return (f"best for {self.function} ({', '.join(f'{k}={v}' for k, v in self.sizes.items())}): "
+                f"{self.time * 1e6:.2f} us per call, {how}\n  {self.options}\n"
+                f"  {len(self.history)} candidates ({tally}) in {self.seconds:.1f} s with "
+                f"{self.strategy}{'; interrupted' if self.interrupted else ''}"
+                f"{'' if self.checked else '; the best could not be checked (too large to emulate)'}")
+
+
+def autotune(source, name: str, *inputs, target: str = "cuda", measure: str | None = None,
+             budget: int | None = None, generations: int | None = None,
+             population: int | None = None, seed: int = 0, start_from=None, cache=None,
+             progress: bool = True, strategy: str | None = None, jobs: int | None = None,
+             timeout: float = TIMEOUT, evaluator=None, device=None, out=None) -> TuneResult:
+    """Searches MappingOptions for TC function `name` of `source` (TC text or a Program) at the
+    shapes of `inputs` (arrays, or shape tuples; scalars as values).
+
+    measure: "gpu" (time on the GPU), "model" (the cost model), or None (the GPU if one works
+    here, else the model). budget: candidates to evaluate (default population x generations:
+    TC's 100 x 25). strategy: "genetic" (TC's, the default) or "tpe" (model-guided, optuna's
+    Tree-structured Parzen Estimator). start_from: MappingOptions, chain text, a preset name or
+    "cache" to seed the search with. cache: None (the default cache), a path, or False.
+    Beyond the issue's API: strategy, jobs (parallel workers), timeout (seconds per candidate),
+    evaluator ("local", "ray", or a pool object), device (the cost model's figures: "H100",
+    "H200" or a model.Device), out (in/out starting values).
+    """
+    from tcstage.program import Program, define
+    if target == "cpu":
+        raise TCError("target='cpu' cannot be tuned yet: the CPU back end takes Halide's "
+                      "autoschedulers (schedule=...), not MappingOptions",
+                      notes=("tune the CUDA kernel with target='cuda'",))
+    if target not in ("cuda", "cuda-emulated"):
+        raise TCError(f"unknown target {target!r}; autotune takes 'cuda' (or 'cpu' once CPU "
+                      "schedules are tunable)")
+    strategy = strategy or DEFAULT_STRATEGY
+    if strategy not in STRATEGIES:
+        raise TCError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+    program = source if isinstance(source, Program) else define(source)
+    fn = program[name]
+    session = _Session(program, fn, inputs, out, measure, device, cache, seed, jobs, timeout,
+                       evaluator)
+    population, generations, budget = _sizes(population, generations, budget)
+    return session.search(strategy, population, budget, start_from, progress)
+
+
+def _sizes(population, generations, budget) -> tuple[int, int, int]:
+    for what, v in (("population", population), ("generations", generations),
+                    ("budget", budget)):
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise TCError(f"{what} must be a positive integer, got {v!r}")
+    if budget is None:
+        population = population or POPULATION
+        budget = population * (generations or GENERATIONS)
+    elif population is None:
+        population = max(4, min(POPULATION, budget // 4)) if generations is None else \
+            max(1, -(-budget // generations))
+    return population, (generations or -(-budget // population)), budget
+
+
+class _Session:
+    """One tuning run's fixed facts: the function, sizes, inputs, device, cache, workers."""
+
+    def __init__(self, program, fn, inputs, out, measure, device, cache, seed, jobs, timeout,
+                 evaluator):
+        from tcstage.inputs import call_shapes
+        from tcstage.tune import model
+        self.program, self.fn, self.seed, self.timeout = program, fn, seed, timeout
+        if program.source is None:
+            raise TCError("autotune needs the TC source text: pass the source, or a Program "
+                          "made by tc.define")
+        self.binding = fn.bind(inputs, out, shapes_only=True)
+        self.sizes = dict(sorted(self.binding.sizes.items()))
+        self.values = {**self.binding.sizes, **{k: v for k, v in self.binding.scalars.items()
+                                                if not isinstance(v, np.ndarray)}}
+        self.shape_args, out_shapes = call_shapes(fn.checked, self.values)
+        self.out_shapes = tuple(out_shapes) or None
+        self.given = (inputs, out) if all(not _is_shape(a) for a in inputs) and \
+            any(isinstance(a, np.ndarray) for a in inputs) else None
+        self.reports = fn.ranges(*self.shape_args, out=self.out_shapes)
+        self.space = build_space(loop_extents(self.reports))
+        self.measure = _measure(measure)
+        if isinstance(device, model.Device):
+            self.model_device = device
+        else:
+            self.model_device = model.device_by_name(device) if device else model.H100
+        if self.measure == "gpu":
+            self.gpu = _detect_gpu()
+            if self.gpu is None:
+                raise TCError("measure='gpu' needs a GPU that pycuda can use, and none works "
+                              "here", notes=("measure='model' tunes with the cost model",))
+            self.device_key = self.gpu
+            self.measured_on = self.gpu.rsplit(" (", 1)[0]
+        else:
+            self.gpu = None
+            self.device_key = f"model:{self.model_device.name}"
+            self.measured_on = "model"
+        self.cache = _open_cache(cache)
+        self.key = None
+        if self.cache is not None:
+            from tcstage.tune.cache import Key
+            self.key = Key.for_call(fn, self.binding, "cuda", self.device_key)
+        self.compile_pool = make_pool(evaluator, jobs, timeout, None)
+        self.check_pool = LocalPool(1, timeout) if self.measure == "gpu" and \
+            evaluator in (None, "local") else self.compile_pool
+        self._reference = None
+
+    # -- candidates -------------------------------------------------------------------------
+    def seeds(self, start_from) -> list[tuple[MappingOptions, str]]:
+        """Warm starts, best first: start_from, the cache (this device at these sizes, then
+        the nearest sizes, then other devices), the structural default, the presets, naive."""
+        from tcstage.compiler import as_options
+        seeds: list[tuple[MappingOptions, str]] = []
+        if start_from is not None and not (isinstance(start_from, str)
+                                           and start_from.strip() == "cache"):
+            seeds.append((as_options(start_from), "start_from"))
+        if self.cache is not None:
+            exact = self.cache.get(self.key)
+            found = ([exact] if exact else []) + self.cache.nearest(self.key)
+            for entry in found:
+                try:
+                    seeds.append((MappingOptions.parse(entry.options),
+                                  f"cache ({entry.key.device}, "
+                                  f"{', '.join(f'{k}={v}' for k, v in entry.key.sizes)})"))
+                except TCError:
+                    continue
+        seeds.append((heuristic_options(self.fn, self.reports), "heuristic"))
+        seeds += [(MappingOptions.named(p), f"preset {p}") for p in PRESETS]
+        seeds.append((MappingOptions(), "naive"))
+        unique, seen = [], set()
+        for options, origin in seeds:
+            if str(options) not in seen:
+                seen.add(str(options))
+                unique.append((options, origin))
+        return unique
+
+    def job(self, options: str, check: bool = False) -> Job:
+        args, out = (self.inputs_and_reference()[:2]) if check else \
+            (tuple(self.shape_args), self.out_shapes)
+        return Job(self.program.source, self.program.filename, self.fn.name, tuple(args), out,
+                   options, device=self.model_device,
+                   target="cuda" if self.measure == "gpu" else "cuda-emulated",
+                   reference=self.inputs_and_reference()[2] if check else ())
+
+    def inputs_and_reference(self):
+        """Tuning inputs (the caller's arrays, or random ones drawn like `tcstage run`'s) and
+        the Halide CPU result on them; made on first need (large sizes may never need them)."""
+        if self._reference is None:
+            from tcstage.inputs import as_out, random_inputs
+            if self.given is not None:
+                args, out = self.given
+                args = tuple(args)
+            else:
+                args, outs = random_inputs(self.fn.checked, self.values, self.seed)
+                args, out = tuple(args), as_out(outs)
+            start = evaluate._fresh(out)
+            reference = self.fn(*args, out=start)
+            reference = reference if isinstance(reference, tuple) else (reference,)
+            self._reference = (args, out, tuple(np.asarray(r) for r in reference))
+        return self._reference
+
+    # -- the search ---------------------------------------------------------------------------
+    def search(self, strategy, population, budget, start_from, progress) -> TuneResult:
+        import optuna
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        started = time.monotonic()
+        seeds = self.seeds(start_from)
+        space = self.space
+        encoded = []
+        for options, origin in seeds:
+            genome = space.encode(options)
+            if str(space.options(genome)) != str(options):
+                genome = _exact_genome(space, options)
+                if genome is None:
+                    continue  # not expressible in the space (e.g. a 4-d block): skip it
+            space = space.with_values(genome)
+            encoded.append((genome, origin))
+        self.space = space
+        sampler = _sampler(strategy, population, self.seed)
+        study = optuna.create_study(direction="minimize", sampler=sampler)
+        for genome, origin in encoded:
+            study.enqueue_trial(genome, user_attrs={"origin": origin}, skip_if_exists=True)
+        state = _State(budget)
+        bar = _Progress(progress, budget, self.fn.name, self.measured_on)
+        interrupted = False
+        try:
+            with bar:
+                generation = 0
+                proposals = 0
+                while state.evaluated < budget and proposals < PROPOSALS * budget:
+                    count = min(population, budget - state.evaluated)
+                    proposals += count
+                    trials = [study.ask() for _ in range(count)]
+                    genomes = [{g.name: t.suggest_categorical(g.name, g.values)
+                                for g in space.genes} for t in trials]
+                    origins = [t.user_attrs.get("origin", "search") for t in trials]
+                    records = self.evaluate(genomes, origins, generation, state, bar)
+                    for trial, record in zip(trials, records):
+                        if record.time is not None and record.status in ("ok", "pruned"):
+                            study.tell(trial, record.time)
+                        else:
+                            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    generation += 1
+        except KeyboardInterrupt:
+            interrupted = True
+        return self.result(state, strategy, time.monotonic() - started, interrupted)
+
+    def evaluate(self, genomes, origins, generation, state, bar) -> list[Candidate]:
+        """Evaluates one generation; returns a record per genome, in order."""
+        records: list[Candidate | None] = [None] * len(genomes)
+        compile_jobs, where = [], []
+        for i, genome in enumerate(genomes):
+            why = _pre_prune(genome, self.space, self.reports)
+            options = None if why else str(self.space.options(genome))
+            earlier = state.by_options.get(options)
+            if why or earlier is not None:
+                records[i] = state.add(Candidate(
+                    state.next_index(), options or _genome_text(genome), "pruned",
+                    earlier.time if earlier is not None and earlier.status == "ok" else None,
+                    generation, why or f"repeats candidate {earlier.index}",
+                    source=origins[i]), bar)
+                continue
+            compile_jobs.append(self.job(options))
+            where.append(i)
+        compiled = {}
+        for k, outcome in self.compile_pool.run(evaluate.compile_job, compile_jobs):
+            compiled[k] = outcome
+        to_check = []
+        for k, i in enumerate(where):
+            outcome = compiled[k]
+            options = compile_jobs[k].options
+            if outcome.status != "ok":
+                records[i] = state.add(Candidate(state.next_index(), options, outcome.status,
+                                                 None, generation, outcome.detail,
+                                                 source=origins[i]), bar)
+                continue
+            r = outcome.value
+            if r["status"] != "ok":
+                records[i] = state.add(Candidate(state.next_index(), options, r["status"],
+                                                 None, generation, r["detail"],
+                                                 source=origins[i]), bar)
+                continue
+            same = state.by_kernel.get(r["kernel"])
+            if same is not None:
+                records[i] = state.add(Candidate(
+                    state.next_index(), options, "pruned",
+                    same.time if same.status == "ok" else None, generation,
+                    f"same kernel as candidate {same.index}", r["predicted"], same.checked,
+                    r["kernel"], origins[i]), bar)
+                continue
+            to_check.append((i, options, r))
+        self.check(to_check, records, generation, origins, state, bar)
+        return records
+
+    def check(self, to_check, records, generation, origins, state, bar) -> None:
+        if self.measure == "gpu":
+            chosen = to_check
+        else:  # the cost model: check where it decides the outcome (see the module docstring)
+            chosen = []
+            for item in sorted(to_check, key=lambda t: t[2]["predicted"]):
+                if state.would_rank(item[2]["predicted"]) and evaluate.emulable(item[2]["work"]):
+                    chosen.append(item)
+                    state.reserve(item[2]["predicted"])
+            state.release()
+        chosen_ids = {id(c) for c in chosen}
+        for item in to_check:
+            if id(item) in chosen_ids:
+                continue
+            i, options, r = item
+            why = "not checked: never among the best predicted" if evaluate.emulable(r["work"]) \
+                else f"not checked: {r['work']:.3g} instances are too many to emulate"
+            records[i] = state.add(Candidate(state.next_index(), options, "ok", r["predicted"],
+                                             generation, "", r["predicted"], why, r["kernel"],
+                                             origins[i]), bar)
+        jobs = [self.job(options, check=True) for _, options, _ in chosen]
+        for k, outcome in self.check_pool.run(evaluate.check_job, jobs):
+            i, options, r = chosen[k]
+            how = "gpu" if self.measure == "gpu" else "emulated"
+            if outcome.status != "ok":
+                status, t, detail = outcome.status, None, f"while checking: {outcome.detail}"
+            else:
+                v = outcome.value
+                status, detail = v["status"], v.get("detail", "")
+                t = (v["time"] if self.measure == "gpu" else r["predicted"]) \
+                    if status == "ok" else None
+            records[i] = state.add(Candidate(state.next_index(), options, status, t, generation,
+                                             detail, r["predicted"], how if status == "ok" else
+                                             "", r["kernel"], origins[i]), bar)
+            if status == "ok" and self.cache is not None and state.best is records[i]:
+                self.remember(records[i], state)
+
+    def remember(self, best: Candidate, state) -> None:
+        """Writes a new best to the cache at once (committed: a later crash keeps it)."""
+        import tcstage
+        from tcstage.tune.cache import Entry
+        self.cache.put(Entry(self.key, best.options, best.time,
+                             "gpu" if self.measure == "gpu" else "model", tcstage.__version__,
+                             datetime.datetime.now(datetime.timezone.utc).isoformat(
+                                 timespec="seconds"), len(state.history)))
+
+    def result(self, state, strategy, seconds, interrupted) -> TuneResult:
+        best = state.best
+        checked = True
+        if best is None:  # nothing checked: the best unchecked one, if the sizes forbade checks
+            unchecked = [c for c in state.history if c.status == "ok" and c.time is not None
+                         and c.checked.startswith("not checked: ") and "too many" in c.checked]
+            if not unchecked:
+                raise TCError(f"no candidate for '{self.fn.name}' compiled and passed the check "
+                              f"({len(state.history)} evaluated"
+                              f"{', interrupted' if interrupted else ''})")
+            best = min(unchecked, key=lambda c: c.time)
+            checked = False
+            warn(f"'{self.fn.name}' at these sizes is too large to emulate: the tuned options "
+                 "were not checked against the CPU result; tune with measure='gpu' on a GPU, "
+                 "or check the kernel there")
+            if self.cache is not None:
+                self.remember(best, state)
+        return TuneResult(MappingOptions.parse(best.options), best.time, self.measured_on,
+                          tuple(state.history), self.fn.name, self.sizes, strategy, seconds,
+                          checked, interrupted, self.device_key)
+
+
+class _State:
+    """The history so far, and what the next candidates are compared against."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.history: list[Candidate] = []
+        self.by_options: dict[str, Candidate] = {}
+        self.by_kernel: dict[str, Candidate] = {}
+        self.best_times: list[float] = []  # checked ok times, ascending
+        self._reserved: list[float] = []
+        self.best: Candidate | None = None
+        self.free = 0  # pruned
+
+    @property
+    def evaluated(self) -> int:
+        """Candidates that cost an evaluation: all but the pruned ones."""
+        return len(self.history) - self.free
+
+    def next_index(self) -> int:
+        return len(self.history)
+
+    def add(self, c: Candidate, bar) -> Candidate:
+        self.history.append(c)
+        self.free += c.status == "pruned"
+        self.by_options.setdefault(c.options, c)
+        if c.kernel is not None and c.status != "pruned":
+            self.by_kernel.setdefault(c.kernel, c)
+        if c.status == "ok" and c.checked in ("gpu", "emulated"):
+            self.best_times = sorted(self.best_times + [c.time])
+            if self.best is None or c.time < self.best.time:
+                self.best = c
+        bar.update(c, self.best, 0 if c.status == "pruned" else 1)
+        return c
+
+    def would_rank(self, t: float) -> bool:
+        ranked = sorted(self.best_times + self._reserved)
+        return len(ranked) < CHECK_TOP or t < ranked[CHECK_TOP - 1]
+
+    def reserve(self, t: float) -> None:
+        self._reserved.append(t)
+
+    def release(self) -> None:
+        self._reserved = []
+
+
+def _sampler(strategy: str, population: int, seed: int):
+    import optuna
+    if strategy == "genetic":
+        # NSGA-II with one objective is an elitist genetic algorithm: the next parents are the
+        # best `population` of parents and children. Uniform crossover (two parents; the paper
+        # draws genes from three) and per-gene mutation, at TC's rates.
+        return optuna.samplers.NSGAIISampler(
+            population_size=max(2, population), mutation_prob=MUTATION,
+            crossover=optuna.samplers.nsgaii.UniformCrossover(), crossover_prob=CROSSOVER,
+            seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=False,
+                                      n_startup_trials=min(population, 20), constant_liar=True,
+                                      warn_independent_sampling=False)
+
+
+def _pre_prune(genome, space: Space, reports) -> str:
+    """Why a genome is not worth compiling ('' if it is): the block exceeds the device's
+    threads, or uses less than a warp where the output loops offer more."""
+    threads = math.prod(genome[f"thread_{a}"] for a in "xyz"[:genome["thread_dims"]])
+    if threads > MAX_THREADS_PER_BLOCK:
+        return f"{threads} threads per block; the device allows {MAX_THREADS_PER_BLOCK}"
+    if threads < 32:
+        parallel = max((math.prod(max(int(hi) - int(lo), 1) for lo, hi in
+                                  list(r.concrete.values())[:len(st_indices)])
+                        for r, st_indices in reports_indices(reports)), default=1)
+        if parallel >= 32:
+            return f"{threads} threads per block, less than a warp, while the output loops " \
+                   f"have {parallel} iterations"
+    return ""
+
+
+def reports_indices(reports):
+    """(report, the statement's output indices) pairs: outputs come first in `concrete`."""
+    for r in reports:
+        lhs = r.source.split("(", 1)[1].split(")", 1)[0] if "(" in r.source.split("=")[0] \
+            else ""
+        yield r, [v for v in lhs.split(",") if v.strip()]
+
+
+def _genome_text(genome) -> str:
+    return ", ".join(f"{k}={v}" for k, v in genome.items())
+
+
+def _exact_genome(space: Space, options: MappingOptions):
+    """A genome that decodes to exactly `options`, with values added to the space as needed;
+    None if the options use something the space cannot express."""
+    genome = space.encode(options)
+    for k in range(len(space.loops)):
+        genome[f"tile{k}"] = options.tile_sizes[k] if k < len(options.tile_sizes) else \
+            space.gene(f"tile{k}").values[0]
+    for k, axis in enumerate("xyz"):
+        genome[f"thread_{axis}"] = options.threads[k] if k < len(options.threads) else 1
+        genome[f"block_{axis}"] = options.blocks[k] if k < len(options.blocks) else 1
+    genome.update(unroll=options.unroll_factor, max_shared=options.max_shared_memory,
+                  shared_depth=options.shared_depth, private_depth=options.private_depth,
+                  unroll_copy_shared=options.unroll_copy_shared)
+    if len(options.tile_sizes) > len(space.loops):
+        return None
+    try:
+        decoded = space.with_values(genome).options(genome)
+    except TCError:
+        return None
+    return genome if str(decoded) == str(options) else None
+
+
+def _is_shape(a) -> bool:
+    return isinstance(a, tuple) and all(isinstance(d, (int, np.integer)) for d in a)
+
+
+def _measure(measure) -> str:
+    if measure in ("gpu", "model"):
+        return measure
+    if measure is not None:
+        raise TCError(f"measure must be 'gpu', 'model' or None (the GPU if one works here, "
+                      f"else the model); got {measure!r}")
+    return "gpu" if _detect_gpu() else "model"
+
+
+_GPU: list = []
+
+
+def _detect_gpu() -> str | None:
+    """The GPU's name, asked in a worker process (CUDA must not start in the tuner's own
+    process: forked workers could not use it), once per process."""
+    if not _GPU:
+        outcome = next(iter(LocalPool(1, 60).run(_gpu_name, [None])))[1]
+        _GPU.append(outcome.value if outcome.status == "ok" else None)
+    return _GPU[0]
+
+
+def _gpu_name(_):
+    return evaluate.gpu_name()
+
+
+def _open_cache(cache):
+    if cache is False:
+        return None
+    from tcstage.tune.cache import Cache
+    return Cache(None if cache is None or cache is True else cache)
+
+
+class _Progress:
+    """A rich progress bar: candidates evaluated of the budget, failures, best so far."""
+
+    def __init__(self, enabled: bool, budget: int, function: str, measured_on: str):
+        self.enabled, self.budget = enabled, budget
+        self.counts = dict.fromkeys(STATUSES, 0)
+        self.bar = None
+        if enabled:
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                       TimeElapsedColumn)
+            self.bar = Progress(TextColumn(f"tuning {function} ({measured_on})"), BarColumn(),
+                                MofNCompleteColumn(), TimeElapsedColumn(),
+                                TextColumn("{task.fields[status]}"), transient=False)
+            self.task = self.bar.add_task("tune", total=budget, status="")
+
+    def __enter__(self):
+        if self.bar is not None:
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def update(self, candidate: Candidate, best: Candidate | None, advance: int = 1) -> None:
+        self.counts[candidate.status] += 1
+        if self.bar is None:
+            return
+        c = self.counts
+        failed = c["compile_error"] + c["crash"] + c["timeout"]
+        status = (f"generation {candidate.generation}: ok {c['ok']}, pruned {c['pruned']}, "
+                  f"failed {failed}, wrong {c['wrong']}"
+                  + (f"; best {best.time * 1e6:.2f} us" if best else ""))
+        self.bar.update(self.task, advance=advance, status=status)
+
+
+def tuned_options(fn, binding, device_key: str, cache=None) -> MappingOptions | None:
+    """The cached best options for this call on this device, or None."""
+    from tcstage.tune.cache import Key
+    c = _open_cache(cache)
+    if c is None:
+        return None
+    with c:
+        entry = c.get(Key.for_call(fn, binding, "cuda", device_key))
+    if entry is None:
+        return None
+    try:
+        return MappingOptions.parse(entry.options)
+    except TCError:
+        return None
+
+
+__all__ = ["autotune", "TuneResult", "Candidate", "tuned_options", "STATUSES"]
