@@ -6,14 +6,18 @@
     prog.mm.output_shapes((M, K), (K, N))
     k = tc.compile(src, "mm", A, B, options=tc.MappingOptions().tile(32, 32).mapToThreads(32, 8))
     C = k(A, B)                        # one CUDA kernel, launched with pycuda
+    res = tc.autotune(src, "mm", A, B) # search MappingOptions (GPU, or the cost model); cached
+    k = tc.compile(src, "mm", A, B, options="auto")   # the cached best
 """
 
 from tcstage.errors import (TCArgumentError, TCError, TCRangeError, TCSemanticError,
                             TCSyntaxError, TCWarning)
 from tcstage.options import FusionStrategy, MappingOptions
-from tcstage.cuda.runtime import Kernel, compile
+from tcstage.cuda.runtime import Kernel
+from tcstage.compiler import compile
 from tcstage.program import Program, TCFunction, define
+from tcstage.tune.tuner import TuneResult, autotune
 
-__all__ = ["define", "compile", "Kernel", "Program", "TCFunction", "TCError", "TCSyntaxError", "TCSemanticError",
+__all__ = ["define", "compile", "autotune", "TuneResult", "Kernel", "Program", "TCFunction", "TCError", "TCSyntaxError", "TCSemanticError",
            "TCRangeError", "TCArgumentError", "TCWarning", "MappingOptions", "FusionStrategy"]
 __version__ = "0.1.0"

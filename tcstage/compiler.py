@@ -19,8 +19,10 @@ so a kernel serves one set of shapes.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
+import threading
 import time
 from collections.abc import Sequence
 
@@ -125,3 +127,84 @@ def _stage(function: str, timings: dict, name: str):
                       notes=("this is a bug in tcstage; please report it with the TC, the "
                              "sizes and the options",)) from e
     timings[name] = time.perf_counter() - start
+
+
+# -- the public entry -----------------------------------------------------------------------------
+
+COMPILED_KERNELS = 64  # kernels the in-process cache keeps (least recently used go first)
+_kernels: collections.OrderedDict = collections.OrderedDict()
+_kernels_lock = threading.Lock()
+
+
+def compile(source, name: str, *inputs, options=None, target: str = "cuda", out=None):
+    """Compiles TC function `name` of `source` (TC text or a `Program`) to one CUDA kernel for
+    the shapes of `inputs` (arrays, or shape tuples; scalars as values).
+
+    `options`: a `MappingOptions`, its chain text, a preset name, or "auto": the best options
+    the autotuner cached for this function, sizes and device, or else a default chosen from the
+    TC's structure (with a TCWarning suggesting tuning); default: the naive options.
+    `target`: "cuda" (launch with pycuda) or "cuda-emulated" (the same source run on the CPU).
+    `out`: the starting values of in/out outputs, as for calls.
+
+    Compiling the same function for the same shapes, options and target again returns the same
+    Kernel, from an in-process cache.
+    """
+    from tcstage.cuda.runtime import Kernel, _check_target
+    from tcstage.program import Program, define
+
+    _check_target(target)  # before the work of compiling
+    program = source if isinstance(source, Program) else define(source)
+    fn = program[name]
+    auto = isinstance(options, str) and options.strip().lower() == "auto"
+    if auto:
+        options = auto_options(fn, inputs, out, target)
+    options = as_options(options)
+    binding = fn.bind(inputs, out, shapes_only=True)
+    key = (_source_key(fn), name, tuple(sorted(binding.sizes.items())),
+           binding.specialization(fn), tuple(str(t.type) for t in fn.checked.inputs),
+           str(options), target)
+    with _kernels_lock:
+        kernel = _kernels.get(key)
+        if kernel is not None:
+            _kernels.move_to_end(key)
+            return kernel
+    kernel = Kernel(compile_cuda(fn, inputs, out, options), target)
+    with _kernels_lock:
+        _kernels[key] = kernel
+        while len(_kernels) > COMPILED_KERNELS:
+            _kernels.popitem(last=False)
+    return kernel
+
+
+def _source_key(fn: TCFunction) -> str:
+    from tcstage.tune.cache import tc_hash
+    return tc_hash(fn)
+
+
+def auto_options(fn: TCFunction, inputs, out, target: str) -> MappingOptions:
+    """options="auto": the cached best for this call on this device (a GPU's measurement
+    first, then the cost model's), else the structural default with a TCWarning."""
+    from tcstage.tune.cache import CacheError
+    from tcstage.tune.heuristic import heuristic_options
+    from tcstage.tune.model import H100
+    from tcstage.tune.tuner import _detect_gpu, tuned_options
+    binding = fn.bind(inputs, out, shapes_only=True)
+    devices = ([_detect_gpu()] if target == "cuda" else []) + [f"model:{H100.name}"]
+    for device in filter(None, devices):
+        try:
+            found = tuned_options(fn, binding, device)
+        except CacheError as e:
+            warn(f"options='auto' could not read the tuning cache: {e.message}")
+            break
+        if found is not None:
+            return found
+    from tcstage.inputs import call_shapes
+    values = {**binding.sizes, **{k: v for k, v in binding.scalars.items()
+                                  if not hasattr(v, "shape")}}
+    shapes, outs = call_shapes(fn.checked, values)
+    options = heuristic_options(fn, fn.ranges(*shapes, out=tuple(outs) or None))
+    sizes = ", ".join(f"{k}={v}" for k, v in sorted(binding.sizes.items()))
+    warn(f"options='auto': no tuned options for '{fn.name}' at {sizes} in the cache; using a "
+         f"default from the TC's structure: {options}. tc.autotune(...) or `tcstage tune` "
+         "finds better ones and caches them")
+    return options

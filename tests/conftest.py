@@ -35,3 +35,9 @@ def _nvcc_checks_every_kernel(monkeypatch, request, _generated_kernels):
         _generated_kernels.setdefault(compiled.cuda.source, []).append(request.node.nodeid)
 
     monkeypatch.setattr(runtime.Kernel, "__init__", recorded)
+
+
+@pytest.fixture(autouse=True)
+def _private_tuning_cache(monkeypatch, tmp_path_factory):
+    """Tests never read or write the user's tuning cache (options="auto", tc.autotune)."""
+    monkeypatch.setenv("TCSTAGE_CACHE_DIR", str(tmp_path_factory.mktemp("tcstage-cache")))

@@ -196,19 +196,3 @@ class PreparedCall:
     def __call__(self):
         self.launch()
         return self.results()
-
-
-def compile(source, name: str, *inputs, options=None, target: str = "cuda", out=None) -> Kernel:
-    """Compiles TC function `name` of `source` (TC text or a `Program`) to one CUDA kernel for
-    the shapes of `inputs` (arrays, or shape tuples; scalars as values).
-
-    `options`: a `MappingOptions`, its chain text, or a preset name (default: the naive
-    options). `target`: "cuda" (launch with pycuda) or "cuda-emulated" (the same source run on
-    the CPU). `out`: the starting values of in/out outputs, as for calls.
-    """
-    from tcstage.compiler import compile_cuda
-    from tcstage.program import Program, define
-
-    _check_target(target)  # before the work of compiling
-    program = source if isinstance(source, Program) else define(source)
-    return Kernel(compile_cuda(program[name], inputs, out, options), target)
