@@ -17,7 +17,8 @@ from tcstage.cuda.runtime import Kernel
 from tcstage.compiler import compile
 from tcstage.program import Program, TCFunction, define
 from tcstage.tune.tuner import TuneResult, autotune
+from tcstage.tune.compare import compare
 
-__all__ = ["define", "compile", "autotune", "TuneResult", "Kernel", "Program", "TCFunction", "TCError", "TCSyntaxError", "TCSemanticError",
+__all__ = ["define", "compile", "autotune", "compare", "TuneResult", "Kernel", "Program", "TCFunction", "TCError", "TCSyntaxError", "TCSemanticError",
            "TCRangeError", "TCArgumentError", "TCWarning", "MappingOptions", "FusionStrategy"]
 __version__ = "0.1.0"

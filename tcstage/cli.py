@@ -1,4 +1,5 @@
-"""`tcstage run | show`: run a TC file on random inputs, or print what the compiler made of it.
+"""`tcstage run | show | tune | compare`: run a TC file on random inputs, print what the compiler
+made of it, tune its MappingOptions, or compare its schedules.
 
     tcstage run examples/tmm.tc --sizes M=128,K=64,N=256
     tcstage run examples/tmm.tc --target cuda-emulated --options "MappingOptions().tile(32, 32)"
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         warnings.showwarning = _show_warning
         _check_flags(args)
-        return _run(args) if args.command == "run" else _show(args)
+        return {"run": _run, "show": _show, "tune": _tune, "compare": _compare}[args.command](args)
     except UsageError as e:
         return _fail(f"tcstage: error: {e}", 2)
     except TCError as e:  # located errors read like a compiler's, with the TC line and a caret
@@ -107,7 +108,46 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--options", metavar="'MappingOptions()...'",
                       help="CUDA mapping options for --schedule and --cuda: a chain or a preset "
                            "name (default: naive)")
+    tune = sub.add_parser("tune", help="search CUDA MappingOptions (tc.autotune)")
+    compare = sub.add_parser("compare", help="compare the schedules of a function (tc.compare)")
+    for p in (tune, compare):
+        p.add_argument("file", help="a .tc source file")
+        p.add_argument("--fn", help="the function (default: the file's only one)")
+        p.add_argument("--sizes", type=_size_items, default=(), metavar="N=128,K=64",
+                       help=f"size variables and scalar inputs (unset sizes are {DEFAULT_SIZE})")
+        p.add_argument("--measure", choices=("gpu", "model"),
+                       help="time on the GPU, or predict with the cost model (default: the GPU "
+                            "if one works here)")
+        p.add_argument("--budget", type=_positive if p is tune else _natural, metavar="N",
+                       help="candidates to evaluate" + (" (default: TC's 100 x 25)"
+                                                         if p is tune else
+                                                         " if the cache has no tuned options "
+                                                         "(default: 30; 0: no tuning run)"))
+        p.add_argument("--no-progress", dest="progress", action="store_false",
+                       help="no progress bar")
+    tune.add_argument("--target", default="cuda", choices=("cuda", "cpu"),
+                      help="what to tune (only cuda can be tuned yet)")
+    tune.add_argument("--strategy", choices=("genetic", "tpe"), default="genetic",
+                      help="genetic (TC's, default) or tpe (model-guided)")
+    tune.add_argument("--seed", type=_natural, default=0,
+                      help="seed of the search and the random inputs")
+    tune.add_argument("--save", metavar="schedules/NAME.txt",
+                      help="append the best options to a schedules file")
+    compare.add_argument("--options", action="append", default=[], metavar="CHAIN",
+                         help="manual mapping options to compare (repeatable): a chain or a "
+                              "preset name")
+    compare.add_argument("--schedules", default="schedules", metavar="DIR",
+                         help="directory of schedules/*.txt files whose lines for this "
+                              "function and sizes are compared (default: schedules)")
+    compare.add_argument("--plot", metavar="OUT.png", help="write a PNG of the comparison")
     return parser
+
+
+def _positive(text: str) -> int:
+    value = _natural(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expects an integer >= 1, got '{text}'")
+    return value
 
 
 def _natural(text: str) -> int:
@@ -152,7 +192,7 @@ def _check_flags(args) -> None:
         if args.schedule is not None and args.target != "cpu":
             raise UsageError(f"--schedule chooses the CPU autoscheduler and has no effect with "
                              f"--target {args.target}")
-    elif args.options is not None and not (args.schedule or args.cuda):
+    elif args.command == "show" and args.options is not None and not (args.schedule or args.cuda):
         raise UsageError("--options maps the CUDA kernel, which only --schedule and --cuda show")
 
 
@@ -171,8 +211,11 @@ def _load(args) -> tc.TCFunction:
     except UnicodeDecodeError as e:
         raise TCError(f"{args.file} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
                       f"{e.start})") from None
-    prog = tc.define(text, args.file)
+    prog = args.program = tc.define(text, args.file)
     if args.fn is None:
+        if args.command in ("tune", "compare") and len(prog.names) > 1:
+            raise UsageError(f"{args.file} defines several TC functions ({', '.join(prog.names)})"
+                             "; choose one with --fn")
         return prog[prog.names[-1]]
     if args.fn not in prog.names:
         raise UsageError(f"--fn: {args.file} has no TC function named '{args.fn}'"
@@ -399,6 +442,65 @@ def _show(args) -> int:
         if args.cuda:
             print(f"# CUDA of {f.name}")
             print(kernel.cuda_source)
+    return 0
+
+
+# --- tune and compare ------------------------------------------------------------------------
+
+
+def _call_shapes(args):
+    """The function, its complete sizes, and shape-only call arguments."""
+    f = _load(args)
+    sizes, _ = complete_sizes(f.checked, given_sizes(f.checked, args.sizes, f.name))
+    inputs, outs = call_shapes(f.checked, sizes)
+    return f, sizes, inputs, (tuple(outs) or None)
+
+
+def _tune(args) -> int:
+    f, sizes, inputs, out = _call_shapes(args)
+    result = tc.autotune(args.program, f.name, *inputs,
+                         out=out, target=args.target, measure=args.measure, budget=args.budget,
+                         strategy=args.strategy, seed=args.seed, progress=args.progress)
+    print(result)
+    if args.save:
+        _save(args, f, sizes, result)
+        print(f"saved to {args.save}")
+    return 0
+
+
+SCHEDULES_HEADER = ("# MappingOptions found by `tcstage tune --save`. One line per case:\n"
+                    "# name | file:function | sizes | options\n")
+
+
+def _save(args, f, sizes, result) -> None:
+    """Appends the best options as a schedules-file line, after a comment saying where and
+    when they were found; a new file starts with a header comment."""
+    import datetime
+    names = size_names(f.checked)
+    line = (f"{f.name}-tuned | {os.path.basename(args.file)}:{f.name} | "
+            f"{','.join(f'{n}={sizes[n]}' for n in names)} | {result.options}\n")
+    now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %z")
+    comment = (f"# tuned on {result.measured_on} at {now}: {result.time * 1e6:.3g} us per call, "
+               f"{len(result.history)} candidates, {result.strategy}\n")
+    directory = os.path.dirname(args.save)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    new = not os.path.exists(args.save) or os.path.getsize(args.save) == 0
+    with open(args.save, "a", encoding="utf-8") as out:
+        out.write((SCHEDULES_HEADER if new else "") + comment + line)
+
+
+def _compare(args) -> int:
+    f, sizes, inputs, out = _call_shapes(args)
+    _check_memory(f, sizes, "cuda-emulated")
+    result = tc.compare(args.program, f.name, *inputs,
+                        options=args.options, schedules_dir=args.schedules,
+                        tune_budget=30 if args.budget is None else args.budget,
+                        measure=args.measure, progress=args.progress, plot=args.plot,
+                        filename=args.file)
+    print(result.table())
+    if args.plot:
+        print(f"plot written to {args.plot}")
     return 0
 
 

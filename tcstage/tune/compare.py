@@ -1,0 +1,446 @@
+"""`tc.compare`: one TC function at one set of sizes under every schedule worth comparing, on the
+same inputs, in one process: the naive kernel, the presets, manual options (given, and the lines
+of `schedules/*.txt` written for this function at these sizes), the tuned options (the cache's,
+else a short tuning run), a framework baseline (einsum where the TC is safely translatable,
+else the Halide CPU back end) and the Halide CPU autoschedulers.
+
+Every CUDA schedule is checked against the Halide CPU result (on the GPU, or emulated) and timed
+on the GPU, or else its time is the cost model's prediction; the table says which. A schedule
+that fails to compile is a row with the error.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+import statistics
+import time
+import warnings
+
+import attrs
+import numpy as np
+
+from tcstage.errors import TCError
+from tcstage.options import MappingOptions
+from tcstage.tune import evaluate
+from tcstage.tune.tuner import PRESETS
+
+CPU_RUNS = 5  # timed runs of a CPU schedule after a warm-up run (the median counts)
+GPU_RUNS = 20
+
+
+@attrs.frozen
+class Row:
+    """One schedule: `kind` is naive, preset, manual, tuned, baseline or cpu; `time` seconds per
+    call (None when it failed); `ratio` time / the baseline's; `correct` True/False, or None
+    when not checked (`detail` says why); `how` how the time was obtained."""
+
+    name: str
+    kind: str
+    options: str
+    time: float | None
+    ratio: float | None
+    correct: bool | None
+    how: str
+    detail: str = ""
+
+
+@attrs.frozen
+class CompareResult:
+    function: str
+    sizes: dict
+    rows: tuple[Row, ...]
+    baseline: str  # the baseline row's name
+    tune: object = None  # the TuneResult of a tuning run made for the comparison, if one ran
+
+    def row(self, name: str) -> Row:
+        for r in self.rows:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    def table(self) -> str:
+        head = ("schedule", "time", "vs baseline", "correct", "how measured")
+        body = [(r.name, _time(r.time), f"{r.ratio:.3g}x" if r.ratio is not None else "-",
+                 {True: "yes", False: "WRONG", None: "-"}[r.correct], r.how) for r in self.rows]
+        widths = [max(len(x[k]) for x in [head, *body]) for k in range(len(head))]
+        lines = [f"{self.function} ({', '.join(f'{k}={v}' for k, v in self.sizes.items())}); "
+                 f"baseline: {self.baseline}"]
+        for k, cells in enumerate([head, *body]):
+            lines.append("  ".join(c.ljust(w) if i in (0, 3, 4) else c.rjust(w)
+                                   for i, (c, w) in enumerate(zip(cells, widths))).rstrip())
+            if k == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        notes = [f"  {r.name}: {r.detail}" for r in self.rows if r.detail]
+        if notes:
+            lines += ["notes:", *notes]
+        return "\n".join(lines)
+
+    __str__ = table
+
+    def plot(self, path) -> None:
+        """A PNG: times per schedule (log scale) and, if a tuning run was made, its curve."""
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        timed = [r for r in self.rows if r.time is not None and r.time > 0]
+        curve = self.tune.curve() if self.tune is not None else []
+        fig, axes = plt.subplots(1, 2 if curve else 1, figsize=(13 if curve else 8,
+                                                               max(3.0, 0.35 * len(timed) + 1.5)),
+                                 squeeze=False)
+        left = axes[0][0]
+        colors = {"naive": "tab:gray", "preset": "tab:blue", "manual": "tab:purple",
+                  "tuned": "tab:green", "baseline": "tab:red", "cpu": "tab:orange"}
+        names = [r.name + ("" if r.correct is not False else " (wrong)") for r in timed]
+        left.barh(range(len(timed)), [r.time * 1e6 for r in timed],
+                  color=[colors.get(r.kind, "tab:gray") for r in timed])
+        left.set_yticks(range(len(timed)), names, fontsize=8)
+        left.invert_yaxis()
+        left.set_xscale("log")
+        left.set_xlabel("us per call (log)")
+        left.set_title(f"{self.function}: time per schedule")
+        if curve:
+            right = axes[0][1]
+            xs, ys = zip(*curve)
+            right.step([*xs, len(self.tune.history)], [y * 1e6 for y in (*ys, ys[-1])],
+                       where="post", marker="o")
+            right.set_xlabel("candidates evaluated")
+            right.set_ylabel("best us per call")
+            right.set_title(f"tuning ({self.tune.strategy}, {self.tune.measured_on})")
+        fig.tight_layout()
+        fig.savefig(path, format="png", dpi=100)
+        plt.close(fig)
+
+
+def _time(t: float | None) -> str:
+    if t is None:
+        return "failed"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3)):
+        if t >= scale:
+            return f"{t / scale:.3g} {unit}"
+    return f"{t * 1e6:.3g} us"
+
+
+def compare(source, name: str, *inputs, options=(), schedules_dir="schedules", tune_budget=30,
+            measure=None, cache=None, progress=True, plot=None, filename=None) -> CompareResult:
+    """Compares schedules of TC function `name` of `source` (TC text or a Program) on `inputs`
+    (arrays, or shape tuples for random inputs; scalars as values).
+
+    options: extra manual MappingOptions (objects or chain text). schedules_dir: where the
+    `*.txt` schedule files are (lines `name | file:function | sizes | options`; those for this
+    function, TC file when known, and exactly these sizes are compared). tune_budget: candidates
+    of the tuning run made when the cache has no tuned options (0: none). measure: "gpu",
+    "model" or None (the GPU if one works here). plot: a path for a PNG.
+    """
+    from tcstage.compiler import as_options
+    from tcstage.inputs import as_out, random_inputs
+    from tcstage.program import Program, define
+    from tcstage.tune.tuner import _is_shape, _measure
+    program = source if isinstance(source, Program) else define(source, filename or "<string>")
+    filename = filename or (program.filename if program.filename != "<string>" else None)
+    fn = program[name]
+    if isinstance(options, (str, MappingOptions)):
+        options = (options,)
+    manual = [as_options(o) for o in options]  # bad options are the caller's error: raise now
+    binding = fn.bind(inputs, None, shapes_only=True)
+    values = {**binding.sizes, **{k: v for k, v in binding.scalars.items()
+                                  if not isinstance(v, np.ndarray)}}
+    sizes = dict(values)
+    random_args, random_outs = random_inputs(fn.checked, values, 0)
+    given = all(not _is_shape(a) for a in inputs) and any(isinstance(a, np.ndarray)
+                                                          for a in inputs)
+    args = tuple(inputs) if given else tuple(random_args)
+    out = as_out(random_outs)
+    measure = _measure(measure)
+
+    schedules = [("naive", "naive", MappingOptions(), "")]
+    schedules += [(f"preset {p}", "preset", MappingOptions.named(p), "") for p in PRESETS]
+    schedules += [(f"manual {k}", "manual", o, "") for k, o in enumerate(manual, 1)]
+    schedules += [(n, "manual", o, where) for n, o, where in
+                  schedule_lines(schedules_dir, fn.name, filename, sizes)]
+
+    with _Bar(progress, len(schedules) + 6, fn.name) as bar:
+        # Tuning first: its workers are forked, and CUDA must not have started in this process.
+        tune, tuned, tuned_from = _tuned(program, fn, binding, args, out, measure, cache,
+                                         tune_budget, progress, bar)
+        if tuned is not None:
+            schedules.append(("tuned", "tuned", tuned, tuned_from))
+        bar.step("the Halide CPU reference")
+        reference = _outputs(fn(*args, out=_fresh(out)))
+        rows = []
+        for label, kind, opts, where in schedules:
+            bar.step(label)
+            rows.append(_cuda_row(fn, args, out, reference, label, kind, opts, where, measure))
+        bar.step("baseline")
+        base = _baseline(fn, args, out, reference)
+        cpu = []
+        from tcstage.halide.jit import AUTOSCHEDULERS
+        for schedule in AUTOSCHEDULERS:
+            bar.step(f"Halide CPU {schedule}")
+            cpu.append(_cpu_row(fn, args, out, reference, schedule))
+    rows.append(base)
+    rows += cpu
+    t0 = base.time
+    rows = tuple(attrs.evolve(r, ratio=r.time / t0 if r.time is not None and t0 else None)
+                 for r in rows)
+    result = CompareResult(fn.name, sizes, rows, base.name, tune)
+    if plot is not None:
+        result.plot(plot)
+    return result
+
+
+def schedule_lines(directory, function: str, filename, sizes: dict):
+    """(name, MappingOptions, where) of the schedule-file lines for this function (and TC file
+    when known, by its base name) at exactly these sizes. Lines that do not parse are skipped."""
+    found = []
+    if not directory:
+        return found
+    for path in sorted(glob.glob(os.path.join(str(directory), "*.txt"))):
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        for number, line in enumerate(lines, 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            fields = [x.strip() for x in line.split("|")]
+            if len(fields) != 4:
+                continue
+            label, where, text, chain = fields
+            tc_file, _, fn_name = where.rpartition(":")
+            if fn_name != function or (filename and tc_file and
+                                       os.path.basename(tc_file) != os.path.basename(filename)):
+                continue
+            try:
+                line_sizes = {k.strip(): int(v) for k, _, v in
+                              (item.partition("=") for item in text.split(",") if item.strip())}
+                if line_sizes != sizes:
+                    continue
+                found.append((label, MappingOptions.parse(chain), f"{path}:{number}"))
+            except (ValueError, TCError):
+                continue
+    return found
+
+
+def _tuned(program, fn, binding, args, out, measure, cache, budget, progress, bar):
+    """(TuneResult or None, options or None, where from): the cache's tuned options for this
+    device, else the best of a tuning run of `budget` candidates."""
+    from tcstage.tune.model import H100
+    from tcstage.tune.tuner import _detect_gpu, autotune, tuned_options
+    device = _detect_gpu() if measure == "gpu" else f"model:{H100.name}"
+    found = tuned_options(fn, binding, device, cache) if cache is not False else None
+    if found is not None:
+        return None, found, f"from the tuning cache ({device})"
+    if not budget:
+        return None, None, ""
+    bar.step(f"tuning ({budget} candidates)")
+    with bar.paused():
+        result = autotune(program, fn.name, *args, out=_fresh(out), measure=measure,
+                          budget=budget, cache=cache, progress=progress)
+    return result, result.options, (f"tuning run: {len(result.history)} candidates in "
+                                    f"{result.seconds:.1f} s")
+
+
+def _cuda_row(fn, args, out, reference, label, kind, options, where, measure) -> Row:
+    from tcstage.compiler import compile_cuda
+    from tcstage.cuda.runtime import Kernel
+    from tcstage.tune import model
+    text = str(options)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # options without effect go in the row's detail
+            compiled = compile_cuda(fn, args, out, options)
+        notes = "; ".join(f"option {n}" for n in compiled.notes)
+        predicted = float(model.predict(compiled).time)
+        detail = "; ".join(filter(None, [where, notes]))
+        work = evaluate._work(compiled)
+        if measure != "gpu" and not evaluate.emulable(work):
+            return Row(label, kind, text, predicted, None, None, "cost model (H100)",
+                       "; ".join(filter(None, [detail, f"not checked: too large to emulate "
+                                                       f"({work:.3g} instances)"])))
+        target = "cuda" if measure == "gpu" else "cuda-emulated"
+        kernel = Kernel(compiled, target)
+        call = kernel.prepare(*args, out=_fresh(out))
+        results = [np.asarray(r.get() if hasattr(r, "get") and not isinstance(r, np.ndarray)
+                              else r) for r in _outputs(call())]
+        wrong = evaluate.compare(results, reference, fn.checked.outputs)
+        if measure == "gpu":
+            t, how = evaluate._time_on_gpu(call, GPU_RUNS), "measured on the GPU"
+        else:
+            t, how = predicted, "cost model (H100); checked emulated"
+        return Row(label, kind, text, t, None, not wrong, how,
+                   "; ".join(filter(None, [detail, wrong])))
+    except TCError as e:
+        return Row(label, kind, text, None, None, None, "failed to compile",
+                   "; ".join(filter(None, [where, evaluate._one_line(e)])))
+
+
+def _cpu_row(fn, args, out, reference, schedule) -> Row:
+    label = f"Halide CPU {schedule}"
+    try:
+        t, result = _timed(lambda: fn(*args, out=_fresh(out), schedule=schedule))
+    except TCError as e:
+        return Row(label, "cpu", "", None, None, None, "failed", evaluate._one_line(e))
+    wrong = evaluate.compare(_outputs(result), reference, fn.checked.outputs)
+    return Row(label, "cpu", "", t, None, not wrong, f"measured on the CPU (median of "
+                                                     f"{CPU_RUNS})", wrong)
+
+
+def _baseline(fn, args, out, reference) -> Row:
+    """einsum (PyTorch's if importable, else numpy's) when the TC translates safely, else the
+    Halide CPU back end with its default schedule."""
+    plan, why = einsum_plan(fn.checked)
+    if plan is not None:
+        try:
+            import torch
+        except ImportError:
+            torch = None
+        label = "torch.einsum (baseline)" if torch else "numpy.einsum (baseline)"
+        try:
+            t, result = _timed(lambda: run_einsum(plan, fn.checked, args, torch))
+        except ValueError as e:  # extents that einsum cannot pair up: fall back
+            why = f"einsum rejected the shapes: {e}"
+        else:
+            wrong = evaluate.compare(result, reference, fn.checked.outputs)
+            return Row(label, "baseline", _plan_text(plan), t, None, not wrong,
+                       f"measured on the CPU (median of {CPU_RUNS})", wrong)
+    t, result = _timed(lambda: fn(*args, out=_fresh(out)))
+    wrong = evaluate.compare(_outputs(result), reference, fn.checked.outputs)
+    return Row("Halide CPU (baseline)", "baseline", "", t, None, not wrong,
+               f"measured on the CPU (median of {CPU_RUNS})",
+               f"the Halide CPU back end is the baseline: no einsum translation ({why})")
+
+
+def einsum_plan(fn):
+    """([(tensor, subscripts, operands)] per statement, '') when every statement of the checked
+    function `fn` is `T(i..) +=! / = product of reads with plain index subscripts` of float
+    tensors, each tensor written once and no `where`; else (None, why not)."""
+    plan, written = [], set()
+    for st in fn.statements:
+        if st.tensor in written:
+            return None, f"{st.tensor} is written by more than one statement"
+        if not (st.reduction is None or (st.reduction == "+" and st.init)):
+            op = f"{st.reduction}={'!' if st.init else ''}"
+            return None, f"{st.tensor} is defined with {op}, not +=! or ="
+        if st.reduction is None and st.reduction_vars:
+            return None, f"{st.tensor} has right-only indices without a reduction"
+        if st.where:
+            return None, f"{st.tensor}'s statement has a where clause"
+        if len(set(st.indices)) != len(st.indices):
+            return None, f"{st.tensor} repeats an index on its left-hand side"
+        reads = _product(st.rhs)
+        if reads is None:
+            return None, f"{st.tensor}'s right-hand side is not a product of tensor reads"
+        for r in reads:
+            if not all(type(a).__name__ == "IndexVar" for a in r.args):
+                return None, f"{r.tensor} is read with a subscript that is not a plain index"
+            if r.tensor == st.tensor or r.tensor not in fn.tensors:
+                return None, f"{st.tensor} reads itself"
+        if not all(fn.tensors[t].type.is_float for t in {st.tensor, *(r.tensor for r in reads)}):
+            return None, f"{st.tensor}'s statement is not all floating point"
+        written.add(st.tensor)
+        names = list(dict.fromkeys([*st.indices, *(a.name for r in reads for a in r.args)]))
+        if len(names) > 52:
+            return None, "more indices than einsum letters"
+        letter = {n: "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"[k]
+                  for k, n in enumerate(names)}
+        subscripts = ",".join("".join(letter[a.name] for a in r.args) for r in reads) + \
+            "->" + "".join(letter[i] for i in st.indices)
+        plan.append((st.tensor, subscripts, tuple(r.tensor for r in reads)))
+    return plan, ""
+
+
+def _product(e):
+    """The reads of e if e is a product of tensor reads, else None."""
+    from tcstage.lang import checked as C
+    if isinstance(e, C.Read):
+        return [e]
+    if isinstance(e, C.Binary) and e.op == "*":
+        lhs, rhs = _product(e.lhs), _product(e.rhs)
+        return None if lhs is None or rhs is None else lhs + rhs
+    return None
+
+
+def run_einsum(plan, fn, args, torch=None) -> tuple:
+    """The outputs of fn computed statement by statement with einsum (torch's when given).
+    An index's extents must agree between operands: TC's range inference would take their
+    intersection, einsum raises ValueError instead (the caller falls back)."""
+    env = {t.name: a for t, a in zip(fn.inputs, args)}
+    for tensor, subscripts, operands in plan:
+        dtype = fn.tensors[tensor].type.numpy
+        if torch is not None:
+            try:
+                value = torch.einsum(subscripts, *(torch.from_numpy(np.ascontiguousarray(
+                    env[o])) for o in operands)).numpy()
+            except RuntimeError as e:
+                raise ValueError(str(e)) from None
+        else:
+            value = np.einsum(subscripts, *(env[o] for o in operands), optimize=True)
+        env[tensor] = np.asarray(value).astype(dtype, copy=False)
+    return tuple(env[o] for o in fn.outputs)
+
+
+def _plan_text(plan) -> str:
+    return "; ".join(f"{t} = einsum('{s}', {', '.join(o)})" for t, s, o in plan)
+
+
+def _timed(call) -> tuple[float, object]:
+    result = call()  # the first call compiles (Halide) or warms up
+    times = []
+    for _ in range(CPU_RUNS):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def _outputs(r) -> tuple:
+    return tuple(np.asarray(x) for x in (r if isinstance(r, tuple) else (r,)))
+
+
+def _fresh(out):
+    return evaluate._fresh(out)
+
+
+class _Bar:
+    """A rich progress bar over the comparison's steps (not during a tuning run, which has its
+    own)."""
+
+    def __init__(self, enabled: bool, total: int, function: str):
+        self.bar = None
+        if enabled:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+            self.bar = Progress(TextColumn(f"comparing {function}"), BarColumn(),
+                                TimeElapsedColumn(), TextColumn("{task.fields[step]}"),
+                                transient=True)
+            self.task = self.bar.add_task("compare", total=total, step="")
+
+    def __enter__(self):
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+
+    def step(self, what: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, advance=1, step=what)
+
+    def paused(self):
+        import contextlib
+        bar = self.bar
+
+        @contextlib.contextmanager
+        def pause():
+            if bar is not None:
+                bar.stop()
+            try:
+                yield
+            finally:
+                if bar is not None:
+                    bar.start()
+        return pause()
+
+
+__all__ = ["compare", "CompareResult", "Row", "einsum_plan", "run_einsum", "schedule_lines"]
