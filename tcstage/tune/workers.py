@@ -127,16 +127,18 @@ def _kill(process) -> None:
 class RayPool:
     """Evaluations as Ray tasks: on the cluster at `address` (None: a local Ray instance, or
     the one `ray.init` already started). A crashed task's worker is replaced by Ray; a task
-    over `timeout` seconds is cancelled (its worker killed)."""
+    over `timeout` seconds is cancelled (its worker killed). At most `jobs` tasks (default: the
+    cluster's CPUs) are submitted at a time, so that a task's time limit counts from when it
+    can run, not from when it joined Ray's queue."""
 
     def __init__(self, address: str | None = None, timeout: float = 120.0,
-                 num_cpus: int | None = None):
+                 num_cpus: int | None = None, jobs: int | None = None):
         try:
             import ray
         except ImportError:
             raise TCError("evaluator='ray' needs Ray, which cannot be imported",
                           notes=("install it with: pip install 'tcstage[ray]'",)) from None
-        self.ray, self.timeout = ray, timeout
+        self.ray, self.timeout, self.jobs = ray, timeout, jobs
         if not ray.is_initialized():
             ray.init(address=address, num_cpus=num_cpus, include_dashboard=False,
                      log_to_driver=False, ignore_reinit_error=True)
@@ -144,13 +146,17 @@ class RayPool:
     def run(self, function: Callable, items: Sequence) -> Iterator[tuple[int, Outcome]]:
         ray = self.ray
         remote = ray.remote(max_retries=0)(function)
-        refs = {remote.remote(item): index for index, item in enumerate(items)}
-        started = {ref: time.monotonic() for ref in refs}
+        jobs = max(1, self.jobs or int(ray.cluster_resources().get("CPU", 1)))
+        pending = list(enumerate(items))[::-1]
+        refs: dict = {}  # ref -> (index, submission time)
         try:
-            while refs:
+            while pending or refs:
+                while pending and len(refs) < jobs:
+                    index, item = pending.pop()
+                    refs[remote.remote(item)] = (index, time.monotonic())
                 done, _ = ray.wait(list(refs), num_returns=1, timeout=1.0)
                 for ref in done:
-                    index = refs.pop(ref)
+                    index, _ = refs.pop(ref)
                     try:
                         yield index, Outcome("ok", ray.get(ref))
                     except ray.exceptions.RayTaskError as e:
@@ -161,8 +167,8 @@ class RayPool:
                         yield index, Outcome("crash", detail=f"{type(e).__name__}: "
                                                              f"{' '.join(str(e).split())[:300]}")
                 now = time.monotonic()
-                for ref in [r for r in refs if now - started[r] >= self.timeout]:
-                    index = refs.pop(ref)
+                for ref in [r for r, (_, start) in refs.items() if now - start >= self.timeout]:
+                    index, _ = refs.pop(ref)
                     ray.cancel(ref, force=True)
                     yield index, Outcome("timeout", detail=f"took longer than {self.timeout:g} s")
         finally:
