@@ -9,7 +9,7 @@ Objective: the time per call measured on the GPU, or, where there is none, the c
 prediction. A candidate's time counts only after its outputs matched the Halide CPU result on
 the tuning inputs. On a GPU every candidate is checked. Under the model the check is emulation,
 which costs about as much as everything else together, so it is spent where it decides the
-outcome: on each candidate that would enter the best `CHECK_TOP` so far (a candidate never
+outcome: on each candidate that would enter the best `CHECK_TOP` so far, best predicted first (a candidate never
 checked can never be among them, hence never win). Kernels too large to emulate are marked
 unchecked, and a result that is unchecked says so (`TuneResult.checked`, and a TCWarning).
 """
@@ -36,10 +36,10 @@ STRATEGIES = ("genetic", "tpe")
 DEFAULT_STRATEGY = "genetic"
 # The TC autotuner's defaults (the paper's Section 7; TC's GeneticTuner flags)
 POPULATION, GENERATIONS, ELITES, CROSSOVER, MUTATION = 100, 25, 10, 0.8, 0.07
-CHECK_TOP = 10
-# Pruned candidates (invalid, ignored options, repeats, duplicate kernels) cost at most a compile
-# of a tenth of a second and do not count against the budget; the search stops anyway after this
-# many proposals per unit of budget (a space almost all invalid)
+CHECK_TOP = 2  # under the model: emulate candidates that would enter the best two
+# Candidates pruned before compiling (invalid launch shapes, repeats) cost nothing and do not
+# count against the budget; the search stops anyway after this many proposals per unit of
+# budget (a space almost all invalid). Everything compiled counts.
 PROPOSALS = 20
 TIMEOUT = 120.0  # seconds per candidate and phase
 PRESETS = ("pointwise", "mlp", "conv", "group_conv", "reduction")
@@ -194,6 +194,7 @@ class _Session:
         self.check_pool = LocalPool(1, timeout) if self.measure == "gpu" and \
             evaluator in (None, "local") else self.compile_pool
         self._reference = None
+        self._mappable: dict = {}  # schedule and tiling genes -> (block, thread) loops
 
     # -- candidates -------------------------------------------------------------------------
     def seeds(self, start_from) -> list[tuple[MappingOptions, str]]:
@@ -300,15 +301,19 @@ class _Session:
         records: list[Candidate | None] = [None] * len(genomes)
         compile_jobs, where = [], []
         for i, genome in enumerate(genomes):
+            genome = self.repair(genome)
             why = _pre_prune(genome, self.space, self.reports)
-            options = None if why else str(self.space.options(genome))
+            try:
+                options = str(self.space.options(genome))
+            except TCError:  # (a block beyond the CUDA limit cannot even be written down)
+                options = None
             earlier = state.by_options.get(options)
             if why or earlier is not None:
                 records[i] = state.add(Candidate(
                     state.next_index(), options or _genome_text(genome), "pruned",
                     earlier.time if earlier is not None and earlier.status == "ok" else None,
                     generation, why or f"repeats candidate {earlier.index}",
-                    source=origins[i]), bar)
+                    source=origins[i]), bar, free=True)
                 continue
             compile_jobs.append(self.job(options))
             where.append(i)
@@ -342,26 +347,66 @@ class _Session:
         self.check(to_check, records, generation, origins, state, bar)
         return records
 
+    def repair(self, genome: dict) -> dict:
+        """The genome with no more block and thread dimensions than the schedule has loops to
+        map (the polyhedral model says how many, for its schedule and tiling choices): extra
+        ones would be ignored, making the same kernel as the genome without them."""
+        key = tuple(genome[k] for k in ("fusion", "allow_skewing", "fix_parameters",
+                                        "tile_count", "tile_imperfectly_nested",
+                                        "register_tiling"))
+        if key not in self._mappable:
+            self._mappable[key] = self.mappable_loops(genome)
+        blocks, threads = self._mappable[key]
+        genome = dict(genome)
+        for kind, n in (("block", blocks), ("thread", threads)):
+            if n is not None and genome[f"{kind}_dims"] > max(n, 1):
+                genome[f"{kind}_dims"] = max(n, 1)
+            if n == 0:
+                genome[f"{kind}_x"] = 1
+        return genome
+
+    def mappable_loops(self, genome: dict) -> tuple[int | None, int | None]:
+        """(loops blocks can take, loops threads can take) for the genome's schedule and
+        tiling, from a compile with three of each asked for; None where it cannot be said."""
+        import warnings
+        from tcstage.compiler import compile_cuda
+        probe = dict(genome, thread_dims=3, block_dims=3, thread_x=2, thread_y=2, thread_z=2,
+                     block_x=2, block_y=2, block_z=2, shared=False, private=False)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                mapped = compile_cuda(self.fn, self.shape_args, self.out_shapes,
+                                      self.space.options(probe)).mapped
+        except TCError:
+            return None, None
+        return len(mapped.block_loops), len(mapped.thread_loops)
+
     def check(self, to_check, records, generation, origins, state, bar) -> None:
         if self.measure == "gpu":
-            chosen = to_check
-        else:  # the cost model: check where it decides the outcome (see the module docstring)
+            self.run_checks(to_check, records, generation, origins, state, bar)
+            return
+        # The cost model: check where it decides the outcome (see the module docstring), in
+        # rounds, best predicted first: a candidate that fails makes room for the next one.
+        waiting = sorted(to_check, key=lambda t: t[2]["predicted"])
+        while True:
             chosen = []
-            for item in sorted(to_check, key=lambda t: t[2]["predicted"]):
+            for item in waiting:
                 if state.would_rank(item[2]["predicted"]) and evaluate.emulable(item[2]["work"]):
                     chosen.append(item)
                     state.reserve(item[2]["predicted"])
             state.release()
-        chosen_ids = {id(c) for c in chosen}
-        for item in to_check:
-            if id(item) in chosen_ids:
-                continue
-            i, options, r = item
+            if not chosen:
+                break
+            waiting = [item for item in waiting if item not in chosen]
+            self.run_checks(chosen, records, generation, origins, state, bar)
+        for i, options, r in waiting:
             why = "not checked: never among the best predicted" if evaluate.emulable(r["work"]) \
                 else f"not checked: {r['work']:.3g} instances are too many to emulate"
             records[i] = state.add(Candidate(state.next_index(), options, "ok", r["predicted"],
                                              generation, "", r["predicted"], why, r["kernel"],
                                              origins[i]), bar)
+
+    def run_checks(self, chosen, records, generation, origins, state, bar) -> None:
         jobs = [self.job(options, check=True) for _, options, _ in chosen]
         for k, outcome in self.check_pool.run(evaluate.check_job, jobs):
             i, options, r = chosen[k]
@@ -421,19 +466,19 @@ class _State:
         self.best_times: list[float] = []  # checked ok times, ascending
         self._reserved: list[float] = []
         self.best: Candidate | None = None
-        self.free = 0  # pruned
+        self.free = 0  # pruned before compiling
 
     @property
     def evaluated(self) -> int:
-        """Candidates that cost an evaluation: all but the pruned ones."""
+        """Candidates that cost an evaluation: all but those pruned before compiling."""
         return len(self.history) - self.free
 
     def next_index(self) -> int:
         return len(self.history)
 
-    def add(self, c: Candidate, bar) -> Candidate:
+    def add(self, c: Candidate, bar, free: bool = False) -> Candidate:
         self.history.append(c)
-        self.free += c.status == "pruned"
+        self.free += free
         self.by_options.setdefault(c.options, c)
         if c.kernel is not None and c.status != "pruned":
             self.by_kernel.setdefault(c.kernel, c)
@@ -441,7 +486,7 @@ class _State:
             self.best_times = sorted(self.best_times + [c.time])
             if self.best is None or c.time < self.best.time:
                 self.best = c
-        bar.update(c, self.best, 0 if c.status == "pruned" else 1)
+        bar.update(c, self.best, 0 if free else 1)
         return c
 
     def would_rank(self, t: float) -> bool:
