@@ -31,6 +31,13 @@ def main() -> None:
     kernel = tc.compile(prog, "tmm", A, B, options=options, target="cuda-emulated")
     assert np.allclose(kernel(A, B), expected, rtol=1e-5, atol=1e-5), "cuda-emulated result"
 
+    with tempfile.TemporaryDirectory() as cache:  # the tuner, with its cache, from a wheel
+        os.environ["TCSTAGE_CACHE_DIR"] = cache
+        res = tc.autotune(prog, "tmm", A, B, measure="model", budget=4, progress=False)
+        tuned = tc.compile(prog, "tmm", A, B, options="auto", target="cuda-emulated")
+        assert str(tuned.options) == str(res.options), "options='auto' reads the cache"
+        assert np.allclose(tuned(A, B), expected, rtol=1e-5, atol=1e-5), "tuned result"
+
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "tmm.tc")
         with open(path, "w") as f:
