@@ -84,9 +84,12 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a TC function on random inputs on the CPU")
     show = sub.add_parser("show", help="print ranges, Halide Funcs, schedules and CUDA source")
-    for p in (run, show):
+    tune = sub.add_parser("tune", help="search CUDA MappingOptions (tc.autotune)")
+    compare = sub.add_parser("compare", help="compare the schedules of a function (tc.compare)")
+    for p in (run, show, tune, compare):
         p.add_argument("file", help="a .tc source file")
-        p.add_argument("--fn", help="the function to use (default: the last one in the file)")
+        p.add_argument("--fn", help="the function to use (default: the last one in the file; "
+                                    "for tune and compare, the file's only one)")
         p.add_argument("--sizes", type=_size_items, default=(), metavar="N=128,K=64",
                        help=f"size variables and scalar inputs (unset sizes are {DEFAULT_SIZE})")
     run.add_argument("--target", default="cpu", choices=("cpu", "cuda", "cuda-emulated"),
@@ -108,13 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--options", metavar="'MappingOptions()...'",
                       help="CUDA mapping options for --schedule and --cuda: a chain or a preset "
                            "name (default: naive)")
-    tune = sub.add_parser("tune", help="search CUDA MappingOptions (tc.autotune)")
-    compare = sub.add_parser("compare", help="compare the schedules of a function (tc.compare)")
     for p in (tune, compare):
-        p.add_argument("file", help="a .tc source file")
-        p.add_argument("--fn", help="the function (default: the file's only one)")
-        p.add_argument("--sizes", type=_size_items, default=(), metavar="N=128,K=64",
-                       help=f"size variables and scalar inputs (unset sizes are {DEFAULT_SIZE})")
         p.add_argument("--measure", choices=("gpu", "model"),
                        help="time on the GPU, or predict with the cost model (default: the GPU "
                             "if one works here)")

@@ -176,6 +176,12 @@ def compile(source, name: str, *inputs, options=None, target: str = "cuda", out=
     return kernel
 
 
+def clear_kernel_cache() -> None:
+    """Forgets the kernels `compile` keeps (for tests that change the compiler underneath)."""
+    with _kernels_lock:
+        _kernels.clear()
+
+
 def _source_key(fn: TCFunction) -> str:
     from tcstage.tune.cache import tc_hash
     return tc_hash(fn)

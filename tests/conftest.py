@@ -41,3 +41,11 @@ def _nvcc_checks_every_kernel(monkeypatch, request, _generated_kernels):
 def _private_tuning_cache(monkeypatch, tmp_path_factory):
     """Tests never read or write the user's tuning cache (options="auto", tc.autotune)."""
     monkeypatch.setenv("TCSTAGE_CACHE_DIR", str(tmp_path_factory.mktemp("tcstage-cache")))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_kernel_cache():
+    """Each test compiles afresh: tests patch compiler stages, budgets and pycuda underneath
+    tc.compile, which its in-process cache of kernels would otherwise hide."""
+    from tcstage.compiler import clear_kernel_cache
+    clear_kernel_cache()
