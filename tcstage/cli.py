@@ -124,8 +124,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="no progress bar")
     tune.add_argument("--target", default="cuda", choices=("cuda", "cpu"),
                       help="what to tune (only cuda can be tuned yet)")
-    tune.add_argument("--strategy", choices=("genetic", "tpe"), default="genetic",
-                      help="genetic (TC's, default) or tpe (model-guided)")
+    tune.add_argument("--strategy", choices=("genetic", "tpe"), default="tpe",
+                      help="tpe (model-guided, default) or genetic (TC's)")
     tune.add_argument("--seed", type=_natural, default=0,
                       help="seed of the search and the random inputs")
     tune.add_argument("--save", metavar="schedules/NAME.txt",

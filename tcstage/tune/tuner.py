@@ -33,7 +33,7 @@ from tcstage.tune.workers import LocalPool, make_pool
 
 STATUSES = ("ok", "wrong", "compile_error", "timeout", "crash", "pruned")
 STRATEGIES = ("genetic", "tpe")
-DEFAULT_STRATEGY = "genetic"
+DEFAULT_STRATEGY = "tpe"  # better than genetic at equal budgets: benchmarks/results/tune-*
 # The TC autotuner's defaults (the paper's Section 7; TC's GeneticTuner flags)
 POPULATION, GENERATIONS, ELITES, CROSSOVER, MUTATION = 100, 25, 10, 0.8, 0.07
 CHECK_TOP = 2  # under the model: emulate candidates that would enter the best two
@@ -108,8 +108,8 @@ def autotune(source, name: str, *inputs, target: str = "cuda", measure: str | No
 
     measure: "gpu" (time on the GPU), "model" (the cost model), or None (the GPU if one works
     here, else the model). budget: candidates to evaluate (default population x generations:
-    TC's 100 x 25). strategy: "genetic" (TC's, the default) or "tpe" (model-guided, optuna's
-    Tree-structured Parzen Estimator). start_from: MappingOptions, chain text, a preset name or
+    TC's 100 x 25). strategy: "tpe" (the default: model-guided, optuna's Tree-structured Parzen
+    Estimator) or "genetic" (TC's). start_from: MappingOptions, chain text, a preset name or
     "cache" to seed the search with. cache: None (the default cache), a path, or False.
     Beyond the issue's API: strategy, jobs (parallel workers), timeout (seconds per candidate),
     evaluator ("local", "ray", or a pool object), device (the cost model's figures: "H100",
