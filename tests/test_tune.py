@@ -159,6 +159,20 @@ def test_warm_start_from_other_sizes(tmp_path):
     assert "K=32" in seeded[0].source
 
 
+def test_manual_schedules_for_these_sizes_are_warm_starts(tmp_path, monkeypatch):
+    manual = tc.MappingOptions().tile(4, 16).mapToThreads(16, 4).mapToBlocks(16, 8)
+    (tmp_path / "schedules").mkdir()
+    (tmp_path / "schedules" / "mine.txt").write_text(
+        f"mine | tmm.tc:tmm | M=64,K=32,N=128 | {manual}\n"
+        f"other | tmm.tc:tmm | M=64,K=16,N=128 | {manual.unroll(2)}\n")
+    monkeypatch.chdir(tmp_path)
+    res = tc.autotune(TMM, "tmm", (64, 32), (128, 32), measure="model", budget=2,
+                      population=2, cache=False, progress=False)
+    seeded = [c for c in res.history if c.source.startswith("schedules (mine")]
+    assert [c.options for c in seeded] == [str(manual)]
+    assert not any(c.options == str(manual.unroll(2)) for c in res.history)
+
+
 def test_compile_returns_the_same_kernel_for_the_same_call():
     a = tc.compile(TMM, "tmm", (64, 32), (128, 32), options=GOOD, target="cuda-emulated")
     b = tc.compile(TMM, "tmm", (64, 32), (128, 32), options=str(GOOD), target="cuda-emulated")

@@ -42,6 +42,7 @@ CHECK_TOP = 2  # under the model: emulate candidates that would enter the best t
 # budget (a space almost all invalid). Everything compiled counts.
 PROPOSALS = 20
 TIMEOUT = 120.0  # seconds per candidate and phase
+SCHEDULES = "schedules"  # manual schedules: the working directory's schedules/*.txt
 PRESETS = ("pointwise", "mlp", "conv", "group_conv", "reduction")
 
 
@@ -199,7 +200,8 @@ class _Session:
     # -- candidates -------------------------------------------------------------------------
     def seeds(self, start_from) -> list[tuple[MappingOptions, str]]:
         """Warm starts, best first: start_from, the cache (this device at these sizes, then
-        the nearest sizes, then other devices), the structural default, the presets, naive."""
+        the nearest sizes, then other devices), manual schedules for this function at these
+        sizes (schedules/*.txt), the structural default, the presets, naive."""
         from tcstage.compiler import as_options
         seeds: list[tuple[MappingOptions, str]] = []
         if start_from is not None and not (isinstance(start_from, str)
@@ -215,6 +217,11 @@ class _Session:
                                   f"{', '.join(f'{k}={v}' for k, v in entry.key.sizes)})"))
                 except TCError:
                     continue
+        from tcstage.tune.compare import schedule_lines
+        filename = None if self.program.filename.startswith("<") else self.program.filename
+        for label, options, where in schedule_lines(SCHEDULES, self.fn.name, filename,
+                                                    self.sizes):
+            seeds.append((options, f"schedules ({label}, {where})"))
         seeds.append((heuristic_options(self.fn, self.reports), "heuristic"))
         seeds += [(MappingOptions.named(p), f"preset {p}") for p in PRESETS]
         seeds.append((MappingOptions(), "naive"))
