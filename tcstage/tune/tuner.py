@@ -517,9 +517,12 @@ def _sampler(strategy: str, population: int, seed: int):
             population_size=max(2, population), mutation_prob=MUTATION,
             crossover=optuna.samplers.nsgaii.UniformCrossover(), crossover_prob=CROSSOVER,
             seed=seed)
-    return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=False,
-                                      n_startup_trials=min(population, 20), constant_liar=True,
-                                      warn_independent_sampling=False)
+    import warnings
+    with warnings.catch_warnings():  # multivariate TPE was "experimental" in optuna < 4.x
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True,
+                                          n_startup_trials=min(population, 20),
+                                          constant_liar=True)
 
 
 def _pre_prune(genome, space: Space, reports) -> str:
