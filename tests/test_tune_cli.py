@@ -10,17 +10,11 @@ import tcstage as tc
 from tcstage.cli import main
 from tcstage.tune.compare import einsum_plan, run_einsum
 
+from test_cli import one_line_error  # tests/
+
 EXAMPLES = Path(__file__).parent.parent / "examples"
 TMM = str(EXAMPLES / "tmm.tc")
 SIZES = "M=8,K=4,N=8"
-
-
-def one_line_error(capsys) -> str:
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    lines = captured.err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tcstage: error: "), captured.err
-    return lines[0]
 
 
 def table_rows(out: str) -> dict[str, str]:

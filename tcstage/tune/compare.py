@@ -12,7 +12,6 @@ that fails to compile is a row with the error.
 from __future__ import annotations
 
 import glob
-import math
 import os
 import statistics
 import time
@@ -24,6 +23,7 @@ import numpy as np
 from tcstage.errors import TCError
 from tcstage.options import MappingOptions
 from tcstage.tune import evaluate
+from tcstage.tune.evaluate import fresh as _fresh
 from tcstage.tune.tuner import PRESETS
 
 CPU_RUNS = 5  # timed runs of a CPU schedule after a warm-up run (the median counts)
@@ -397,8 +397,6 @@ def _outputs(r) -> tuple:
     return tuple(np.asarray(x) for x in (r if isinstance(r, tuple) else (r,)))
 
 
-def _fresh(out):
-    return evaluate._fresh(out)
 
 
 class _Bar:

@@ -98,7 +98,7 @@ def check_job(job: Job) -> dict:
             kernel = Kernel(_compile(job), job.target)
     except TCError as e:
         return {"status": "compile_error", "detail": _one_line(e)}
-    out = _fresh(job.out)
+    out = fresh(job.out)
     call = kernel.prepare(*job.args, out=out)
     results = call()
     results = results if isinstance(results, tuple) else (results,)
@@ -176,7 +176,8 @@ def _work(compiled) -> float:
     return total
 
 
-def _fresh(out):
+def fresh(out):
+    """A copy of in/out starting values, so every run starts from the same ones."""
     if out is None:
         return None
     return tuple(np.array(o) for o in out) if isinstance(out, tuple) else np.array(out)

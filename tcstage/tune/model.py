@@ -38,7 +38,6 @@ out latency bound, as it runs.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections import defaultdict
 

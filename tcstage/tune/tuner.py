@@ -251,7 +251,7 @@ class _Session:
             else:
                 args, outs = random_inputs(self.fn.checked, self.values, self.seed)
                 args, out = tuple(args), as_out(outs)
-            start = evaluate._fresh(out)
+            start = evaluate.fresh(out)
             reference = self.fn(*args, out=start)
             reference = reference if isinstance(reference, tuple) else (reference,)
             self._reference = (args, out, tuple(np.asarray(r) for r in reference))
@@ -309,7 +309,7 @@ class _Session:
         compile_jobs, where = [], []
         for i, genome in enumerate(genomes):
             genome = self.repair(genome)
-            why = _pre_prune(genome, self.space, self.reports)
+            why = _pre_prune(genome, self.fn.checked.statements, self.reports)
             try:
                 options = str(self.space.options(genome))
             except TCError:  # (a block beyond the CUDA limit cannot even be written down)
@@ -525,28 +525,20 @@ def _sampler(strategy: str, population: int, seed: int):
                                           constant_liar=True)
 
 
-def _pre_prune(genome, space: Space, reports) -> str:
+def _pre_prune(genome, statements, reports) -> str:
     """Why a genome is not worth compiling ('' if it is): the block exceeds the device's
     threads, or uses less than a warp where the output loops offer more."""
     threads = math.prod(genome[f"thread_{a}"] for a in "xyz"[:genome["thread_dims"]])
     if threads > MAX_THREADS_PER_BLOCK:
         return f"{threads} threads per block; the device allows {MAX_THREADS_PER_BLOCK}"
     if threads < 32:
-        parallel = max((math.prod(max(int(hi) - int(lo), 1) for lo, hi in
-                                  list(r.concrete.values())[:len(st_indices)])
-                        for r, st_indices in reports_indices(reports)), default=1)
+        parallel = max((math.prod(max(int(r.concrete[v][1]) - int(r.concrete[v][0]), 1)
+                                  for v in st.indices if v in r.concrete)
+                        for st, r in zip(statements, reports)), default=1)
         if parallel >= 32:
             return f"{threads} threads per block, less than a warp, while the output loops " \
                    f"have {parallel} iterations"
     return ""
-
-
-def reports_indices(reports):
-    """(report, the statement's output indices) pairs: outputs come first in `concrete`."""
-    for r in reports:
-        lhs = r.source.split("(", 1)[1].split(")", 1)[0] if "(" in r.source.split("=")[0] \
-            else ""
-        yield r, [v for v in lhs.split(",") if v.strip()]
 
 
 def _genome_text(genome) -> str:
