@@ -8,6 +8,8 @@
     C = k(A, B)                        # one CUDA kernel, launched with pycuda
     res = tc.autotune(src, "mm", A, B) # search MappingOptions (GPU, or the cost model); cached
     k = tc.compile(src, "mm", A, B, options="auto")   # the cached best
+    f = tc.from_halide(halide_func)    # a Halide pipeline: f(img, output_shape=(H, W)) on the CPU,
+    k = tc.compile(f, img, output_shape=(H, W), options=...)   # or one CUDA kernel
 """
 
 from tcstage.errors import (TCArgumentError, TCError, TCRangeError, TCSemanticError,
@@ -16,9 +18,10 @@ from tcstage.options import FusionStrategy, MappingOptions
 from tcstage.cuda.runtime import Kernel
 from tcstage.compiler import compile
 from tcstage.program import Program, TCFunction, define
+from tcstage.halide.pipeline import HalideFunction, from_halide
 from tcstage.tune.tuner import TuneResult, autotune
 from tcstage.tune.compare import compare
 
-__all__ = ["define", "compile", "autotune", "compare", "TuneResult", "Kernel", "Program", "TCFunction", "TCError", "TCSyntaxError", "TCSemanticError",
+__all__ = ["define", "from_halide", "HalideFunction", "compile", "autotune", "compare", "TuneResult", "Kernel", "Program", "TCFunction", "TCError", "TCSyntaxError", "TCSemanticError",
            "TCRangeError", "TCArgumentError", "TCWarning", "MappingOptions", "FusionStrategy"]
 __version__ = "0.1.0"

@@ -136,7 +136,8 @@ _kernels: collections.OrderedDict = collections.OrderedDict()
 _kernels_lock = threading.Lock()
 
 
-def compile(source, name: str, *inputs, options=None, target: str = "cuda", out=None):
+def compile(source, name: str | None = None, *inputs, options=None, target: str = "cuda", out=None,
+            output_shape=None):
     """Compiles TC function `name` of `source` (TC text or a `Program`) to one CUDA kernel for
     the shapes of `inputs` (arrays, or shape tuples; scalars as values).
 
@@ -145,6 +146,8 @@ def compile(source, name: str, *inputs, options=None, target: str = "cuda", out=
     TC's structure (with a TCWarning suggesting tuning); default: the naive options.
     `target`: "cuda" (launch with pycuda) or "cuda-emulated" (the same source run on the CPU).
     `out`: the starting values of in/out outputs, as for calls.
+    A Halide pipeline (`tc.from_halide(funcs)`) is compiled as `tc.compile(f, *inputs,
+    output_shape=...)`: no name, and the shape of each output given.
 
     Compiling the same function for the same shapes, options and target again returns the same
     Kernel, from an in-process cache.
@@ -152,9 +155,18 @@ def compile(source, name: str, *inputs, options=None, target: str = "cuda", out=
     from tcstage.cuda.runtime import Kernel, _check_target
     from tcstage.program import Program, define
 
+    from tcstage.halide.pipeline import HalideFunction
     _check_target(target)  # before the work of compiling
-    program = source if isinstance(source, Program) else define(source)
-    fn = program[name]
+    if isinstance(source, HalideFunction):  # tc.compile(f, *inputs, output_shape=...)
+        inputs, name = (inputs if name is None else (name, *inputs)), source.name
+        fn = source.specialized(output_shape if output_shape is not None
+                                else source._output_boxes(None))
+    else:
+        if output_shape is not None:
+            raise TCError("output_shape= is for Halide pipelines (tc.from_halide); a TC "
+                          "function infers its output shapes")
+        program = source if isinstance(source, Program) else define(source)
+        fn = program[name]
     auto = isinstance(options, str) and options.strip().lower() == "auto"
     if auto:
         options = auto_options(fn, inputs, out, target)
@@ -182,7 +194,9 @@ def clear_kernel_cache() -> None:
         _kernels.clear()
 
 
-def _source_key(fn: TCFunction) -> str:
+def _source_key(fn) -> str:
+    if hasattr(fn, "fingerprint"):  # a Halide pipeline
+        return fn.fingerprint
     from tcstage.tune.cache import tc_hash
     return tc_hash(fn)
 

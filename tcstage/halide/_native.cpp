@@ -406,6 +406,176 @@ py::dict py_func_definitions(const py::object &func_obj) {
     return out;
 }
 
+
+HI::Function function_of(const py::handle &obj, const char *what) {
+    Halide::Func *f = pybind11_conduit_v1::get_type_pointer_ephemeral<Halide::Func>(obj.ptr());
+    if (f == nullptr) {
+        PyErr_Clear();
+        std::string tname = py::str(py::type::handle_of(obj).attr("__name__"));
+        throw py::type_error(std::string(what) + ": expected a halide.Func, got an object of type '" +
+                             tname + "'");
+    }
+    if (!f->defined()) {
+        throw py::value_error(std::string(what) + ": the halide.Func '" + f->name() +
+                              "' has no definition");
+    }
+    return f->function();
+}
+
+std::vector<HI::Function> functions_of(const py::sequence &outputs, const char *what) {
+    std::vector<HI::Function> out;
+    for (const py::handle &o : outputs) {
+        out.push_back(function_of(o, what));
+    }
+    return out;
+}
+
+py::dict function_to_py(const HI::Function &fn) {
+    py::list defs;
+    py::list types;
+    for (const Halide::Type &t : fn.output_types()) {
+        types.append(type_to_str(t));
+    }
+    py::dict out;
+    out["name"] = fn.name();
+    out["args"] = py::cast(fn.args());  // pure argument names, innermost first
+    out["types"] = types;
+    out["extern"] = fn.has_extern_definition();
+    if (!fn.has_extern_definition()) {
+        defs.append(definition_to_py(fn.definition(), true));
+        for (const HI::Definition &u : fn.updates()) {
+            defs.append(definition_to_py(u, false));
+        }
+    }
+    out["definitions"] = defs;
+    return out;
+}
+
+// Every Func a pipeline computes, producers first (Halide's realization order), as plain data.
+py::list py_pipeline_functions(const py::sequence &outputs) {
+    return guarded([&] {
+        std::vector<HI::Function> outs = functions_of(outputs, "pipeline_functions");
+        std::map<std::string, HI::Function> env = HI::build_environment(outs);
+        std::vector<std::string> order = HI::realization_order(outs, env).first;
+        py::list result;
+        for (const std::string &name : order) {
+            result.append(function_to_py(env.at(name)));
+        }
+        return result;
+    });
+}
+
+// Halide's bounds inference, backward from the outputs' boxes: the region each Func must be
+// computed over (its consumers' needs, widened by what its own updates read and write), and
+// the region of each input buffer that is read. `known` gives values (or intervals) of free
+// variables: input mins and extents, scalar params.
+py::dict py_required_regions(const py::sequence &outputs, const py::sequence &boxes,
+                             const py::dict &known) {
+    std::vector<HI::Function> outs = functions_of(outputs, "required_regions");
+    if (py::len(boxes) != outs.size()) {
+        throw py::value_error("required_regions: one box per output is needed");
+    }
+    HI::Scope<HI::Interval> base;
+    for (auto item : known) {
+        std::string name = py::str(item.first);
+        std::string what = "required_regions(known['" + name + "'])";
+        if (py::isinstance<py::tuple>(item.second)) {
+            py::tuple b = item.second.cast<py::tuple>();
+            base.push(name, HI::Interval(expr_from_py(b[0], what.c_str()),
+                                         expr_from_py(b[1], what.c_str())));
+        } else {
+            Expr v = expr_from_py(item.second, what.c_str());
+            base.push(name, HI::Interval(v, v));
+        }
+    }
+    std::map<std::string, HI::Box> required;
+    for (size_t i = 0; i < outs.size(); i++) {
+        py::sequence box = boxes[i].cast<py::sequence>();
+        HI::Box b;
+        for (const py::handle &iv : box) {
+            py::sequence pair = iv.cast<py::sequence>();
+            b.bounds.emplace_back(expr_from_py(pair[0], "required_regions(box min)"),
+                                  expr_from_py(pair[1], "required_regions(box max)"));
+        }
+        if (b.size() != outs[i].dimensions()) {
+            throw py::value_error("required_regions: the box of output '" + outs[i].name() +
+                                  "' has " + std::to_string(b.size()) + " dimensions, the Func " +
+                                  std::to_string(outs[i].dimensions()));
+        }
+        required[outs[i].name()] = b;
+    }
+    return guarded([&] {
+        std::map<std::string, HI::Function> env = HI::build_environment(outs);
+        std::vector<std::string> order = HI::realization_order(outs, env).first;
+        HI::FuncValueBounds value_bounds = HI::compute_function_value_bounds(order, env);
+        auto add = [&](const std::map<std::string, HI::Box> &found) {
+            for (const auto &p : found) {
+                auto it = required.find(p.first);
+                if (it == required.end()) {
+                    required[p.first] = p.second;
+                } else {
+                    HI::merge_boxes(it->second, p.second);
+                }
+            }
+        };
+        py::dict result;
+        for (auto it = order.rbegin(); it != order.rend(); ++it) {
+            const HI::Function &f = env.at(*it);
+            if (!required.count(f.name())) {
+                continue;  // nothing reads it within the outputs' boxes
+            }
+            if (f.has_extern_definition()) {
+                throw std::invalid_argument("Func '" + f.name() + "' has an extern definition");
+            }
+            // Updates first: they may read or write the Func beyond what consumers need, and
+            // the pure definition must then cover that too. Halide computes every stage over
+            // the Func's region; so does the polyhedral model built from this.
+            std::vector<HI::Definition> defs{f.definition()};
+            for (const HI::Definition &u : f.updates()) {
+                defs.push_back(u);
+            }
+            for (int pass = 0; pass < 2; pass++) {  // a second pass sees the widened region
+                for (size_t d = defs.size(); d-- > 0;) {
+                    const HI::Definition &def = defs[d];
+                    HI::Scope<HI::Interval> scope;
+                    scope.set_containing_scope(&base);
+                    const HI::Box &region = required.at(f.name());
+                    for (size_t k = 0; k < f.args().size(); k++) {
+                        scope.push(f.args()[k], region[k]);
+                    }
+                    for (const HI::ReductionVariable &rv : def.schedule().rvars()) {
+                        scope.push(rv.var, HI::Interval(rv.min, HI::simplify(rv.min + rv.extent - 1)));
+                    }
+                    std::vector<Expr> exprs = def.values();
+                    for (const Expr &a : def.args()) {
+                        exprs.push_back(a);
+                    }
+                    exprs.push_back(def.predicate());
+                    for (const Expr &e : exprs) {
+                        add(HI::boxes_required(e, scope, value_bounds));
+                    }
+                    if (d > 0) {  // what an update writes
+                        HI::Box touched;
+                        for (const Expr &a : def.args()) {
+                            touched.bounds.push_back(HI::bounds_of_expr_in_scope(a, scope, value_bounds));
+                        }
+                        add({{f.name(), touched}});
+                    }
+                }
+            }
+        }
+        for (const auto &p : required) {
+            py::list dims;
+            for (const HI::Interval &iv : p.second.bounds) {
+                py::object lo = iv.has_lower_bound() ? to_tree(HI::simplify(iv.min)) : py::none();
+                py::object hi = iv.has_upper_bound() ? to_tree(HI::simplify(iv.max)) : py::none();
+                dims.append(py::make_tuple(lo, hi));
+            }
+            result[py::str(p.first)] = dims;
+        }
+        return result;
+    });
+}
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
@@ -449,4 +619,13 @@ Other Halide node types raise ValueError naming the node type.
           "Relax the boolean `cond` into a condition free of the variables in\n"
           "`domain` ({name: (lo, hi)} with inclusive bounds) that implies `cond`\n"
           "for every value of those variables; the result is simplified.");
+
+    m.def("pipeline_functions", &py_pipeline_functions, py::arg("outputs"),
+          "Every Func the pipeline of `outputs` computes, producers first, as\n"
+          "func_definitions gives them, plus 'types' (value types) and 'extern'.");
+    m.def("required_regions", &py_required_regions, py::arg("outputs"), py::arg("boxes"),
+          py::arg("known"),
+          "Halide's bounds inference from the outputs' boxes (per output, per dimension\n"
+          "innermost first, inclusive (min, max)): {Func or input name: [(min, max) trees]}\n"
+          "(None for an unbounded end). `known`: {variable: value or (lo, hi)}.");
 }

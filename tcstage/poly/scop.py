@@ -24,7 +24,7 @@ import islpy as isl
 
 from tcstage.errors import Span, TCArgumentError, TCError, TCSemanticError
 from tcstage.halide.lower import Lowered
-from tcstage.halide.solver import Tree, inline_lets, isl_name, tree_to_isl
+from tcstage.halide.solver import Tree, inline_lets, isl_name, tree_to_isl, tree_to_str
 from tcstage.lang import checked as C
 from tcstage.poly import budget
 from tcstage.poly.budget import bounded
@@ -199,6 +199,14 @@ def _statement(name, tensor, index, tc_index, d, tensor_bounds, halide_names, is
             conds += _within(lo, local[a[1]], hi, isl_text)
     for v, (_, lo, extent) in rvars.items():
         conds += _within(lo, local[v], _end(lo, extent), isl_text)
+    predicate = inline_lets(d.get("predicate", ("int", True)))
+    if predicate != ("int", True):  # a Halide RDom.where: part of the domain
+        try:
+            conds.append(isl_text(predicate, local))
+        except ValueError:
+            raise TCError(f"the condition of {tensor}'s update ({tree_to_str(predicate)}) "
+                          "is not affine in its loop variables; the polyhedral flow needs "
+                          "RDom.where conditions it can model") from None
     vec = ", ".join(local[v] for v in iterators)
     domain = isl.Set(f"{param_text} -> {{ {name}[{vec}] : {' and '.join(conds) or 'true'} }}") \
         .intersect_params(context).coalesce()

@@ -1,0 +1,597 @@
+"""Halide pipelines written in Python, as functions tcstage compiles: `tc.from_halide`.
+
+A `HalideFunction` wraps the output Funcs of a pipeline. Its arguments are the pipeline's own
+ImageParams and Params, in `hl.Pipeline.infer_arguments` order; its outputs start at 0 and have
+the shapes a call asks for (`output_shape=`), since Halide computes whatever region is
+requested.
+
+- On the CPU a call runs the pipeline with Halide's JIT as the user scheduled it (no schedule:
+  Halide's defaults), through an `hl.Callable`, so the user's Params are never set or changed.
+- For CUDA, `specialized(output_shape)` fixes the outputs' boxes and the result behaves like a
+  TC function for `tc.compile` / `tc.autotune`: its Funcs become the scop's statements, and
+  each Func's iteration domain is the region Halide's own bounds inference requires of it
+  (`_native.required_regions`, backward from the output boxes).
+
+What becomes a statement. Every Func is a tensor computed over its region, except *views*:
+pure Funcs that only pass another Func's or an input's value through (the ImageParam wrappers
+Halide makes, `lambda` wrappers and everything `hl.BoundaryConditions` builds: a read with
+clamped or selected subscripts, or a constant outside). Views are inlined into their readers,
+so a boundary condition becomes a guarded or clamped read of the input, which the polyhedral
+model sees (exactly where its subscripts are affine, as a may-read where they are not) and the
+promotion copies as any other read.
+
+Layout as everywhere in tcstage: numpy arrays are row-major, Halide lists dimensions innermost
+first; an input's dimension `k` (numpy order) is named `<input>.<k>` among the sizes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+
+import attrs
+import halide as hl
+import numpy as np
+
+from tcstage.errors import TCArgumentError, TCError
+from tcstage.halide import _native
+from tcstage.halide.lower import HALIDE_FAILURES, Lowered
+from tcstage.halide.ranges import FunctionRanges, StatementRanges, TensorBounds
+from tcstage.halide.solver import Tree, inline_lets, tree_to_str
+from tcstage.lang import checked as C
+from tcstage.lang.types import BOOL, SCALAR_TYPES, ScalarType
+from tcstage.program import Binding, array_info
+
+_VIEW_WRAPPERS = ("likely", "likely_if_innermost", "promise_clamped", "unsafe_promise_clamped")
+
+
+@attrs.frozen
+class Argument:
+    """One argument of the pipeline: an input buffer (rank >= 1) or a scalar Param."""
+
+    name: str
+    type: ScalarType
+    rank: int  # 0 for a scalar
+
+    @property
+    def is_buffer(self) -> bool:
+        return self.rank > 0
+
+    def describe(self) -> str:
+        return f"{self.type}({', '.join(f'{self.name}.{k}' for k in range(self.rank))}) " \
+               f"{self.name}" if self.rank else f"{self.type} {self.name}"
+
+
+def scalar_type(text: str, where: str) -> ScalarType:
+    """A Halide type string ('uint8', 'float32', 'bool') as a tcstage type."""
+    if text == "bool":
+        return BOOL
+    t = SCALAR_TYPES.get(text)
+    if t is None:
+        raise TCError(f"{where} has Halide type {text}, which tcstage does not support "
+                      f"(supported: {', '.join(sorted({s.name for s in SCALAR_TYPES.values()}))})")
+    return t
+
+
+def from_halide(outputs, name: str | None = None) -> "HalideFunction":
+    """The Halide pipeline computing `outputs` (one `hl.Func` or a list) as a tcstage function.
+    Its arguments are found in the pipeline (`hl.Pipeline.infer_arguments`); `name` defaults to
+    the first output's name."""
+    funcs = [outputs] if isinstance(outputs, hl.Func) else list(outputs) \
+        if isinstance(outputs, (list, tuple)) else None
+    if not funcs or not all(isinstance(f, hl.Func) for f in funcs):
+        raise TCError(f"tc.from_halide takes one halide.Func or a list of them; got "
+                      f"{type(outputs).__name__}" + (
+                          f" holding {', '.join(sorted({type(f).__name__ for f in funcs}))}"
+                          if funcs else ""))
+    for f in funcs:
+        if not f.defined():
+            raise TCError(f"tc.from_halide: Func '{f.name()}' has no definition")
+    if len({f.name() for f in funcs}) != len(funcs):
+        raise TCError("tc.from_halide: the same Func is given twice among the outputs")
+    return HalideFunction(funcs, name or funcs[0].name())
+
+
+class HalideFunction:
+    """A Halide pipeline as a tcstage function (see the module's documentation)."""
+
+    def __init__(self, outputs: list, name: str, output_shapes: tuple | None = None):
+        self.outputs = list(outputs)
+        self.name = name
+        self.fixed_output_shapes = output_shapes
+        try:
+            arguments = hl.Pipeline(self.outputs).infer_arguments()
+            self._functions = _native.pipeline_functions(self.outputs)
+        except HALIDE_FAILURES as e:
+            raise TCError(f"Halide could not read the pipeline '{name}': {str(e).strip()}") from e
+        self._callable_arguments = arguments
+        self.arguments = tuple(
+            Argument(a.name, scalar_type(str(a.type), f"argument '{a.name}'"), a.dimensions)
+            for a in arguments)
+        self._cpu = None  # the JIT-compiled hl.Callable, made on the first CPU call
+        self._checked = None
+
+    def __repr__(self) -> str:
+        args = ", ".join(a.describe() for a in self.arguments)
+        outs = ", ".join(f.name() for f in self.outputs)
+        return f"<Halide pipeline {self.name}({args}) -> ({outs})>"
+
+    # -- arguments -----------------------------------------------------------------------------
+    def _positional(self, args: Sequence, named: Mapping) -> list:
+        by_name = {a.name: a for a in self.arguments}
+        if len(args) > len(self.arguments):
+            raise TCArgumentError(f"'{self.name}' takes {len(self.arguments)} argument(s) "
+                                  f"({', '.join(by_name)}); got {len(args)}")
+        values = list(args) + [_MISSING] * (len(self.arguments) - len(args))
+        for key, value in named.items():
+            if key not in by_name:
+                raise TCArgumentError(f"'{self.name}' has no argument '{key}'; its arguments "
+                                      f"are {', '.join(by_name) or 'none'}")
+            k = list(by_name).index(key)
+            if values[k] is not _MISSING:
+                raise TCArgumentError(f"argument '{key}' of '{self.name}' is given twice")
+            values[k] = value
+        missing = [a.name for a, v in zip(self.arguments, values) if v is _MISSING]
+        if missing:
+            raise TCArgumentError(f"'{self.name}' is missing argument(s) {', '.join(missing)} "
+                                  f"(its arguments, in order: {', '.join(by_name)})")
+        return values
+
+    def bind(self, args: Sequence, out=None, shapes_only: bool = False, named=None) -> Binding:
+        """args (positional) and named (by parameter name) checked against the pipeline's
+        ImageParams and Params."""
+        if out is not None:
+            raise TCArgumentError(f"'{self.name}' is a Halide pipeline: it has no in/out "
+                                  "outputs, so out= is not taken")
+        sizes, scalars, arrays = {}, {}, {}
+        for a, value in zip(self.arguments, self._positional(args, named or {})):
+            if a.is_buffer:
+                shape, dtype = _shape_and_dtype(a, value, shapes_only)
+                if len(shape) != a.rank:
+                    raise TCArgumentError(f"argument '{a.name}' of '{self.name}' has "
+                                          f"{a.rank} dimension(s); got shape {shape}")
+                if dtype is not None and dtype != a.type.numpy:
+                    raise TCArgumentError(f"argument '{a.name}' of '{self.name}' holds "
+                                          f"{a.type}; got an array of {dtype}")
+                sizes.update({f"{a.name}.{k}": int(e) for k, e in enumerate(shape)})
+                arrays[a.name] = None if shapes_only and not hasattr(value, "shape") else value
+            else:
+                scalars[a.name] = _scalar(self.name, a, value)
+        return Binding(sizes, scalars, arrays, {})
+
+    @property
+    def specialized_scalars(self) -> frozenset:
+        """Integer Params: they may move the regions Funcs are computed over, which the CUDA
+        path fixes at compile time (float Params stay kernel arguments)."""
+        return frozenset(a.name for a in self.arguments if not a.is_buffer and a.type.is_int)
+
+    def _output_boxes(self, output_shape) -> tuple:
+        shapes = self.fixed_output_shapes if output_shape is None else \
+            normalize_output_shapes(self, output_shape)
+        if shapes is None:
+            raise TCArgumentError(
+                f"'{self.name}' is a Halide pipeline: give the size of its output with "
+                f"output_shape=(...)" + (" (one shape per output, in a list)"
+                                         if len(self.outputs) > 1 else ""))
+        return shapes
+
+    def specialized(self, output_shape) -> "HalideFunction":
+        """This pipeline with its output shapes fixed, as `tc.compile` and `tc.autotune` need."""
+        shapes = normalize_output_shapes(self, output_shape)
+        if shapes == self.fixed_output_shapes:
+            return self
+        return HalideFunction(self.outputs, self.name, shapes)
+
+    # -- running on the CPU --------------------------------------------------------------------
+    def __call__(self, *args, output_shape=None, **named):
+        """Runs the pipeline on the CPU with Halide's JIT, as the pipeline is scheduled.
+        Arguments: numpy arrays and Python numbers, in `infer_arguments` order or by name.
+        Returns an array, or a tuple for several outputs."""
+        shapes = self._output_boxes(output_shape)
+        b = self.bind(args, named=named)
+        regions = self.required_regions(b, shapes)
+        _check_inputs(self, b, regions)
+        if self._cpu is None:
+            try:
+                self._cpu = hl.Pipeline(self.outputs).compile_to_callable(
+                    self._callable_arguments, hl.get_jit_target_from_environment())
+            except HALIDE_FAILURES as e:
+                raise TCError(f"Halide could not compile '{self.name}' for the CPU: "
+                              f"{str(e).strip()}") from e
+        keep, values = [], []
+        for a in self.arguments:
+            if a.is_buffer:
+                keep.append(np.ascontiguousarray(b.arrays[a.name]))
+                values.append(hl.Buffer(keep[-1]))
+            else:
+                values.append(b.scalars[a.name])
+        outs = []
+        for f, shape in zip(self.outputs, shapes):
+            types = [scalar_type(str(t), f"output '{f.name()}'") for t in f.types()]
+            if len(types) != 1:
+                raise TCError(f"output '{f.name()}' of '{self.name}' is a Tuple of "
+                              f"{len(types)} values; tcstage takes Funcs of one value")
+            outs.append(np.empty(shape, dtype=types[0].numpy))
+            values.append(hl.Buffer(outs[-1]))
+        try:
+            self._cpu(*values)
+        except HALIDE_FAILURES as e:
+            raise TCArgumentError(f"running '{self.name}' failed: {str(e).strip()}") from None
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    # -- Halide's bounds inference -------------------------------------------------------------
+    def required_regions(self, binding: Binding, shapes) -> dict:
+        """{Func or input name: [(min, max)] in numpy order, inclusive}: Halide's bounds
+        inference backward from the output boxes, for the sizes and integer Params bound."""
+        known = {}
+        for a in self.arguments:
+            if a.is_buffer:
+                for k in range(a.rank):
+                    known[f"{a.name}.min.{a.rank - 1 - k}"] = 0
+                    known[f"{a.name}.extent.{a.rank - 1 - k}"] = binding.sizes[f"{a.name}.{k}"]
+            elif a.type.is_int and a.name in binding.scalars:
+                known[a.name] = int(binding.scalars[a.name])
+        boxes = [[(0, e - 1) for e in reversed(s)] for s in shapes]
+        try:
+            found = _native.required_regions(self.outputs, boxes, known)
+        except HALIDE_FAILURES as e:
+            raise TCError(f"Halide's bounds inference failed on '{self.name}': "
+                          f"{str(e).strip()}") from e
+        return {name: [tuple(_constant(t, name) for t in dim) for dim in reversed(dims)]
+                for name, dims in found.items()}
+
+    # -- the polyhedral flow --------------------------------------------------------------------
+    @property
+    def checked(self) -> C.Function:
+        """A TC-shaped signature of the pipeline (inputs, outputs, intermediate tensors and
+        one statement per Func definition) for the passes that read one."""
+        if self._checked is None:
+            self._checked = _signature(self)
+        return self._checked
+
+    def output_shapes(self, *args, output_shape=None, **named) -> list[tuple[int, ...]]:
+        return [tuple(s) for s in self._output_boxes(output_shape)]
+
+    def lower(self, *args, out=None, **named) -> "PipelineLowered":
+        """The pipeline as the polyhedral middle end reads it, for these arguments' sizes."""
+        shapes = self._output_boxes(None)
+        b = self.bind(args, out, shapes_only=True, named=named)
+        regions = self.required_regions(b, shapes)
+        _check_inputs(self, b, regions)
+        return _lower(self, b, shapes, regions)
+
+    def describe(self) -> str:
+        """Every Func's definitions, producers first, in Halide's names (innermost first)."""
+        lines = []
+        for f in self._functions:
+            args = ", ".join(f["args"])
+            lines.append(f"Func {f['name']} ({', '.join(f['types'])}), arguments innermost first:")
+            for d in f["definitions"]:
+                lhs = ", ".join(tree_to_str(a) for a in d["args"])
+                value = ", ".join(tree_to_str(inline_lets(v)) for v in d["values"])
+                rdom = "".join(f" where {tree_to_str(lo)} <= {n} < {tree_to_str(lo)} + "
+                               f"{tree_to_str(ext)}" for n, lo, ext in d["rvars"])
+                pred = "" if d["predicate"] == ("int", True) else \
+                    f" if {tree_to_str(d['predicate'])}"
+                lines.append(f"  {f['name']}({lhs}) = {value}{rdom}{pred}")
+        return "\n".join(lines)
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of the pipeline's definitions and output shapes (for kernel caches)."""
+        text = repr((self.name, self._functions, self.fixed_output_shapes,
+                     [(a.name, a.type.name, a.rank) for a in self.arguments]))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+_MISSING = object()
+
+
+def normalize_output_shapes(fn: HalideFunction, output_shape) -> tuple:
+    """One shape per output, as a tuple of tuples of non-negative ints."""
+    shapes = output_shape
+    if len(fn.outputs) == 1 and _is_shape(shapes):
+        shapes = [shapes]
+    if not isinstance(shapes, (list, tuple)) or len(shapes) != len(fn.outputs) or \
+            not all(_is_shape(s) for s in shapes):
+        outs = ", ".join(f.name() for f in fn.outputs)
+        raise TCArgumentError(f"output_shape of '{fn.name}' must be " + (
+            "a tuple of sizes" if len(fn.outputs) == 1 else
+            f"a list of {len(fn.outputs)} shapes, one per output ({outs})") +
+            f"; got {output_shape!r}")
+    result = []
+    for f, s in zip(fn.outputs, shapes):
+        if len(s) != f.dimensions():
+            raise TCArgumentError(f"output '{f.name()}' of '{fn.name}' has {f.dimensions()} "
+                                  f"dimension(s); output_shape gives {tuple(s)}")
+        if any(int(e) < 1 for e in s):
+            raise TCArgumentError(f"output_shape {tuple(s)} of '{f.name()}' has a size below 1")
+        result.append(tuple(int(e) for e in s))
+    return tuple(result)
+
+
+def _is_shape(s) -> bool:
+    return isinstance(s, (list, tuple)) and all(
+        isinstance(e, (int, np.integer)) and not isinstance(e, bool) for e in s)
+
+
+def _shape_and_dtype(a: Argument, value, shapes_only: bool):
+    if shapes_only and _is_shape(value):
+        return tuple(int(e) for e in value), None
+    info = array_info(value)
+    if info is None:
+        raise TCArgumentError(f"argument '{a.name}' is an input buffer of {a.type}; expected "
+                              f"an array, got {type(value).__name__}")
+    return info
+
+
+def _scalar(fn: str, a: Argument, value):
+    if hasattr(value, "shape") and getattr(value, "shape", ()) != ():
+        raise TCArgumentError(f"argument '{a.name}' of '{fn}' is a scalar {a.type}; got an "
+                              f"array of shape {value.shape}")
+    if isinstance(value, (bool, np.bool_)) and a.type.kind != "bool":
+        raise TCArgumentError(f"argument '{a.name}' of '{fn}' is {a.type}; got a bool")
+    if a.type.is_int and a.type.kind != "bool":
+        if not isinstance(value, (int, np.integer)):
+            raise TCArgumentError(f"argument '{a.name}' of '{fn}' is {a.type}; got "
+                                  f"{type(value).__name__} {value!r}")
+        info = np.iinfo(a.type.numpy)
+        if not info.min <= int(value) <= info.max:
+            raise TCArgumentError(f"argument '{a.name}' of '{fn}' is {a.type}; {value} does "
+                                  "not fit")
+        return int(value)
+    if not isinstance(value, (int, float, np.integer, np.floating, bool, np.bool_)):
+        raise TCArgumentError(f"argument '{a.name}' of '{fn}' is {a.type}; got "
+                              f"{type(value).__name__}")
+    return value
+
+
+def _constant(t, name: str) -> int:
+    if t is None or t[0] != "int":
+        raise TCError(f"Halide's bounds inference gives '{name}' a region that is not a "
+                      f"constant ({'unbounded' if t is None else tree_to_str(t)}) for these "
+                      "sizes: bound its subscripts (clamp them, or read through a "
+                      "BoundaryCondition)")
+    return int(t[1])
+
+
+def _check_inputs(fn: HalideFunction, b: Binding, regions: dict) -> None:
+    """Every input region the pipeline reads lies within the array bound to it."""
+    for a in fn.arguments:
+        if not a.is_buffer or a.name not in regions:
+            continue
+        shape = tuple(b.sizes[f"{a.name}.{k}"] for k in range(a.rank))
+        for k, ((lo, hi), extent) in enumerate(zip(regions[a.name], shape)):
+            if lo < 0 or hi >= extent:
+                raise TCArgumentError(
+                    f"'{fn.name}' reads input '{a.name}' at indices {lo}..{hi} along dimension "
+                    f"{k} (numpy order) for these output shapes, and '{a.name}' has shape "
+                    f"{shape}", notes=("give a larger input or a smaller output_shape, or read "
+                                       "the input through hl.BoundaryConditions",))
+
+
+# -- the scop's view of the pipeline ---------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class PipelineLowered(Lowered):
+    """`Lowered` for a Halide pipeline: definitions come from the native dump (views inlined,
+    input mins 0, integer Params as their values), not from Funcs lowered by tcstage."""
+
+    defs: dict = attrs.Factory(dict)  # tensor -> its definitions (func_definitions format)
+    read_names: dict = attrs.Factory(dict)  # Func or buffer name in the trees -> tensor
+    sizes: dict = attrs.Factory(dict)  # Halide extent symbol -> size name
+
+    def definitions(self, tensor: str) -> list[dict]:
+        return self.defs[tensor]
+
+    def halide_names(self) -> dict[str, str]:
+        return dict(self.read_names)
+
+    def size_symbols(self) -> dict[str, str]:
+        return dict(self.sizes)
+
+    def describe(self) -> str:
+        lines = []
+        for tensor, defs in self.defs.items():
+            t = self.fn.tensors[tensor]
+            b = self.ranges.tensors[tensor]
+            box = ", ".join(f"{lo[1]}..{lo[1] + e[1] - 1}" for lo, e in zip(b.mins, b.extents))
+            lines.append(f"Func {tensor} ({t.kind}, {t.type}) over [{box}], arguments "
+                         "innermost first:")
+            for d in defs:
+                lhs = ", ".join(tree_to_str(a) for a in d["args"])
+                rdom = "".join(f" where {tree_to_str(lo)} <= {n} < {tree_to_str(lo)} + "
+                               f"{tree_to_str(ext)}" for n, lo, ext in d["rvars"])
+                pred = "" if d["predicate"] == ("int", True) else \
+                    f" if {tree_to_str(d['predicate'])}"
+                lines.append(f"  {tensor}({lhs}) = {tree_to_str(d['values'][0])}{rdom}{pred}")
+        return "\n".join(lines)
+
+
+def _is_view(f: dict, outputs: set) -> bool:
+    """A pure Func that passes one read through: `g(x) = h(x)`, a read with computed
+    subscripts (clamped, mirrored), or a select between such a read and constants."""
+    if f["name"] in outputs or len(f["definitions"]) != 1 or len(f["types"]) != 1:
+        return False
+    d = f["definitions"][0]
+    if d["rvars"] or d["predicate"] != ("int", True) or \
+            any(a != ("var", n) for a, n in zip(d["args"], f["args"])):
+        return False
+
+    def passes(t) -> bool:
+        tag = t[0]
+        if tag == "read":
+            return True
+        if tag == "call" and t[1] in _VIEW_WRAPPERS:
+            return passes(t[2][0])
+        if tag == "select":
+            branches = [b for b in t[2:] if not _constant_tree(b)]
+            return len(branches) == 1 and passes(branches[0])
+        return False
+
+    return passes(inline_lets(d["values"][0]))
+
+
+def _constant_tree(t) -> bool:
+    return t[0] in ("int", "float") or t[0] == "cast" and t[2][0] in ("int", "float")
+
+
+def _rewrite(tree, leaf):
+    """tree with every node that `leaf` maps (to a non-None tree) replaced, bottom-up after
+    children."""
+    if not isinstance(tree, tuple) or not tree:
+        return tree
+    tag = tree[0]
+    if tag in ("int", "float", "var"):
+        out = tree
+    elif tag in ("read", "call"):
+        out = (tag, tree[1], tuple(_rewrite(a, leaf) for a in tree[2]))
+    elif tag == "cast":
+        out = ("cast", tree[1], _rewrite(tree[2], leaf))
+    elif tag == "let":
+        out = ("let", tree[1], _rewrite(tree[2], leaf), _rewrite(tree[3], leaf))
+    else:
+        out = (tag, *(_rewrite(c, leaf) for c in tree[1:]))
+    new = leaf(out)
+    return out if new is None else new
+
+
+def _substitute(tree, values: Mapping[str, Tree]):
+    return _rewrite(tree, lambda t: values.get(t[1]) if t[0] == "var" else None)
+
+
+def _tensor_names(fn: HalideFunction, kept: list[dict]) -> dict[str, str]:
+    """Func name -> a C identifier for its tensor, unique among the arguments' names."""
+    used = {a.name for a in fn.arguments}
+    names = {}
+    for f in kept:
+        base = re.sub(r"\W", "_", f["name"]) or "f"
+        name, k = base, 1
+        while name in used:
+            name, k = f"{base}_{k}", k + 1
+        used.add(name)
+        names[f["name"]] = name
+    return names
+
+
+def _split(fn: HalideFunction):
+    """(views by name, the Funcs that become tensors), producers first."""
+    outputs = {f.name() for f in fn.outputs}
+    views, kept = {}, []
+    for f in fn._functions:
+        if f["extern"]:
+            raise TCError(f"Func '{f['name']}' of '{fn.name}' has an extern definition, which "
+                          "the polyhedral flow cannot see into")
+        if _is_view(f, outputs):
+            views[f["name"]] = f
+        else:
+            if len(f["types"]) != 1:
+                raise TCError(f"Func '{f['name']}' of '{fn.name}' is a Tuple of "
+                              f"{len(f['types'])} values; the CUDA path takes Funcs of one value")
+            kept.append(f)
+    return views, kept
+
+
+def _signature(fn: HalideFunction) -> C.Function:
+    _, kept = _split(fn)
+    names = _tensor_names(fn, kept)
+    outputs = [names[f.name()] for f in fn.outputs]
+    tensors, inputs, size_vars = {}, [], {}
+    for a in fn.arguments:
+        dims = tuple(f"{a.name}.{k}" for k in range(a.rank))
+        tensors[a.name] = C.Tensor(a.name, "input", a.type, dims)
+        inputs.append(tensors[a.name])
+        size_vars.update({d: (a.name, k) for k, d in enumerate(dims)})
+    statements = []
+    for f in kept:
+        name = names[f["name"]]
+        t = scalar_type(f["types"][0], f"Func '{f['name']}'")
+        tensors[name] = C.Tensor(name, "output" if name in outputs else "temp", t,
+                                 ("",) * len(f["args"]))
+        for k, d in enumerate(f["definitions"]):
+            statements.append(C.Statement(name, (), (), None, False, C.Const(0, t), (), k == 0))
+    return C.Function(fn.name, tuple(inputs), tuple(outputs), tensors, size_vars,
+                      tuple(statements))
+
+
+def _lower(fn: HalideFunction, b: Binding, shapes, regions: dict) -> PipelineLowered:
+    views, kept = _split(fn)
+    names = _tensor_names(fn, kept)
+    checked = fn.checked
+    known: dict[str, Tree] = {}
+    for a in fn.arguments:
+        if a.is_buffer:
+            known.update({f"{a.name}.min.{k}": ("int", 0) for k in range(a.rank)})
+        elif a.name in fn.specialized_scalars:
+            known[a.name] = ("int", int(b.scalars[a.name]))
+
+    def inline(tree):
+        def leaf(t):
+            if t[0] == "call" and t[1] in _VIEW_WRAPPERS:
+                return t[2][0]
+            if t[0] == "var":
+                return known.get(t[1])
+            if t[0] == "read" and t[1] in views:
+                v = views[t[1]]
+                value = inline_lets(v["definitions"][0]["values"][0])
+                return inline(_substitute(value, dict(zip(v["args"], t[2]))))
+            return None
+        return _rewrite(inline_lets(tree), leaf)
+
+    defs, order, var_names, statement = {}, [], [], 0
+    bounds = {}
+    for a in fn.arguments:
+        if a.is_buffer:
+            bounds[a.name] = TensorBounds(tuple(("int", 0) for _ in range(a.rank)),
+                                          tuple(("var", f"{a.name}.{k}") for k in range(a.rank)))
+    for f in kept:
+        tensor = names[f["name"]]
+        region = regions.get(f["name"])
+        if region is None:  # nothing the outputs need reads it
+            region = [(0, -1)] * len(f["args"])
+        if tensor in checked.outputs:
+            shape = shapes[checked.outputs.index(tensor)]
+            if any(lo != 0 or hi != e - 1 for (lo, hi), e in zip(region, shape)):
+                raise TCError(
+                    f"output '{f['name']}' of '{fn.name}' is written over "
+                    f"{_box_text(region)}, beyond its output_shape {shape}: its updates write "
+                    "outside the box asked for")
+        bounds[tensor] = TensorBounds(tuple(("int", lo) for lo, _ in region),
+                                      tuple(("int", hi - lo + 1) for lo, hi in region))
+        defs[tensor] = []
+        for k, d in enumerate(f["definitions"]):
+            if k and any(_reads(a) for a in d["args"]):
+                raise TCError(
+                    f"update {k} of Func '{f['name']}' in '{fn.name}' writes where its inputs' "
+                    "values say (a data-dependent write, as in a histogram); the CUDA path "
+                    "cannot compile it yet (it would need atomic updates). The CPU runs it: "
+                    "call the function itself")
+            rewritten = {
+                "kind": d["kind"], "args": tuple(inline(a) for a in d["args"]),
+                "values": tuple(inline(v) for v in d["values"]),
+                "predicate": inline(d["predicate"]),
+                "rvars": tuple((n, inline(lo), inline(e)) for n, lo, e in d["rvars"])}
+            defs[tensor].append(rewritten)
+            order.append((tensor, k, statement))
+            var_names.append({n: n.replace("$", ".") for n, _, _ in d["rvars"]})
+            statement += 1
+    read_names = {f["name"]: names[f["name"]] for f in kept}
+    read_names.update({a.name: a.name for a in fn.arguments if a.is_buffer})
+    sizes = {f"{a.name}.extent.{a.rank - 1 - k}": f"{a.name}.{k}"
+             for a in fn.arguments if a.is_buffer for k in range(a.rank)}
+    spec = tuple(sorted((s, int(b.scalars[s])) for s in fn.specialized_scalars))
+    ranges = FunctionRanges(tuple(StatementRanges(t, {}) for t, _, _ in order), bounds, (),
+                            spec, {})
+    return PipelineLowered(checked, ranges, {}, {}, {t: None for t in defs}, [], order,
+                           var_names, {}, defs=defs, read_names=read_names, sizes=sizes)
+
+
+def _reads(tree) -> bool:
+    return isinstance(tree, tuple) and bool(tree) and (
+        tree[0] == "read" or any(_reads(c) for c in (tree[2] if tree[0] == "call" else tree[1:])))
+
+
+def _box_text(region) -> str:
+    return "[" + ", ".join(f"{lo}..{hi}" for lo, hi in region) + "]"
