@@ -476,6 +476,7 @@ py::dict py_required_regions(const py::sequence &outputs, const py::sequence &bo
         throw py::value_error("required_regions: one box per output is needed");
     }
     HI::Scope<HI::Interval> base;
+    std::map<std::string, Expr> values;  // the known variables with one value
     for (auto item : known) {
         std::string name = py::str(item.first);
         std::string what = "required_regions(known['" + name + "'])";
@@ -486,6 +487,7 @@ py::dict py_required_regions(const py::sequence &outputs, const py::sequence &bo
         } else {
             Expr v = expr_from_py(item.second, what.c_str());
             base.push(name, HI::Interval(v, v));
+            values[name] = v;
         }
     }
     std::map<std::string, HI::Box> required;
@@ -544,7 +546,9 @@ py::dict py_required_regions(const py::sequence &outputs, const py::sequence &bo
                         scope.push(f.args()[k], region[k]);
                     }
                     for (const HI::ReductionVariable &rv : def.schedule().rvars()) {
-                        scope.push(rv.var, HI::Interval(rv.min, HI::simplify(rv.min + rv.extent - 1)));
+                        Expr lo = HI::simplify(HI::substitute(values, rv.min));
+                        Expr extent = HI::simplify(HI::substitute(values, rv.extent));
+                        scope.push(rv.var, HI::Interval(lo, HI::simplify(lo + extent - 1)));
                     }
                     std::vector<Expr> exprs = def.values();
                     for (const Expr &a : def.args()) {
@@ -567,8 +571,10 @@ py::dict py_required_regions(const py::sequence &outputs, const py::sequence &bo
         for (const auto &p : required) {
             py::list dims;
             for (const HI::Interval &iv : p.second.bounds) {
-                py::object lo = iv.has_lower_bound() ? to_tree(HI::simplify(iv.min)) : py::none();
-                py::object hi = iv.has_upper_bound() ? to_tree(HI::simplify(iv.max)) : py::none();
+                py::object lo = iv.has_lower_bound()
+                    ? to_tree(HI::simplify(HI::substitute(values, iv.min))) : py::none();
+                py::object hi = iv.has_upper_bound()
+                    ? to_tree(HI::simplify(HI::substitute(values, iv.max))) : py::none();
                 dims.append(py::make_tuple(lo, hi));
             }
             result[py::str(p.first)] = dims;

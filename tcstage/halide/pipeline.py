@@ -87,10 +87,10 @@ def from_halide(outputs, name: str | None = None) -> "HalideFunction":
                           if funcs else ""))
     for f in funcs:
         if not f.defined():
-            raise TCError(f"tc.from_halide: Func '{f.name()}' has no definition")
+            raise TCError(f"tc.from_halide: Func '{display_name(f.name())}' has no definition")
     if len({f.name() for f in funcs}) != len(funcs):
         raise TCError("tc.from_halide: the same Func is given twice among the outputs")
-    return HalideFunction(funcs, name or funcs[0].name())
+    return HalideFunction(funcs, name or display_name(funcs[0].name()))
 
 
 class HalideFunction:
@@ -114,7 +114,7 @@ class HalideFunction:
 
     def __repr__(self) -> str:
         args = ", ".join(a.describe() for a in self.arguments)
-        outs = ", ".join(f.name() for f in self.outputs)
+        outs = ", ".join(display_name(f.name()) for f in self.outputs)
         return f"<Halide pipeline {self.name}({args}) -> ({outs})>"
 
     # -- arguments -----------------------------------------------------------------------------
@@ -208,9 +208,10 @@ class HalideFunction:
                 values.append(b.scalars[a.name])
         outs = []
         for f, shape in zip(self.outputs, shapes):
-            types = [scalar_type(str(t), f"output '{f.name()}'") for t in f.types()]
+            out_name = display_name(f.name())
+            types = [scalar_type(str(t), f"output '{out_name}'") for t in f.types()]
             if len(types) != 1:
-                raise TCError(f"output '{f.name()}' of '{self.name}' is a Tuple of "
+                raise TCError(f"output '{out_name}' of '{self.name}' is a Tuple of "
                               f"{len(types)} values; tcstage takes Funcs of one value")
             outs.append(np.empty(shape, dtype=types[0].numpy))
             values.append(hl.Buffer(outs[-1]))
@@ -262,19 +263,23 @@ class HalideFunction:
         return _lower(self, b, shapes, regions)
 
     def describe(self) -> str:
-        """Every Func's definitions, producers first, in Halide's names (innermost first)."""
+        """Every Func's definitions, producers first, innermost dimension first as Halide
+        writes them (the ImageParam and BoundaryConditions Funcs included)."""
+        def text(t) -> str:
+            return tree_to_str(_rewrite(inline_lets(t), lambda n: (
+                "read", display_name(n[1]), n[2]) if n[0] == "read" else None))
+
         lines = []
         for f in self._functions:
-            args = ", ".join(f["args"])
-            lines.append(f"Func {f['name']} ({', '.join(f['types'])}), arguments innermost first:")
+            name = display_name(f["name"])
+            lines.append(f"Func {name} ({', '.join(f['types'])}), arguments innermost first:")
             for d in f["definitions"]:
-                lhs = ", ".join(tree_to_str(a) for a in d["args"])
-                value = ", ".join(tree_to_str(inline_lets(v)) for v in d["values"])
-                rdom = "".join(f" where {tree_to_str(lo)} <= {n} < {tree_to_str(lo)} + "
-                               f"{tree_to_str(ext)}" for n, lo, ext in d["rvars"])
-                pred = "" if d["predicate"] == ("int", True) else \
-                    f" if {tree_to_str(d['predicate'])}"
-                lines.append(f"  {f['name']}({lhs}) = {value}{rdom}{pred}")
+                lhs = ", ".join(text(a) for a in d["args"])
+                value = ", ".join(text(v) for v in d["values"])
+                rdom = "".join(f" where {text(lo)} <= {n} < {text(lo)} + {text(ext)}"
+                               for n, lo, ext in d["rvars"])
+                pred = "" if d["predicate"] == ("int", True) else f" if {text(d['predicate'])}"
+                lines.append(f"  {name}({lhs}) = {value}{rdom}{pred}")
         return "\n".join(lines)
 
     @property
@@ -303,10 +308,11 @@ def normalize_output_shapes(fn: HalideFunction, output_shape) -> tuple:
     result = []
     for f, s in zip(fn.outputs, shapes):
         if len(s) != f.dimensions():
-            raise TCArgumentError(f"output '{f.name()}' of '{fn.name}' has {f.dimensions()} "
-                                  f"dimension(s); output_shape gives {tuple(s)}")
+            raise TCArgumentError(f"output '{display_name(f.name())}' of '{fn.name}' has "
+                                  f"{f.dimensions()} dimension(s); output_shape gives {tuple(s)}")
         if any(int(e) < 1 for e in s):
-            raise TCArgumentError(f"output_shape {tuple(s)} of '{f.name()}' has a size below 1")
+            raise TCArgumentError(f"output_shape {tuple(s)} of '{display_name(f.name())}' has a "
+                                  "size below 1")
         result.append(tuple(int(e) for e in s))
     return tuple(result)
 
@@ -462,12 +468,17 @@ def _substitute(tree, values: Mapping[str, Tree]):
     return _rewrite(tree, lambda t: values.get(t[1]) if t[0] == "var" else None)
 
 
+def display_name(name: str) -> str:
+    """A Func's name as its author wrote it: Halide appends `$<n>` to make names unique."""
+    return re.sub(r"\$\d+$", "", name)
+
+
 def _tensor_names(fn: HalideFunction, kept: list[dict]) -> dict[str, str]:
     """Func name -> a C identifier for its tensor, unique among the arguments' names."""
     used = {a.name for a in fn.arguments}
     names = {}
     for f in kept:
-        base = re.sub(r"\W", "_", f["name"]) or "f"
+        base = re.sub(r"\W", "_", display_name(f["name"])) or "f"
         name, k = base, 1
         while name in used:
             name, k = f"{base}_{k}", k + 1
@@ -482,13 +493,13 @@ def _split(fn: HalideFunction):
     views, kept = {}, []
     for f in fn._functions:
         if f["extern"]:
-            raise TCError(f"Func '{f['name']}' of '{fn.name}' has an extern definition, which "
-                          "the polyhedral flow cannot see into")
+            raise TCError(f"Func '{display_name(f['name'])}' of '{fn.name}' has an extern "
+                          "definition, which the polyhedral flow cannot see into")
         if _is_view(f, outputs):
             views[f["name"]] = f
         else:
             if len(f["types"]) != 1:
-                raise TCError(f"Func '{f['name']}' of '{fn.name}' is a Tuple of "
+                raise TCError(f"Func '{display_name(f['name'])}' of '{fn.name}' is a Tuple of "
                               f"{len(f['types'])} values; the CUDA path takes Funcs of one value")
             kept.append(f)
     return views, kept
@@ -507,7 +518,7 @@ def _signature(fn: HalideFunction) -> C.Function:
     statements = []
     for f in kept:
         name = names[f["name"]]
-        t = scalar_type(f["types"][0], f"Func '{f['name']}'")
+        t = scalar_type(f["types"][0], f"Func '{display_name(f['name'])}'")
         tensors[name] = C.Tensor(name, "output" if name in outputs else "temp", t,
                                  ("",) * len(f["args"]))
         for k, d in enumerate(f["definitions"]):
@@ -555,7 +566,7 @@ def _lower(fn: HalideFunction, b: Binding, shapes, regions: dict) -> PipelineLow
             shape = shapes[checked.outputs.index(tensor)]
             if any(lo != 0 or hi != e - 1 for (lo, hi), e in zip(region, shape)):
                 raise TCError(
-                    f"output '{f['name']}' of '{fn.name}' is written over "
+                    f"output '{display_name(f['name'])}' of '{fn.name}' is written over "
                     f"{_box_text(region)}, beyond its output_shape {shape}: its updates write "
                     "outside the box asked for")
         bounds[tensor] = TensorBounds(tuple(("int", lo) for lo, _ in region),
@@ -564,10 +575,10 @@ def _lower(fn: HalideFunction, b: Binding, shapes, regions: dict) -> PipelineLow
         for k, d in enumerate(f["definitions"]):
             if k and any(_reads(a) for a in d["args"]):
                 raise TCError(
-                    f"update {k} of Func '{f['name']}' in '{fn.name}' writes where its inputs' "
-                    "values say (a data-dependent write, as in a histogram); the CUDA path "
-                    "cannot compile it yet (it would need atomic updates). The CPU runs it: "
-                    "call the function itself")
+                    f"update {k} of Func '{display_name(f['name'])}' in '{fn.name}' writes where "
+                    "its inputs' values say (a data-dependent write, as in a histogram); the "
+                    "CUDA path cannot compile it yet (it would need atomic updates). The CPU "
+                    "runs it: call the function itself")
             rewritten = {
                 "kind": d["kind"], "args": tuple(inline(a) for a in d["args"]),
                 "values": tuple(inline(v) for v in d["values"]),

@@ -1,0 +1,274 @@
+"""Halide pipelines built in Python through tc.from_halide: the CPU path (Halide's JIT) and the
+polyhedral CUDA path (emulated here; every kernel also goes through nvcc, see conftest.py),
+each construct of the supported subset checked against numpy written independently of Halide.
+"""
+
+import halide as hl
+import numpy as np
+import pytest
+
+import tcstage as tc
+from tcstage.errors import TCArgumentError, TCError
+
+x, y = hl.Var("x"), hl.Var("y")
+rng = np.random.default_rng(7)
+
+OPTIONS = [
+    None,
+    tc.MappingOptions().tile(4, 8).mapToThreads(8, 4).mapToBlocks(4, 4),
+    tc.MappingOptions().tile(8, 8).mapToThreads(8, 2).mapToBlocks(2, 2).useSharedMemory(True),
+    tc.MappingOptions().scheduleFusionStrategy("Max").tile(4, 4).mapToThreads(4, 4)
+    .usePrivateMemory(True).unroll(4),
+]
+
+
+def check(f, args, output_shape, expected, options=OPTIONS, rtol=0.0):
+    """The CPU call and the emulated CUDA kernel of f, under every option set, equal expected."""
+    expected = expected if isinstance(expected, tuple) else (expected,)
+
+    def same(got):
+        got = got if isinstance(got, tuple) else (got,)
+        for g, e in zip(got, expected, strict=True):
+            assert g.shape == e.shape and g.dtype == e.dtype
+            if rtol:
+                np.testing.assert_allclose(g, e, rtol=rtol, atol=rtol)
+            else:
+                np.testing.assert_array_equal(g, e)
+
+    same(f(*args, output_shape=output_shape))
+    for o in options:
+        k = tc.compile(f, *args, output_shape=output_shape, options=o, target="cuda-emulated")
+        same(k(*args))
+
+
+def u8(*shape):
+    return rng.integers(0, 256, shape).astype(np.uint8)
+
+
+def test_blur_with_repeat_edge_keeps_the_size():
+    inp = hl.ImageParam(hl.UInt(8), 2, "inp")
+    c = hl.BoundaryConditions.repeat_edge(inp)
+    bx, by = hl.Func("bx"), hl.Func("by")
+    bx[x, y] = (hl.u16(c[x - 1, y]) + c[x, y] + c[x + 1, y]) // 3
+    by[x, y] = hl.u8((bx[x, y - 1] + bx[x, y] + bx[x, y + 1]) // 3)
+    a = u8(11, 13)
+    p = np.pad(a.astype(np.uint16), 1, mode="edge")
+    h = (p[:, :-2] + p[:, 1:-1] + p[:, 2:]) // 3
+    check(tc.from_halide(by, name="blur"), [a], (11, 13),
+          ((h[:-2] + h[1:-1] + h[2:]) // 3).astype(np.uint8))
+
+
+@pytest.mark.parametrize("kind", ["constant_exterior", "mirror_image", "mirror_interior"])
+def test_boundary_conditions(kind):
+    inp = hl.ImageParam(hl.Float(32), 2, "inp")
+    c = hl.BoundaryConditions.constant_exterior(inp, 0.5) if kind == "constant_exterior" \
+        else getattr(hl.BoundaryConditions, kind)(inp)
+    out = hl.Func("out")
+    out[x, y] = c[x - 2, y] * 2 + c[x + 1, y - 3]
+    a = rng.standard_normal((7, 9)).astype(np.float32)
+    mode = {"constant_exterior": "constant", "mirror_image": "symmetric",
+            "mirror_interior": "reflect"}[kind]
+    extra = {"constant_values": 0.5} if kind == "constant_exterior" else {}
+    p = np.pad(a, 4, mode=mode, **extra)  # p[i + 4, j + 4] is a(i, j) extended
+    H, W = 7, 9
+    ref = np.empty((H, W), np.float32)
+    for i in range(H):
+        for j in range(W):
+            ref[i, j] = p[i + 4, j - 2 + 4] * 2 + p[i - 3 + 4, j + 1 + 4]
+    check(tc.from_halide(out), [a], (H, W), ref, rtol=1e-6)
+
+
+def test_update_with_rdom_shrinks_the_output():
+    inp = hl.ImageParam(hl.Int(32), 2, "inp")
+    box = hl.Func("box")
+    r = hl.RDom([(0, 3), (0, 3)])
+    box[x, y] = 0
+    box[x, y] += inp[x + r.x, y + r.y]
+    a = rng.integers(-50, 50, (9, 10)).astype(np.int32)
+    ref = sum(a[i:i + 7, j:j + 8] for i in range(3) for j in range(3)).astype(np.int32)
+    check(tc.from_halide(box), [a], (7, 8), ref)
+
+
+def test_predicated_rdom():
+    inp = hl.ImageParam(hl.Float(32), 1, "inp")
+    r = hl.RDom([(0, 10)])
+    r.where(r.x <= x)  # a prefix sum
+    r.where(r.x % 2 == 0)  # of the even elements
+    s = hl.Func("s")
+    s[x] = 0.0
+    s[x] += inp[r.x]
+    a = rng.standard_normal(10).astype(np.float32)
+    ref = np.array([sum(a[k] for k in range(0, i + 1, 2)) for i in range(10)], np.float32)
+    check(tc.from_halide(s), [a], (10,), ref, rtol=1e-5)
+
+
+def test_quasi_affine_subscripts():
+    inp = hl.ImageParam(hl.Int(16), 1, "inp")
+    down, up = hl.Func("down"), hl.Func("up")
+    down[x] = inp[2 * x] + inp[2 * x + 1]
+    up[x] = hl.select(x % 2 == 0, down[x // 2], down[x // 2] * 3)
+    a = rng.integers(-100, 100, 16).astype(np.int16)
+    d = (a[0::2] + a[1::2]).astype(np.int16)
+    ref = np.array([d[i // 2] if i % 2 == 0 else d[i // 2] * 3 for i in range(16)], np.int16)
+    check(tc.from_halide(up), [a], (16,), ref)
+
+
+def test_clamp_select_min_max_and_casts():
+    inp = hl.ImageParam(hl.UInt(8), 2, "inp")
+    out = hl.Func("out")
+    v = hl.f32(inp[hl.clamp(x - 1, 0, 5), hl.min(y, 3)])
+    out[x, y] = hl.i16(hl.select(v > 100, hl.max(v - 100, 7.5), v * 0.5))
+    a = u8(4, 6)
+    ref = np.empty((5, 8), np.int16)
+    for i in range(5):
+        for j in range(8):
+            v = np.float32(a[min(i, 3), min(max(j - 1, 0), 5)])
+            ref[i, j] = np.int16(max(v - 100, 7.5) if v > 100 else v * np.float32(0.5))
+    check(tc.from_halide(out), [a], (5, 8), ref)
+
+
+def test_data_dependent_read_is_a_gather():
+    inp = hl.ImageParam(hl.UInt(8), 2, "inp")
+    lut = hl.ImageParam(hl.Float(32), 1, "lut")
+    out = hl.Func("out")
+    out[x, y] = lut[hl.i32(inp[x, y]) // 4] + lut[hl.clamp(hl.i32(inp[x, y]), 0, 63)]
+    a, t = u8(6, 10), rng.standard_normal(64).astype(np.float32)
+    ref = t[a.astype(int) // 4] + t[np.minimum(a, 63)]
+    check(tc.from_halide(out), [a, t], (6, 10), ref, rtol=1e-6)
+
+
+def test_scalar_params_by_position_and_name():
+    inp = hl.ImageParam(hl.Float(32), 1, "inp")
+    shift, scale = hl.Param(hl.Int(32), "shift"), hl.Param(hl.Float(32), "scale")
+    out = hl.Func("out")
+    out[x] = inp[x + shift] * scale
+    f = tc.from_halide(out)
+    assert [a.name for a in f.arguments] == ["inp", "scale", "shift"]  # infer_arguments order
+    a = rng.standard_normal(12).astype(np.float32)
+    check(f, [a, 1.5, 3], (9,), a[3:12] * np.float32(1.5))
+    np.testing.assert_array_equal(f(scale=2.0, shift=1, inp=a, output_shape=(4,)), a[1:5] * 2)
+    k = tc.compile(f, a, 2.0, 1, output_shape=(4,), target="cuda-emulated")
+    np.testing.assert_array_equal(k(a, 0.5, 1), a[1:5] * np.float32(0.5))
+
+
+def test_several_outputs():
+    inp = hl.ImageParam(hl.Float(32), 1, "inp")
+    s, d = hl.Func("s"), hl.Func("d")
+    s[x] = inp[x] + inp[x + 1]
+    d[x] = inp[x] - inp[x + 1]
+    a = rng.standard_normal(8).astype(np.float32)
+    check(tc.from_halide([s, d]), [a], [(7,), (7,)], (a[:-1] + a[1:], a[:-1] - a[1:]))
+
+
+def test_histogram_runs_on_the_cpu_and_is_refused_for_cuda():
+    inp = hl.ImageParam(hl.UInt(8), 2, "inp")
+    hist = hl.Func("hist")
+    r = hl.RDom([(0, inp.width()), (0, inp.height())])
+    hist[x] = 0
+    hist[hl.i32(inp[r.x, r.y]) // 32] += 1
+    f = tc.from_halide(hist)
+    a = u8(9, 7)
+    np.testing.assert_array_equal(f(a, output_shape=(8,)),
+                                  np.bincount(a.ravel() // 32, minlength=8).astype(np.int32))
+    with pytest.raises(TCError, match=r"update 1 of Func 'hist'.*data-dependent write"):
+        tc.compile(f, a, output_shape=(8,), target="cuda-emulated")
+
+
+def test_multi_stage_pipeline_with_reduction_and_pointwise():
+    # conv + relu, as conv_layer: an RDom over channels and a 3x3 window
+    inp = hl.ImageParam(hl.Float(32), 3, "inp")  # (c, y, x)
+    w = hl.ImageParam(hl.Float(32), 4, "w")  # (k, c, ry, rx)
+    z, k = hl.Var("z"), hl.Var("k")
+    r = hl.RDom([(0, 3), (0, 3), (0, 2)])
+    conv, relu = hl.Func("conv"), hl.Func("relu")
+    conv[x, y, k] = 0.0
+    conv[x, y, k] += w[r.x, r.y, r.z, k] * inp[x + r.x, y + r.y, r.z]
+    relu[x, y, k] = hl.max(conv[x, y, k], 0.0)
+    a = rng.standard_normal((2, 6, 7)).astype(np.float32)
+    wt = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    ref = np.zeros((3, 4, 5), np.float32)
+    for kk in range(3):
+        for i in range(4):
+            for j in range(5):
+                ref[kk, i, j] = np.sum(wt[kk] * a[:, i:i + 3, j:j + 3])
+    check(tc.from_halide(relu), [a, wt], (3, 4, 5), np.maximum(ref, 0), rtol=1e-5)
+
+
+# -- bad input ----------------------------------------------------------------------------------
+
+
+def _shift():
+    inp = hl.ImageParam(hl.Float(32), 2, "inp")
+    out = hl.Func("out")
+    out[x, y] = inp[x + 1, y]
+    return tc.from_halide(out)
+
+
+@pytest.mark.parametrize("args, named, output_shape, message", [
+    ([np.zeros((3, 4), np.float64)], {}, (3, 3),
+     r"argument 'inp' .* holds float32; got an array of float64"),
+    ([np.zeros(4, np.float32)], {}, (3, 3),
+     r"argument 'inp' .* has 2 dimension\(s\); got shape \(4,\)"),
+    ([], {}, (3, 3), r"missing argument\(s\) inp"),
+    ([], {"img": np.zeros((3, 4), np.float32)}, (3, 3), r"no argument 'img'"),
+    ([np.zeros((3, 4), np.float32)] * 2, {}, (3, 3), r"takes 1 argument"),
+    ([np.zeros((3, 4), np.float32)], {}, None, r"give the size of its output with output_shape"),
+    ([np.zeros((3, 4), np.float32)], {}, (3,), r"output 'out' .* has 2 dimension\(s\)"),
+    ([np.zeros((3, 4), np.float32)], {}, (3, 4), r"reads input 'inp' at indices 1..4 along "
+                                                  r"dimension 1 .* shape \(3, 4\)"),
+    ([3.0], {}, (3, 3), r"argument 'inp' is an input buffer of float32; expected an array"),
+])
+def test_bad_bindings_name_the_parameter(args, named, output_shape, message):
+    f = _shift()
+    with pytest.raises(TCArgumentError, match=message):
+        f(*args, output_shape=output_shape, **named)
+    if named or output_shape is None or not args:
+        return
+    with pytest.raises(TCArgumentError, match=message):
+        tc.compile(f, *args, output_shape=output_shape, target="cuda-emulated")
+
+
+def test_bad_scalar_binding():
+    inp = hl.ImageParam(hl.Float(32), 1, "inp")
+    n = hl.Param(hl.Int(32), "n")
+    out = hl.Func("out")
+    out[x] = inp[x] * hl.f32(n)
+    f = tc.from_halide(out)
+    with pytest.raises(TCArgumentError, match=r"argument 'n' .* is int32; got float 1.5"):
+        f(np.ones(3, np.float32), 1.5, output_shape=(3,))
+
+
+def test_not_a_func():
+    with pytest.raises(TCError, match="takes one halide.Func or a list of them; got str"):
+        tc.from_halide("blur")
+    with pytest.raises(TCError, match="Func 'g' has no definition"):
+        tc.from_halide(hl.Func("g"))
+
+
+def test_tuple_funcs_are_refused_for_cuda():
+    inp = hl.ImageParam(hl.Float(32), 1, "inp")
+    t, out = hl.Func("t"), hl.Func("out")
+    t[x] = (inp[x], inp[x] * 2)
+    out[x] = t[x][0] + t[x][1]
+    f = tc.from_halide(out)
+    a = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(f(a, output_shape=(4,)), a * 3)
+    with pytest.raises(TCError, match=r"Func 't' of 'out' is a Tuple of 2 values"):
+        tc.compile(f, a, output_shape=(4,), target="cuda-emulated")
+
+
+# -- printing ------------------------------------------------------------------------------------
+
+
+def test_describe_and_kernel_describe():
+    f = _shift()
+    text = f.describe()
+    assert "Func out (float32)" in text and "out(x, y) = inp_im(x + 1, y)" in text, text
+    assert repr(f) == "<Halide pipeline out(float32(inp.0, inp.1) inp) -> (out)>"
+    k = tc.compile(f, (3, 4), output_shape=(3, 3), target="cuda-emulated",
+                   options=tc.MappingOptions().mapToThreads(3))
+    lowered = f.specialized((3, 3)).lower((3, 4))
+    assert "Func out (output, float32) over [0..2, 0..2]" in lowered.describe()
+    assert k.describe().startswith("kernel: ") and "threads: block (3, 1, 1)" in k.describe()
+    assert "S0: out" in k.cuda_source and "inp[" in k.cuda_source
+    assert "threadIdx.x" in k.explain()
