@@ -195,8 +195,6 @@ def clear_kernel_cache() -> None:
 
 
 def _source_key(fn) -> str:
-    if hasattr(fn, "fingerprint"):  # a Halide pipeline
-        return fn.fingerprint
     from tcstage.tune.cache import tc_hash
     return tc_hash(fn)
 

@@ -272,3 +272,34 @@ def test_describe_and_kernel_describe():
     assert k.describe().startswith("kernel: ") and "threads: block (3, 1, 1)" in k.describe()
     assert "S0: out" in k.cuda_source and "inp[" in k.cuda_source
     assert "threadIdx.x" in k.explain()
+
+
+# -- tuning --------------------------------------------------------------------------------------
+
+
+def test_autotune_a_pipeline_and_compile_auto():
+    inp = hl.ImageParam(hl.UInt(8), 2, "inp")
+    c = hl.BoundaryConditions.repeat_edge(inp)
+    bx, by = hl.Func("bx"), hl.Func("by")
+    bx[x, y] = (hl.u16(c[x - 1, y]) + c[x, y] + c[x + 1, y]) // 3
+    by[x, y] = hl.u8((bx[x, y - 1] + bx[x, y] + bx[x, y + 1]) // 3)
+    f = tc.from_halide(by, name="blur")
+    a = u8(16, 24)
+    res = tc.autotune(f, a, output_shape=(16, 24), measure="model", budget=6, progress=False)
+    assert res.checked and res.measured_on == "model" and res.time > 0
+    assert {c.status for c in res.history} <= {"ok", "pruned", "compile_error"}
+    p = np.pad(a.astype(np.uint16), 1, mode="edge")
+    h = (p[:, :-2] + p[:, 1:-1] + p[:, 2:]) // 3
+    expected = ((h[:-2] + h[1:-1] + h[2:]) // 3).astype(np.uint8)
+    k = tc.compile(f, a, output_shape=(16, 24), options="auto", target="cuda-emulated")
+    assert str(k.options) == str(res.options)  # the tuned options, from the cache
+    np.testing.assert_array_equal(k(a), expected)
+    # a pipeline built again (new Halide names) is the same pipeline for the cache
+    inp2 = hl.ImageParam(hl.UInt(8), 2, "inp")
+    c2 = hl.BoundaryConditions.repeat_edge(inp2)
+    bx2, by2 = hl.Func("bx"), hl.Func("by")
+    bx2[x, y] = (hl.u16(c2[x - 1, y]) + c2[x, y] + c2[x + 1, y]) // 3
+    by2[x, y] = hl.u8((bx2[x, y - 1] + bx2[x, y] + bx2[x, y + 1]) // 3)
+    k2 = tc.compile(tc.from_halide(by2, name="blur"), a, output_shape=(16, 24), options="auto",
+                    target="cuda-emulated")
+    assert str(k2.options) == str(res.options)

@@ -38,10 +38,10 @@ from tcstage.errors import TCArgumentError, TCError
 from tcstage.halide import _native
 from tcstage.halide.lower import HALIDE_FAILURES, Lowered
 from tcstage.halide.ranges import FunctionRanges, StatementRanges, TensorBounds
-from tcstage.halide.solver import Tree, inline_lets, tree_to_str
+from tcstage.halide.solver import Tree, evaluate, inline_lets, tree_to_str
 from tcstage.lang import checked as C
 from tcstage.lang.types import BOOL, SCALAR_TYPES, ScalarType
-from tcstage.program import Binding, array_info
+from tcstage.program import Binding, StatementReport, array_info
 
 _VIEW_WRAPPERS = ("likely", "likely_if_innermost", "promise_clamped", "unsafe_promise_clamped")
 
@@ -184,12 +184,12 @@ class HalideFunction:
         return HalideFunction(self.outputs, self.name, shapes)
 
     # -- running on the CPU --------------------------------------------------------------------
-    def __call__(self, *args, output_shape=None, **named):
+    def __call__(self, *args, output_shape=None, out=None, **named):
         """Runs the pipeline on the CPU with Halide's JIT, as the pipeline is scheduled.
         Arguments: numpy arrays and Python numbers, in `infer_arguments` order or by name.
         Returns an array, or a tuple for several outputs."""
         shapes = self._output_boxes(output_shape)
-        b = self.bind(args, named=named)
+        b = self.bind(args, out, named=named)
         regions = self.required_regions(b, shapes)
         _check_inputs(self, b, regions)
         if self._cpu is None:
@@ -254,6 +254,33 @@ class HalideFunction:
     def output_shapes(self, *args, output_shape=None, **named) -> list[tuple[int, ...]]:
         return [tuple(s) for s in self._output_boxes(output_shape)]
 
+    def ranges(self, *args, out=None, output_shape=None, **named) -> list[StatementReport]:
+        """Per Func definition, the range of each loop variable (outermost first): the Func's
+        region for its pure variables, the RDom's bounds for reduction variables."""
+        shapes = self._output_boxes(output_shape)
+        b = self.bind(args, out, shapes_only=True, named=named)
+        lowered = self.specialized(shapes).lower(*args, **named)
+        values = {h: b.sizes[s] for h, s in lowered.sizes.items()}
+        reports = []
+        for st, (tensor, k, _) in zip(self.checked.statements, lowered.order):
+            d = lowered.defs[tensor][k]
+            bounds = lowered.ranges.tensors[tensor]
+            concrete = {}
+            for v in st.indices:  # pure variables: the Func's region along their dimension
+                dim = [a for a in reversed(d["args"])].index(("var", v))
+                lo = bounds.mins[dim][1]
+                concrete[v] = (lo, lo + bounds.extents[dim][1])
+            for v, lo, extent in reversed(d["rvars"]):
+                lo = evaluate(lo, values)
+                concrete[v] = (lo, lo + evaluate(extent, values))
+            reports.append(StatementReport(
+                tensor, f"{tensor}({', '.join(tree_to_str(a) for a in reversed(d['args']))})",
+                {v: f"{a} <= {v} < {b_}" for v, (a, b_) in concrete.items()}, concrete))
+        return reports
+
+    def output_mins(self, *args, out=None, output_shape=None, **named) -> list:
+        return [(0,) * len(s) for s in self._output_boxes(output_shape)]
+
     def lower(self, *args, out=None, **named) -> "PipelineLowered":
         """The pipeline as the polyhedral middle end reads it, for these arguments' sizes."""
         shapes = self._output_boxes(None)
@@ -284,13 +311,34 @@ class HalideFunction:
 
     @property
     def fingerprint(self) -> str:
-        """A hash of the pipeline's definitions and output shapes (for kernel caches)."""
-        text = repr((self.name, self._functions, self.fixed_output_shapes,
+        """A hash of the pipeline's definitions, arguments and output shapes (the key of
+        compiled kernels and tuned options, as `tune.cache.tc_hash` is for TC)."""
+        text = repr((_canonical(self._functions), self.fixed_output_shapes,
                      [(a.name, a.type.name, a.rank) for a in self.arguments]))
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+        return hashlib.sha256(text.encode()).hexdigest()
 
 
 _MISSING = object()
+
+
+def _canonical(functions: list[dict]) -> list:
+    """The definitions with Func and RDom variable names replaced by their positions: Halide
+    numbers both by creation order within the process (`blur$3`, `r12$x`)."""
+    funcs = {f["name"]: f"f{k}" for k, f in enumerate(functions)}
+    out = []
+    for f in functions:
+        for d in f["definitions"]:
+            rvars = {n: f"r{k}" for k, (n, _, _) in enumerate(d["rvars"])}
+
+            def canon(t):
+                return _rewrite(t, lambda n: ("read", funcs.get(n[1], n[1]), n[2])
+                                if n[0] == "read" else ("var", rvars[n[1]])
+                                if n[0] == "var" and n[1] in rvars else None)
+
+            out.append((funcs[f["name"]], f["args"], f["types"], d["kind"],
+                        [canon(t) for t in (*d["args"], *d["values"], d["predicate"])],
+                        [(canon(lo), canon(e)) for _, lo, e in d["rvars"]]))
+    return out
 
 
 def normalize_output_shapes(fn: HalideFunction, output_shape) -> tuple:
@@ -522,7 +570,11 @@ def _signature(fn: HalideFunction) -> C.Function:
         tensors[name] = C.Tensor(name, "output" if name in outputs else "temp", t,
                                  ("",) * len(f["args"]))
         for k, d in enumerate(f["definitions"]):
-            statements.append(C.Statement(name, (), (), None, False, C.Const(0, t), (), k == 0))
+            indices = tuple(a[1] for a in reversed(d["args"]) if a[0] == "var"
+                            and a[1] in f["args"])
+            rvars = tuple(n for n, _, _ in reversed(d["rvars"]) if n not in indices)
+            statements.append(C.Statement(name, indices, rvars, None, False, C.Const(0, t), (),
+                                          k == 0))
     return C.Function(fn.name, tuple(inputs), tuple(outputs), tensors, size_vars,
                       tuple(statements))
 

@@ -67,6 +67,8 @@ def tc_hash(fn) -> str:
 
     from tcstage.lang.lexer import tokenize
 
+    if hasattr(fn, "fingerprint"):  # a Halide pipeline: its definitions and output shapes
+        return fn.fingerprint
     checked = getattr(fn, "checked", fn)
     span = getattr(checked, "span", None)
     if span is not None:

@@ -29,7 +29,7 @@ EMULATION_LIMIT = 5e7
 
 @attrs.frozen
 class Job:
-    source: str  # the TC program's text
+    source: object  # the TC program's text, or a Halide pipeline (tc.from_halide)
     filename: str
     function: str
     args: tuple  # inputs: arrays (for checking) or shape tuples; scalars as values
@@ -51,7 +51,8 @@ def _program(source: str, filename: str):
 def _compile(job: Job):
     from tcstage.compiler import compile_cuda
     from tcstage.options import MappingOptions
-    fn = _program(job.source, job.filename)[job.function]
+    fn = job.source if not isinstance(job.source, str) else \
+        _program(job.source, job.filename)[job.function]
     return compile_cuda(fn, job.args, job.out, MappingOptions.parse(job.options))
 
 

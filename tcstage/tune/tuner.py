@@ -99,11 +99,12 @@ class TuneResult:
                 f"{'' if self.checked else '; the best could not be checked (too large to emulate)'}")
 
 
-def autotune(source, name: str, *inputs, target: str = "cuda", measure: str | None = None,
-             budget: int | None = None, generations: int | None = None,
-             population: int | None = None, seed: int = 0, start_from=None, cache=None,
-             progress: bool = True, strategy: str | None = None, jobs: int | None = None,
-             timeout: float = TIMEOUT, evaluator=None, device=None, out=None) -> TuneResult:
+def autotune(source, name: str | None = None, *inputs, target: str = "cuda",
+             measure: str | None = None, budget: int | None = None,
+             generations: int | None = None, population: int | None = None, seed: int = 0,
+             start_from=None, cache=None, progress: bool = True, strategy: str | None = None,
+             jobs: int | None = None, timeout: float = TIMEOUT, evaluator=None, device=None,
+             out=None, output_shape=None) -> TuneResult:
     """Searches MappingOptions for TC function `name` of `source` (TC text or a Program) at the
     shapes of `inputs` (arrays, or shape tuples; scalars as values).
 
@@ -115,6 +116,8 @@ def autotune(source, name: str, *inputs, target: str = "cuda", measure: str | No
     Beyond the issue's API: strategy, jobs (parallel workers), timeout (seconds per candidate),
     evaluator ("local", "ray", or a pool object), device (the cost model's figures: "H100",
     "H200" or a model.Device), out (in/out starting values).
+    A Halide pipeline (`tc.from_halide`) is tuned as `tc.autotune(f, *inputs,
+    output_shape=...)`, with local workers (its Funcs cannot travel to a Ray cluster).
     """
     from tcstage.program import Program, define
     if target == "cpu":
@@ -127,8 +130,20 @@ def autotune(source, name: str, *inputs, target: str = "cuda", measure: str | No
     strategy = strategy or DEFAULT_STRATEGY
     if strategy not in STRATEGIES:
         raise TCError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    program = source if isinstance(source, Program) else define(source)
-    fn = program[name]
+    from tcstage.halide.pipeline import HalideFunction
+    if isinstance(source, HalideFunction):
+        if evaluator not in (None, "local"):
+            raise TCError("a Halide pipeline is tuned with local workers: its Funcs cannot be "
+                          "sent to other processes than forked ones (evaluator='local')")
+        inputs = inputs if name is None else (name, *inputs)
+        program, fn = None, source.specialized(
+            output_shape if output_shape is not None else source._output_boxes(None))
+    else:
+        if output_shape is not None:
+            raise TCError("output_shape= is for Halide pipelines (tc.from_halide); a TC "
+                          "function infers its output shapes")
+        program = source if isinstance(source, Program) else define(source)
+        fn = program[name]
     session = _Session(program, fn, inputs, out, measure, device, cache, seed, jobs, timeout,
                        evaluator)
     population, generations, budget = _sizes(population, generations, budget)
@@ -157,7 +172,7 @@ class _Session:
         from tcstage.inputs import call_shapes
         from tcstage.tune import model
         self.program, self.fn, self.seed, self.timeout = program, fn, seed, timeout
-        if program.source is None:
+        if program is not None and program.source is None:
             raise TCError("autotune needs the TC source text: pass the source, or a Program "
                           "made by tc.define")
         self.binding = fn.bind(inputs, out, shapes_only=True)
@@ -218,7 +233,8 @@ class _Session:
                 except TCError:
                     continue
         from tcstage.tune.compare import schedule_lines
-        filename = None if self.program.filename.startswith("<") else self.program.filename
+        filename = None if self.program is None or self.program.filename.startswith("<") \
+            else self.program.filename
         for label, options, where in schedule_lines(SCHEDULES, self.fn.name, filename,
                                                     self.sizes):
             seeds.append((options, f"schedules ({label}, {where})"))
@@ -235,7 +251,9 @@ class _Session:
     def job(self, options: str, check: bool = False) -> Job:
         args, out = (self.inputs_and_reference()[:2]) if check else \
             (tuple(self.shape_args), self.out_shapes)
-        return Job(self.program.source, self.program.filename, self.fn.name, tuple(args), out,
+        source, filename = (self.program.source, self.program.filename) if self.program \
+            else (self.fn, "<halide>")  # a Halide pipeline travels as itself (forked workers)
+        return Job(source, filename, self.fn.name, tuple(args), out,
                    options, device=self.model_device,
                    target="cuda" if self.measure == "gpu" else "cuda-emulated",
                    reference=self.inputs_and_reference()[2] if check else ())
