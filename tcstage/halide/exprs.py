@@ -111,10 +111,13 @@ _BINARY: dict[str, Callable] = {
 
 def to_halide(e: C.Expr, names: Mapping[str, hl.Expr],
               read: Callable[[C.Read, list[hl.Expr]], hl.Expr] | None = None,
-              dim: Callable[[C.DimOf], hl.Expr] | None = None) -> hl.Expr:
+              dim: Callable[[C.DimOf], hl.Expr] | None = None,
+              padded: Callable[[C.Padded, list[hl.Expr], hl.Expr], hl.Expr] | None = None
+              ) -> hl.Expr:
     """Translates e. `names` gives index variables, size variables and scalar inputs;
     `read` builds a tensor read from its translated subscripts (None: raise DataDependent);
-    `dim` gives `T.n` of a defined tensor."""
+    `dim` gives `T.n` of a defined tensor; `padded` builds `T(args) ?? value` from the
+    translated subscripts and value."""
 
     def go(e: C.Expr) -> hl.Expr:
         if isinstance(e, C.Const):
@@ -127,6 +130,10 @@ def to_halide(e: C.Expr, names: Mapping[str, hl.Expr],
             if read is None:
                 raise DataDependent(e)
             return read(e, [go(a) for a in e.args])
+        if isinstance(e, C.Padded):
+            if read is None or padded is None:
+                raise DataDependent(e)
+            return padded(e, [go(a) for a in e.read.args], go(e.value))
         if isinstance(e, C.DimOf):
             if dim is None:
                 raise DataDependent(e)

@@ -282,10 +282,15 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
     dead: frozenset[str] = frozenset()  # Halide names whose reads the simplifier removes
     variables = {t[1]: e for e in names.values() for t in [solver.to_tree(e)] if t[0] == "var"}
 
-    def read(r: C.Read, args: list[hl.Expr]) -> hl.Expr:
+    # reads by identity -> their number in walk order (StatementRanges.clamped)
+    numbers = {id(r): n for n, r in enumerate(n for n in C.walk(st.rhs) if isinstance(n, C.Read))}
+
+    def read(r: C.Read, args: list[hl.Expr], clamp_all: bool = False) -> hl.Expr:
         b = ranges.tensors[r.tensor]
+        n = numbers.get(id(r))
         args = _halide_order([
-            _clamp(x, b.mins[k], b.extents[k], tree) if C.has_read(a) else
+            _clamp(x, b.mins[k], b.extents[k], tree)
+            if clamp_all or C.has_read(a) or (n, k) in sr.clamped else
             _simplified(x, variables) for k, (a, x) in enumerate(zip(r.args, args))])
         if r.tensor in params:
             source = params[r.tensor]
@@ -304,13 +309,25 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
     def dim(d: C.DimOf) -> hl.Expr:
         return tree(ranges.tensors[d.tensor].extents[d.dim])
 
-    rhs = to_halide(st.rhs, names, read=read, dim=dim)
+    def padded(p: C.Padded, args: list[hl.Expr], value: hl.Expr) -> hl.Expr:
+        """`T(args) ?? value`: Halide's constant_exterior, spelled as the select it makes (a
+        guarded read of T with its subscripts clamped into T), so that the Func reads T
+        itself and the polyhedral model sees the guard."""
+        b = ranges.tensors[p.read.tensor]
+        inside = hl.Expr(True)
+        for k, x in enumerate(args):
+            x = _simplified(x, variables)
+            lo = tree(b.mins[k])
+            inside = inside & (lo <= x) & (x < lo + tree(b.extents[k]))
+        return hl.select(inside, read(p.read, args, clamp_all=True), value)
+
+    rhs = to_halide(st.rhs, names, read=read, dim=dim, padded=padded)
     # (a read of the statement's own Func stays: it is no other Func's bounds, and without it
     # Halide warns on stderr that the update hides the earlier definitions, O0() = O0 * 0)
     dead = frozenset(read_tensors) - solver.read_names(solver.simplify(rhs)) - {func.name()}
     if dead:
         read_tensors.clear()
-        rhs = to_halide(st.rhs, names, read=read, dim=dim)
+        rhs = to_halide(st.rhs, names, read=read, dim=dim, padded=padded)
     lhs = _halide_order(lhs_args)
     pure_lhs = _halide_order(pure)
     if fresh and partial:

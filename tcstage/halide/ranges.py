@@ -26,6 +26,7 @@ subscripts or where clauses are *specialised*: their values are substituted befo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import attrs
@@ -73,6 +74,11 @@ class StatementRanges:
     tensor: str
     ranges: dict  # var -> Range, left-hand variables first
     span: Span | None = attrs.field(eq=False, default=None)
+    # (read, dimension) pairs whose subscript a guard or `??` keeps within the tensor, so that
+    # it did not constrain the ranges: lowering clamps them (the value under the guard does not
+    # change, and Halide's bounds inference, which ignores guards, sees a finite region). A read
+    # is numbered in the order of `checked.walk` over the right-hand side.
+    clamped: frozenset = frozenset()
 
 
 @attrs.frozen
@@ -111,6 +117,11 @@ class _Access:
     variables: frozenset
     cond: hl.Expr | None  # None: the subscript depends on tensor values
     write: bool = False  # the statement's own left-hand side
+    # A guarded read whose guard does not keep this subscript within the tensor (or not
+    # provably): its text, and whether some condition of the guard could not be reasoned
+    # about (it reads tensors, or is not affine). None for an unguarded access.
+    guard: str | None = None
+    undecided: bool = False
 
 
 def infer_ranges(fn: C.Function, scalars: Mapping[str, int] | None = None) -> FunctionRanges:
@@ -241,48 +252,132 @@ class _StatementInference:
     def expr(self, tree: Tree) -> hl.Expr:
         return tree_to_expr(_no_overflow(tree, self.st), self.env)
 
-    def accesses(self) -> list[_Access]:
+    def accesses(self, where: Mapping[str, Range]) -> tuple[list[_Access], frozenset]:
+        """The accesses that constrain the ranges, and the (read, dimension) pairs that a guard
+        keeps within their tensor (see `StatementRanges.clamped`)."""
         st = self.st
         # Reads of a tensor still without a shape (the one being shaped) constrain nothing.
-        reads = [n for n in C.walk(st.rhs)
-                 if isinstance(n, C.Read) and n.args and n.tensor in self.bounds]
+        reads = [(n, g) for n, g in enumerate(C.guarded_reads(st.rhs))
+                 if g.read.args and g.read.tensor in self.bounds]
         written = None
         if st.tensor in self.bounds and self.write_constrains:  # the write, given a shape
             lhs_args = tuple(C.IndexVar(v, span=st.var_spans.get(v)) for v in st.indices)
-            written = C.Read(st.tensor, lhs_args, self.fn.tensors[st.tensor].type, span=st.span)
-            reads.append(written)
-        out = []
-        for r in reads:
+            written = C.GuardedRead(
+                C.Read(st.tensor, lhs_args, self.fn.tensors[st.tensor].type, span=st.span), (),
+                False)
+            reads.append((-1, written))
+        out, clamped = [], set()
+        for n, g in reads:
+            r = g.read
             b = self.bounds[r.tensor]
-            write = r is written
+            write = g is written
+            premises, undecided = self.guard_premises(g.guards, where)
+            guard_text = " && ".join(_guard_text(x) for x in g.guards) if g.guards else None
             for k, arg in enumerate(r.args):
+                variables = frozenset(C.free_vars(arg))
                 try:
                     x = to_halide(arg, self.env, dim=self.dim)
                 except DataDependent:
-                    out.append(_Access(r.tensor, k, arg, r.span, frozenset(C.free_vars(arg)), None,
-                                       write))
+                    out.append(_Access(r.tensor, k, arg, r.span, variables, None, write))
                     continue
                 lo = self.expr(b.mins[k])
                 hi = self.expr(b.mins[k]) + self.expr(b.extents[k]) - 1
-                out.append(_Access(r.tensor, k, arg, r.span, frozenset(C.free_vars(arg)),
-                                   (lo <= x) & (x <= hi), write))
+                sides = [lo <= x, x <= hi]
+                if g.padded:  # `??`: the read happens only within the tensor
+                    sides = []
+                elif g.guards:
+                    sides = [c for c in sides if not self.implied(premises, c)]
+                if len(sides) < 2:
+                    clamped.add((n, k))
+                if not sides:
+                    continue
+                cond = sides[0] if len(sides) == 1 else sides[0] & sides[1]
+                out.append(_Access(r.tensor, k, arg, r.span, variables, cond, write,
+                                   guard_text, undecided and bool(g.guards)))
+        return out, frozenset(clamped)
+
+    def guard_premises(self, guards, where: Mapping[str, Range]) -> tuple[list[str], bool]:
+        """The guards' conditions in isl's syntax, with the where clause's ranges (the other
+        facts that hold wherever the statement runs), and whether some condition of the guards
+        could not be used (it reads tensor values, or is not affine)."""
+        if not guards:
+            return [], False
+        premises, undecided = [], False
+        for v, r in where.items():
+            premises.append(self.isl_condition((self.expr(r.lo) <= self.env[v])
+                                               & (self.env[v] <= self.expr(r.hi))))
+        for g in guards:
+            for c in C.conjuncts(g):
+                try:
+                    e = to_halide(c.cond, self.env, dim=self.dim)
+                    text = self.isl_condition(e if e.type() == hl.Bool() else e != 0)
+                except (DataDependent, ValueError):
+                    undecided = True
+                    continue
+                premises.append(text if c.holds else f"not {text}")
+        return [p for p in premises if p is not None], undecided
+
+    def isl_condition(self, e: hl.Expr) -> str | None:
+        """e (boolean) in isl's syntax; raises ValueError where it is not affine."""
+        tree = solver.simplify(e)
+        return "(" + tree_to_isl(tree, {v: isl_name(v) for v in solver.tree_vars(tree)}) + ")"
+
+    def implied(self, premises: list[str], side: hl.Expr) -> bool:
+        """Whether the premises imply side for every value of the variables and every
+        non-negative size (isl decides it exactly)."""
+        if not premises:
+            return False
+        try:
+            conclusion = self.isl_condition(side)
+        except ValueError:
+            return False
+        text = " and ".join(premises)
+        names = set(re.findall(r"\b_[A-Za-z0-9_]*", f"{text} {conclusion}"))
+        sizes = {isl_name(d) for d in self.size_symbols()}
+        nonneg = [f"{n} >= 0" for n in sorted(names & sizes)]
+        try:
+            counter = isl.Set(f"[{', '.join(sorted(names))}] -> {{ [] : "
+                              f"{' and '.join([*nonneg, text])} and not {conclusion} }}")
+        except isl.Error:
+            return False
+        return counter.is_empty()
+
+    def size_symbols(self) -> set[str]:
+        """The names that stand for sizes (size variables, in/out outputs' `T.n`)."""
+        out = set(self.fn.size_vars)
+        for t in self.fn.tensors.values():
+            out |= {d for d in t.dims if d and not d.isdigit()}
         return out
 
     def run(self) -> StatementRanges:
         st = self.st
-        known: dict[str, Range] = {}
+        where: dict[str, Range] = {}
         for w in st.where:
             lo = self.tree(to_halide(w.lo, self.env, dim=self.dim))
             hi = self.tree(to_halide(w.hi, self.env, dim=self.dim) - 1)
-            known[w.var] = Range(lo, hi)
-        accesses = self.accesses()
+            where[w.var] = Range(lo, hi)
+        accesses, clamped = self.accesses(where)
+        known, used = self.solve(accesses, where)
+        self.check_guards(accesses, where, known, used)
+        self.check_preconditions(accesses, used, known)
+        for r in known.values():
+            for bound in (r.lo, r.hi):
+                _no_overflow(bound, st)
+        return StatementRanges(st.tensor, {v: known[v] for v in st.variables}, span=st.span,
+                               clamped=clamped)
+
+    def solve(self, accesses, where, skip=frozenset()) -> tuple[dict, set]:
+        """The rounds of spec 001 over the accesses (but those in `skip`): the ranges, and the
+        accesses that gave them."""
+        st = self.st
+        known: dict[str, Range] = dict(where)
         used: set[int] = set()
         unresolved = [v for v in st.variables if v not in known]
         while unresolved:
             found: dict[str, list] = {}
             for n, a in enumerate(accesses):
                 free = [v for v in a.variables if v not in known]
-                if a.cond is None or len(free) != 1:
+                if a.cond is None or len(free) != 1 or n in skip:
                     continue
                 v = free[0]
                 cond = a.cond
@@ -303,11 +398,43 @@ class _StatementInference:
             for v, solutions in found.items():
                 known[v] = self.intersect(v, solutions)
             unresolved = [v for v in unresolved if v not in known]
-        self.check_preconditions(accesses, used, known)
-        for r in known.values():
-            for bound in (r.lo, r.hi):
-                _no_overflow(bound, st)
-        return StatementRanges(st.tensor, {v: known[v] for v in st.variables}, span=st.span)
+        return known, used
+
+    def check_guards(self, accesses, where, known, used) -> None:
+        """A guarded read whose guard does not (provably) keep it within its tensor constrains
+        the ranges as an unguarded read does. Where that narrows a range that the other
+        accesses would make wider, the user most likely meant the guard to protect the read: a
+        warning names the read, its guard and the statement, never a silent change. (A read
+        that alone gives a range, as `h >= 1 ? I(h - 1) : 0` gives h's upper bound, narrows
+        nothing.)"""
+        groups: dict[tuple, set[int]] = {}  # the same read under the same guard, together
+        for n in sorted(used):
+            a = accesses[n]
+            if a.guard is not None:
+                groups.setdefault((a.tensor, a.dim, _text(a.arg), a.guard), set()).add(n)
+        for ns in groups.values():
+            try:
+                wider, _ = self.solve(accesses, where, frozenset(ns))
+            except TCRangeError:  # without it a range is unknown: the read gives that range
+                continue
+            a = accesses[min(ns)]
+            vs = sorted(v for v in a.variables if v in known and v in wider and (
+                simplify_tree(("sub", known[v].lo, wider[v].lo)) != ZERO
+                or simplify_tree(("sub", known[v].hi, wider[v].hi)) != ZERO))
+            if not vs:
+                continue
+            read = a.span.text() if a.span is not None else a.tensor
+            why = ("tcstage cannot decide whether the guard keeps it within "
+                   f"{a.tensor} (part of the guard reads tensor values or is not affine)"
+                   if a.undecided else f"the guard does not keep it within {a.tensor}")
+            ranges = ", ".join(known[v].text(v) for v in vs)
+            wide = ", ".join(wider[v].text(v) for v in vs)
+            self.preconditions.append(Precondition(
+                f"in '{self.fn.name}', statement '{_statement_text(self.st)}': the read {read} "
+                f"under the guard '{a.guard}' narrows {ranges} (the other accesses allow {wide}), "
+                f"because {why}; write the guard so that it keeps every subscript within "
+                f"{a.tensor}, or read '{a.tensor}(...) ?? 0', which is 0 outside {a.tensor}",
+                a.span))
 
     def intersect(self, v: str, solutions) -> Range:
         los = [s.lo for s, _ in solutions if s.lo is not None]
@@ -396,3 +523,12 @@ class _StatementInference:
 
 def _text(e: C.Expr) -> str:
     return e.span.text() if e.span is not None else repr(e)
+
+
+def _guard_text(g: C.Guard) -> str:
+    text = _text(g.cond)
+    return text if g.holds else f"!({text})"
+
+
+def _statement_text(st: C.Statement) -> str:
+    return " ".join(st.span.text().split()) if st.span is not None else st.tensor

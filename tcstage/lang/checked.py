@@ -111,7 +111,20 @@ class Cast:
     span: Span | None = _span
 
 
-Expr = Union[Const, IndexVar, SizeVar, ScalarParam, Read, DimOf, Unary, Binary, Select, Call, Cast]
+@attrs.frozen
+class Padded:
+    """`T(args) ?? value`: the read of T where every subscript is within T, else `value`
+    (Halide's constant_exterior boundary condition). The read never constrains range
+    inference: T is as if extended by `value` in every direction."""
+
+    read: Read
+    value: "Expr"  # converted to read.type
+    type: ScalarType
+    span: Span | None = _span
+
+
+Expr = Union[Const, IndexVar, SizeVar, ScalarParam, Read, DimOf, Unary, Binary, Select, Call, Cast,
+             Padded]
 
 
 @attrs.frozen
@@ -178,6 +191,8 @@ def children(e: Expr) -> tuple[Expr, ...]:
         return (e.lhs, e.rhs)
     if isinstance(e, Select):
         return (e.cond, e.then, e.other)
+    if isinstance(e, Padded):
+        return (e.read, e.value)
     return ()
 
 
@@ -194,3 +209,55 @@ def free_vars(e: Expr) -> set[str]:
 
 def has_read(e: Expr) -> bool:
     return any(isinstance(n, Read) for n in walk(e))
+
+
+@attrs.frozen
+class Guard:
+    """A condition under which a read happens: the read is evaluated only where `cond` is
+    `holds` (it sits in that branch of a `c ? a : b`)."""
+
+    cond: Expr
+    holds: bool
+
+
+@attrs.frozen
+class GuardedRead:
+    read: Read
+    guards: tuple[Guard, ...]  # every enclosing branch condition, outermost first
+    padded: bool  # the read of a `T(args) ?? value`: it happens only within T
+
+
+def guarded_reads(e: Expr) -> list[GuardedRead]:
+    """Every read of e with the branch conditions that guard it, in the order of `walk`.
+    A select's condition is always evaluated; reads in a read's subscripts share its guards."""
+    out: list[GuardedRead] = []
+
+    def go(e: Expr, guards: tuple[Guard, ...], padded: bool) -> None:
+        if isinstance(e, Read):
+            out.append(GuardedRead(e, guards, padded))
+            for a in e.args:
+                go(a, guards, False)
+        elif isinstance(e, Select):
+            go(e.cond, guards, False)
+            go(e.then, guards + (Guard(e.cond, True),), False)
+            go(e.other, guards + (Guard(e.cond, False),), False)
+        elif isinstance(e, Padded):
+            go(e.read, guards, True)
+            go(e.value, guards, False)
+        else:
+            for c in children(e):
+                go(c, guards, False)
+
+    go(e, (), False)
+    return out
+
+
+def conjuncts(g: Guard) -> list[Guard]:
+    """g as a conjunction of simpler guards: `a && b` holding is `a` and `b` holding, `a || b`
+    failing is `a` and `b` failing, `!a` holding is `a` failing."""
+    e, holds = g.cond, g.holds
+    if isinstance(e, Unary) and e.op == "!":
+        return conjuncts(Guard(e.operand, not holds))
+    if isinstance(e, Binary) and e.op == ("&&" if holds else "||"):
+        return conjuncts(Guard(e.lhs, holds)) + conjuncts(Guard(e.rhs, holds))
+    return [g]
