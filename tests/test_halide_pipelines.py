@@ -303,3 +303,34 @@ def test_autotune_a_pipeline_and_compile_auto():
     k2 = tc.compile(tc.from_halide(by2, name="blur"), a, output_shape=(16, 24), options="auto",
                     target="cuda-emulated")
     assert str(k2.options) == str(res.options)
+
+
+def test_data_dependent_read_gets_two_stage_promotion():
+    idx = hl.ImageParam(hl.Int(32), 1, "idx")
+    tab = hl.ImageParam(hl.Float(32), 2, "tab")
+    out = hl.Func("out")
+    r = hl.RDom([(0, 16)])
+    out[x, y] = 0.0
+    out[x, y] += tab[x, 1 + hl.clamp(idx[y], 0, 30)] * r.x  # the paper's O(1 + Idx(i), k)
+    a = rng.integers(0, 31, 16).astype(np.int32)
+    t = rng.standard_normal((32, 64)).astype(np.float32)
+    f = tc.from_halide(out)
+    k = tc.compile(f, a, t, output_shape=(16, 64), target="cuda-emulated",
+                   options=tc.MappingOptions().tile(4, 32).mapToThreads(32, 4)
+                   .useSharedMemory(True).usePrivateMemory(True))
+    assert "shared tab: shared_tab[4][33] float32, tile 4 x 32 gathered through idx" \
+        in k.describe()
+    expected = t[1 + a] * np.float32(sum(range(16)))
+    np.testing.assert_allclose(k(a, t), expected, rtol=1e-6)
+    np.testing.assert_allclose(f(a, t, output_shape=(16, 64)), expected, rtol=1e-6)
+
+
+def test_unbounded_data_dependent_read_is_an_error():
+    idx = hl.ImageParam(hl.Int(32), 1, "idx")
+    tab = hl.ImageParam(hl.Float(32), 1, "tab")
+    out = hl.Func("out")
+    out[x] = tab[idx[x]]  # Halide needs the subscript bounded (clamped) to size 'tab'
+    f = tc.from_halide(out)
+    with pytest.raises(TCError, match=r"gives 'tab' a region that is not a constant "
+                                      r"\(unbounded\).*clamp them"):
+        f(np.zeros(4, np.int32), np.zeros(8, np.float32), output_shape=(4,))
