@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         warnings.showwarning = _show_warning
         _check_flags(args)
+        if args.file.endswith(".py"):
+            return _halide_command(args)
         return {"run": _run, "show": _show, "tune": _tune, "compare": _compare}[args.command](args)
     except UsageError as e:
         return _fail(f"tcstage: error: {e}", 2)
@@ -87,11 +89,17 @@ def _parser() -> argparse.ArgumentParser:
     tune = sub.add_parser("tune", help="search CUDA MappingOptions (tc.autotune)")
     compare = sub.add_parser("compare", help="compare the schedules of a function (tc.compare)")
     for p in (run, show, tune, compare):
-        p.add_argument("file", help="a .tc source file")
+        p.add_argument("file", help="a .tc source file, or (run, show, tune) a Python module "
+                                    "with a Halide pipeline: build(), inputs(rng, size), "
+                                    "output_shapes(args), as in examples/halide/")
         p.add_argument("--fn", help="the function to use (default: the last one in the file; "
                                     "for tune and compare, the file's only one)")
         p.add_argument("--sizes", type=_size_items, default=(), metavar="N=128,K=64",
                        help=f"size variables and scalar inputs (unset sizes are {DEFAULT_SIZE})")
+    for p in (run, show, tune):
+        p.add_argument("--input-size", default="small", metavar="SIZE",
+                       help="for a Halide pipeline module: the size its inputs() makes "
+                            "(small, the default, or bench)")
     run.add_argument("--target", default="cpu", choices=("cpu", "cuda", "cuda-emulated"),
                      help="cpu: Halide JIT (default); cuda: one CUDA kernel on the GPU (pycuda); "
                           "cuda-emulated: the same kernel run on the CPU")
@@ -439,6 +447,90 @@ def _show(args) -> int:
         if args.cuda:
             print(f"# CUDA of {f.name}")
             print(kernel.cuda_source)
+    return 0
+
+
+# --- Halide pipelines (Python modules) --------------------------------------------------------
+
+
+def _halide_app(args):
+    """The pipeline a Python module builds, its arguments and its output shapes."""
+    import importlib.util
+    if args.command == "compare":
+        raise UsageError("compare takes a .tc file; for a Halide pipeline use tc.compare in "
+                         "Python or `tcstage tune`")
+    if args.sizes or args.fn:
+        raise UsageError("a Halide pipeline module makes its own inputs (inputs(rng, size)): "
+                         "choose their size with --input-size, not --sizes or --fn")
+    if not os.path.isfile(args.file):
+        raise OSError(2, "No such file or directory", args.file)
+    spec = importlib.util.spec_from_file_location("_tcstage_app", os.path.abspath(args.file))
+    module = importlib.util.module_from_spec(spec)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(args.file))))
+    sys.path.insert(0, root)  # examples/halide/x.py imports examples.halide.common
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(root)
+    missing = [n for n in ("build", "inputs", "output_shapes") if not hasattr(module, n)]
+    if missing:
+        raise UsageError(f"{args.file} is not a Halide pipeline module: it defines no "
+                         f"{', '.join(missing)} (see docs/halide.md, Porting a pipeline)")
+    app = module.build()
+    outputs = getattr(app, "outputs", app)
+    name = getattr(app, "name", None) or os.path.splitext(os.path.basename(args.file))[0]
+    f = outputs if isinstance(outputs, tc.HalideFunction) else tc.from_halide(outputs, name)
+    inputs = module.inputs(np.random.default_rng(getattr(args, "seed", 0)), args.input_size)
+    shapes = [tuple(s) for s in module.output_shapes(inputs)]
+    return f, list(inputs), shapes
+
+
+def _halide_command(args) -> int:
+    f, inputs, shapes = _halide_app(args)
+    shape = shapes[0] if len(shapes) == 1 else shapes
+    print(f"{f!r}")
+    if args.command == "tune":
+        print(tc.autotune(f, *inputs, output_shape=shape, target=args.target,
+                          measure=args.measure, budget=args.budget, strategy=args.strategy,
+                          seed=args.seed, progress=args.progress))
+        return 0
+    cuda = args.command == "show" and (args.schedule or args.cuda) or \
+        args.command == "run" and args.target != "cpu"
+    kernel = tc.compile(f, *inputs, output_shape=shape, options=args.options,
+                        target=getattr(args, "target", "cuda-emulated")
+                        if args.command == "run" else "cuda-emulated") if cuda else None
+    if args.command == "show":
+        if not (args.ranges or args.halide or args.schedule or args.cuda):
+            args.ranges = True
+        if args.ranges:
+            print(f"# ranges of {f.name}")
+            for report in f.ranges(*inputs, output_shape=shape):
+                print(report)
+        if args.halide:
+            print(f"# Halide Funcs of {f.name}")
+            print(f.describe())
+            print(f"# tensors of {f.name} (Funcs over the regions Halide infers)")
+            print(f.specialized(shape).lower(*inputs).describe())
+        if args.schedule:
+            print(f"# schedule of {f.name}")
+            print(kernel.describe())
+        if args.cuda:
+            print(f"# CUDA of {f.name}")
+            print(kernel.cuda_source)
+        return 0
+    start = time.perf_counter()
+    result = f(*inputs, output_shape=shape) if kernel is None else kernel(*inputs)
+    first = time.perf_counter() - start
+    results = result if isinstance(result, tuple) else (result,)
+    for r in results:
+        print(f"output:  {tuple(r.shape)} {r.dtype}  sum={float(np.sum(r, dtype=np.float64)):.6g}")
+    if kernel is not None:
+        reference = f(*inputs, output_shape=shape)
+        reference = reference if isinstance(reference, tuple) else (reference,)
+        worst = max(float(np.max(np.abs(np.asarray(r, np.float64) - np.asarray(c, np.float64)),
+                                 initial=0.0)) for r, c in zip(results, reference))
+        print(f"max |{args.target} - cpu| = {worst:.3g}")
+    print(f"first call: {first * 1e3:.1f} ms")
     return 0
 
 

@@ -451,7 +451,8 @@ class PipelineLowered(Lowered):
         for tensor, defs in self.defs.items():
             t = self.fn.tensors[tensor]
             b = self.ranges.tensors[tensor]
-            box = ", ".join(f"{lo[1]}..{lo[1] + e[1] - 1}" for lo, e in zip(b.mins, b.extents))
+            box = ", ".join(f"{lo[1]}..{lo[1] + e[1] - 1}"  # innermost first, as the arguments
+                            for lo, e in reversed(list(zip(b.mins, b.extents))))
             lines.append(f"Func {tensor} ({t.kind}, {t.type}) over [{box}], arguments "
                          "innermost first:")
             for d in defs:
