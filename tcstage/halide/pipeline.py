@@ -20,6 +20,11 @@ so a boundary condition becomes a guarded or clamped read of the input, which th
 model sees (exactly where its subscripts are affine, as a may-read where they are not) and the
 promotion copies as any other read.
 
+Data-dependent writes (a histogram's `h(clamp(in(r), 0, 255)) += 1`) are may-writes in the
+model, along the dimensions whose subscripts read data: the dependences then order every pair
+of updates that may touch one element, so the kernel runs them one after another where they
+may collide and in parallel where they cannot (per-row histograms); no atomics are needed.
+
 Layout as everywhere in tcstage: numpy arrays are row-major, Halide lists dimensions innermost
 first; an input's dimension `k` (numpy order) is named `<input>.<k>` among the sizes.
 """
@@ -626,12 +631,6 @@ def _lower(fn: HalideFunction, b: Binding, shapes, regions: dict) -> PipelineLow
                                       tuple(("int", hi - lo + 1) for lo, hi in region))
         defs[tensor] = []
         for k, d in enumerate(f["definitions"]):
-            if k and any(_reads(a) for a in d["args"]):
-                raise TCError(
-                    f"update {k} of Func '{display_name(f['name'])}' in '{fn.name}' writes where "
-                    "its inputs' values say (a data-dependent write, as in a histogram); the "
-                    "CUDA path cannot compile it yet (it would need atomic updates). The CPU "
-                    "runs it: call the function itself")
             rewritten = {
                 "kind": d["kind"], "args": tuple(inline(a) for a in d["args"]),
                 "values": tuple(inline(v) for v in d["values"]),
@@ -650,11 +649,6 @@ def _lower(fn: HalideFunction, b: Binding, shapes, regions: dict) -> PipelineLow
                             spec, {})
     return PipelineLowered(checked, ranges, {}, {}, {t: None for t in defs}, [], order,
                            var_names, {}, defs=defs, read_names=read_names, sizes=sizes)
-
-
-def _reads(tree) -> bool:
-    return isinstance(tree, tuple) and bool(tree) and (
-        tree[0] == "read" or any(_reads(c) for c in (tree[2] if tree[0] == "call" else tree[1:])))
 
 
 def _box_text(region) -> str:
