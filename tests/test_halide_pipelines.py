@@ -351,3 +351,31 @@ def test_unbounded_data_dependent_read_is_an_error():
     with pytest.raises(TCError, match=r"gives 'tab' a region that is not a constant "
                                       r"\(unbounded\).*clamp them"):
         f(np.zeros(4, np.int32), np.zeros(8, np.float32), output_shape=(4,))
+
+
+def test_inline_reductions_scalar_outputs_wrappers_bools_and_half():
+    inp = hl.ImageParam(hl.Float(32), 2, "inp")
+    a = rng.standard_normal((5, 6)).astype(np.float32)
+    r = hl.RDom([(0, inp.height())])
+    m = hl.Func("m")  # hl.sum / hl.maximum make anonymous Funcs with updates
+    m[x] = hl.sum(inp[x, r.x] * 2) + hl.maximum(inp[x, r.x])
+    check(tc.from_halide(m), [a], (6,), (a * 2).sum(0) + a.max(0), rtol=1e-5)
+    everything = hl.RDom([(0, inp.width()), (0, inp.height())])
+    total = hl.Func("total")  # a rank-0 output
+    total[()] = 0.0
+    total[()] += inp[everything.x, everything.y]
+    check(tc.from_halide(total), [a], (), np.array(a.sum(), np.float32), options=[None],
+          rtol=1e-5)
+    plus = hl.Func("plus")  # through a Func.in_() wrapper, inlined like a boundary view
+    plus[x, y] = inp.in_()[x, y] + 1
+    check(tc.from_halide(plus), [a], (5, 6), a + 1, options=OPTIONS[:2])
+    positive, sign = hl.Func("positive"), hl.Func("sign")  # a bool tensor
+    positive[x] = inp[x, 0] > 0
+    sign[x] = hl.select(positive[x], 1.0, -1.0)
+    check(tc.from_halide(sign), [a], (6,), np.where(a[0] > 0, 1, -1).astype(np.float32),
+          options=OPTIONS[:2])
+    h = hl.ImageParam(hl.Float(16), 1, "h")
+    twice = hl.Func("twice")
+    twice[x] = h[x] * 2
+    halves = rng.standard_normal(8).astype(np.float16)
+    check(tc.from_halide(twice), [halves], (8,), halves * np.float16(2), options=OPTIONS[:2])
