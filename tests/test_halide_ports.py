@@ -1,0 +1,58 @@
+"""The Halide apps ported under examples/halide/, through tc.from_halide: the CPU call and the
+emulated CUDA kernel (several MappingOptions; each kernel also passes nvcc, see conftest.py)
+equal Halide's own realize of the same pipeline, built afresh and unscheduled."""
+
+import importlib
+import pathlib
+import warnings
+
+import numpy as np
+import pytest
+
+import tcstage as tc
+from examples.halide import common
+
+APPS = sorted(p.stem for p in (pathlib.Path(__file__).parent.parent / "examples" / "halide")
+              .glob("*.py") if p.stem not in ("__init__", "common"))
+
+OPTIONS = [
+    tc.MappingOptions().tile(4, 16).mapToThreads(16, 4).mapToBlocks(8, 8),
+    tc.MappingOptions().tile(8, 8).mapToThreads(8, 8).mapToBlocks(4, 4).useSharedMemory(True)
+    .usePrivateMemory(True).unroll(2),
+    tc.MappingOptions().scheduleFusionStrategy("Max").tile(2, 32).mapToThreads(32, 2)
+    .useSharedMemory(True),
+]
+
+
+def load(name):
+    return importlib.import_module(f"examples.halide.{name}")
+
+
+def assert_same(got, expected, tolerance):
+    got = got if isinstance(got, tuple) else (got,)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert g.shape == e.shape and g.dtype == e.dtype
+        if tolerance:
+            np.testing.assert_allclose(g, e, rtol=0, atol=tolerance)
+        else:
+            np.testing.assert_array_equal(g, e)
+
+
+@pytest.mark.parametrize("name", APPS)
+def test_port(name):
+    app = load(name)
+    args = app.inputs(np.random.default_rng(3), "small")
+    shapes = [tuple(s) for s in app.output_shapes(args)]
+    expected = common.realize(app.build(), args, shapes)
+    tolerance = app.tolerance(args) if hasattr(app, "tolerance") else 0
+    built = app.build()
+    f = tc.from_halide(built.outputs, name=built.name)
+    shape = shapes[0] if len(shapes) == 1 else shapes
+    assert_same(f(*args, output_shape=shape), expected, 0)  # the same Halide code
+    for options in OPTIONS:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", tc.TCWarning)  # options a small app cannot use
+            kernel = tc.compile(f, *args, output_shape=shape, options=options,
+                                target="cuda-emulated")
+        assert_same(kernel(*args), expected, tolerance)
