@@ -285,12 +285,14 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
     # reads by identity -> their number in walk order (StatementRanges.clamped)
     numbers = {id(r): n for n, r in enumerate(n for n in C.walk(st.rhs) if isinstance(n, C.Read))}
 
-    def read(r: C.Read, args: list[hl.Expr], clamp_all: bool = False) -> hl.Expr:
+    def read(r: C.Read, args: list[hl.Expr], padded_dims=None) -> hl.Expr:
+        """`padded_dims`: for the read of a `??`, the dimensions it tests (and clamps)."""
         b = ranges.tensors[r.tensor]
         n = numbers.get(id(r))
         args = _halide_order([
             _clamp(x, b.mins[k], b.extents[k], tree)
-            if clamp_all or C.has_read(a) or (n, k) in sr.clamped else
+            if C.has_read(a) or (k in padded_dims if padded_dims is not None
+                                 else (n, k) in sr.clamped) else
             _simplified(x, variables) for k, (a, x) in enumerate(zip(r.args, args))])
         if r.tensor in params:
             source = params[r.tensor]
@@ -314,12 +316,18 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
         guarded read of T with its subscripts clamped into T), so that the Func reads T
         itself and the polyhedral model sees the guard."""
         b = ranges.tensors[p.read.tensor]
-        inside = hl.Expr(True)
-        for k, x in enumerate(args):
+        tested, inside = set(), None
+        for k, (a, x) in enumerate(zip(p.read.args, args)):
+            if isinstance(a, C.IndexVar) and _covers(sr.ranges[a.name], b.mins[k], b.extents[k]):
+                continue  # (`n` over exactly T's dimension: never outside it)
             x = _simplified(x, variables)
-            lo = tree(b.mins[k])
-            inside = inside & (lo <= x) & (x < lo + tree(b.extents[k]))
-        return hl.select(inside, read(p.read, args, clamp_all=True), value)
+            lo, end = tree(b.mins[k]), tree(simplify_tree(("add", b.mins[k], b.extents[k])))
+            within = (lo <= x) & (x < end)
+            inside = within if inside is None else inside & within
+            tested.add(k)
+        if inside is None:
+            return read(p.read, args, padded_dims=frozenset())
+        return hl.select(inside, read(p.read, args, padded_dims=frozenset(tested)), value)
 
     rhs = to_halide(st.rhs, names, read=read, dim=dim, padded=padded)
     # (a read of the statement's own Func stays: it is no other Func's bounds, and without it

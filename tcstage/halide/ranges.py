@@ -122,6 +122,9 @@ class _Access:
     # about (it reads tensors, or is not affine). None for an unguarded access.
     guard: str | None = None
     undecided: bool = False
+    # The subscript `v` of a `T(...) ?? value` read: it never narrows v's range, but where
+    # nothing else bounds v, it gives v the extent of T's dimension (see `solve`).
+    fallback: bool = False
 
 
 def infer_ranges(fn: C.Function, scalars: Mapping[str, int] | None = None) -> FunctionRanges:
@@ -240,6 +243,7 @@ class _StatementInference:
                  write_constrains: bool = True):
         self.fn, self.st, self.bounds, self.preconditions = fn, st, bounds, preconditions
         self.write_constrains = write_constrains
+        self.padded_vars: set[str] = set()  # variables in the subscripts of `T(...) ?? v` reads
         self.env = dict(symbols)
         self.env.update({v: hl.Expr(hl.Var(v)) for v in st.variables})
 
@@ -271,10 +275,21 @@ class _StatementInference:
             r = g.read
             b = self.bounds[r.tensor]
             write = g is written
-            premises, undecided = self.guard_premises(g.guards, where)
+            premises, undecided = self.guard_premises(g.guards, where) if g.guards else \
+                (None, False)
             guard_text = " && ".join(_guard_text(x) for x in g.guards) if g.guards else None
             for k, arg in enumerate(r.args):
                 variables = frozenset(C.free_vars(arg))
+                if g.padded:  # `??`: the read happens only within the tensor
+                    clamped.add((n, k))
+                    self.padded_vars |= variables
+                    if isinstance(arg, C.IndexVar):
+                        x = self.env[arg.name]
+                        lo = self.expr(b.mins[k])
+                        hi = lo + self.expr(b.extents[k]) - 1
+                        out.append(_Access(r.tensor, k, arg, r.span, variables,
+                                           (lo <= x) & (x <= hi), fallback=True))
+                    continue
                 try:
                     x = to_halide(arg, self.env, dim=self.dim)
                 except DataDependent:
@@ -283,9 +298,9 @@ class _StatementInference:
                 lo = self.expr(b.mins[k])
                 hi = self.expr(b.mins[k]) + self.expr(b.extents[k]) - 1
                 sides = [lo <= x, x <= hi]
-                if g.padded:  # `??`: the read happens only within the tensor
-                    sides = []
-                elif g.guards:
+                if g.guards or _clamps(arg):  # (`I(max(min(x, H - 1), 0))` is always within I)
+                    if premises is None:
+                        premises, undecided = self.guard_premises(g.guards, where)
                     sides = [c for c in sides if not self.implied(premises, c)]
                 if len(sides) < 2:
                     clamped.add((n, k))
@@ -300,8 +315,6 @@ class _StatementInference:
         """The guards' conditions in isl's syntax, with the where clause's ranges (the other
         facts that hold wherever the statement runs), and whether some condition of the guards
         could not be used (it reads tensor values, or is not affine)."""
-        if not guards:
-            return [], False
         premises, undecided = [], False
         for v, r in where.items():
             premises.append(self.isl_condition((self.expr(r.lo) <= self.env[v])
@@ -325,13 +338,11 @@ class _StatementInference:
     def implied(self, premises: list[str], side: hl.Expr) -> bool:
         """Whether the premises imply side for every value of the variables and every
         non-negative size (isl decides it exactly)."""
-        if not premises:
-            return False
         try:
             conclusion = self.isl_condition(side)
         except ValueError:
             return False
-        text = " and ".join(premises)
+        text = " and ".join(premises) or "true"
         names = set(re.findall(r"\b_[A-Za-z0-9_]*", f"{text} {conclusion}"))
         sizes = {isl_name(d) for d in self.size_symbols()}
         nonneg = [f"{n} >= 0" for n in sorted(names & sizes)]
@@ -373,11 +384,12 @@ class _StatementInference:
         known: dict[str, Range] = dict(where)
         used: set[int] = set()
         unresolved = [v for v in st.variables if v not in known]
+        fallback = False  # a round that resolves nothing tries the `??` reads' plain subscripts
         while unresolved:
             found: dict[str, list] = {}
             for n, a in enumerate(accesses):
                 free = [v for v in a.variables if v not in known]
-                if a.cond is None or len(free) != 1 or n in skip:
+                if a.cond is None or len(free) != 1 or n in skip or a.fallback != fallback:
                     continue
                 v = free[0]
                 cond = a.cond
@@ -394,7 +406,11 @@ class _StatementInference:
                 found.setdefault(v, []).append((solution, a))
                 used.add(n)
             if not found:
+                if not fallback:
+                    fallback = True
+                    continue
                 raise self.unresolvable(unresolved, accesses, known)
+            fallback = False
             for v, solutions in found.items():
                 known[v] = self.intersect(v, solutions)
             unresolved = [v for v in unresolved if v not in known]
@@ -460,6 +476,10 @@ class _StatementInference:
         where = f"add a where clause such as 'where {v} in 0:N'"
         if not mentions:
             notes = [where]
+            if v in self.padded_vars:
+                notes.append(f"a read 'T(...) ?? v' never limits a range (outside T it gives "
+                             f"v), so the range of '{v}' must come from another tensor or a "
+                             "where clause")
             if self.st.first_definition and v in self.st.indices:
                 notes.append(f"'{self.st.tensor}' takes its shape from its first statement, so "
                              "that statement must bound every left-hand index; start with the "
@@ -501,7 +521,7 @@ class _StatementInference:
     def check_preconditions(self, accesses, used, known) -> None:
         domain = {v: (self.expr(r.lo), self.expr(r.hi)) for v, r in known.items()}
         for n, a in enumerate(accesses):
-            if n in used:
+            if n in used or a.fallback:  # (a `??` read is never outside its tensor)
                 continue
             b = self.bounds[a.tensor]
             lo, ext = tree_to_str(b.mins[a.dim]), b.extents[a.dim]
@@ -523,6 +543,11 @@ class _StatementInference:
 
 def _text(e: C.Expr) -> str:
     return e.span.text() if e.span is not None else repr(e)
+
+
+def _clamps(e: C.Expr) -> bool:
+    """Whether the subscript e uses min or max (it may clamp itself into its tensor)."""
+    return any(isinstance(n, C.Call) and n.fn in ("min", "max") for n in C.walk(e))
 
 
 def _guard_text(g: C.Guard) -> str:

@@ -66,7 +66,16 @@ class Ternary:
     span: Span
 
 
-Expr = Union[Number, Ident, Apply, DimRef, Unary, Binary, Ternary]
+@attrs.frozen
+class Padded:
+    """`T(args) ?? value`: T's element where the subscripts are within T, else value."""
+
+    read: "Expr"  # an Apply, checked to be a tensor read
+    value: "Expr"
+    span: Span
+
+
+Expr = Union[Number, Ident, Apply, DimRef, Unary, Binary, Ternary, Padded]
 
 
 @attrs.frozen

@@ -2,7 +2,9 @@
 precedence with explicit stacks for expressions.
 
 Expression precedence is C's: `?:` < `||` < `&&` < `== !=` < `< <= > >=` < `+ -` < `* / %` <
-unary `- !` < postfix (`T(...)`, `T.n`). An expression may nest at most
+unary `- !` < `??` < postfix (`T(...)`, `T.n`). `T(x) ?? v` (T's element, or v outside T) binds
+tightest of the infix operators: it belongs to the read, so `I(x) ?? 0 * W(k)` is
+`(I(x) ?? 0) * W(k)` (see docs/language.md, Padding). An expression may nest at most
 `MAX_EXPRESSION_DEPTH` operators and calls deep (parentheses alone add no depth).
 """
 
@@ -261,6 +263,8 @@ class _Parser:
         while True:
             token = self.tok
             precedence = _BINARY_PRECEDENCE.get(token.text) if token.kind == "op" else None
+            if self.at("??"):
+                precedence = _PADDED_PRECEDENCE
             if precedence is not None:
                 _reduce(operands, pending, lambda p: p.precedence >= precedence)
                 pending.append(_Pending("binary", self.advance(), precedence))
@@ -307,6 +311,7 @@ class _Parser:
 _TERNARY_PRECEDENCE = 0
 _BINARY_PRECEDENCE = {op: level + 1 for level, ops in enumerate(_BINARY_LEVELS) for op in ops}
 _UNARY_PRECEDENCE = len(_BINARY_LEVELS) + 1
+_PADDED_PRECEDENCE = _UNARY_PRECEDENCE + 1  # `T(x) ?? v`: part of the read
 
 
 @attrs.frozen
@@ -331,7 +336,9 @@ def _reduce(operands: list, pending: list, applies) -> None:
             node, depth = ast.Unary(p.token.text, x, p.token.span.to(_span(x))), d + 1
         elif p.kind == "binary":
             (b, db), (a, da) = operands.pop(), operands.pop()
-            node, depth = ast.Binary(p.token.text, a, b, _span(a).to(_span(b))), max(da, db) + 1
+            node = ast.Padded(a, b, _span(a).to(_span(b))) if p.token.text == "??" else \
+                ast.Binary(p.token.text, a, b, _span(a).to(_span(b)))
+            depth = max(da, db) + 1
         else:  # ':'
             (other, do), (then, dt), (cond, dc) = operands.pop(), operands.pop(), operands.pop()
             node = ast.Ternary(cond, then, other, _span(cond).to(_span(other)))

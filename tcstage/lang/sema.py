@@ -272,11 +272,40 @@ class _StatementChecker:
             return C.Unary("-", x, x.type, span=e.span), weak
         if isinstance(e, ast.Binary):
             return self.binary(e)
+        if isinstance(e, ast.Padded):
+            return self.padded(e), False
         if isinstance(e, ast.Ternary):
             cond, _ = self.expr(e.cond)
             (a, b), weak = self.unify(*self.expr(e.then), *self.expr(e.other))
             return C.Select(_to_bool(cond), a, b, a.type, span=e.span), weak
         raise AssertionError(e)
+
+    def padded(self, e: ast.Padded) -> C.Expr:
+        """`T(args) ?? value`: the read of a tensor whose shape is known before this statement
+        (an input or an earlier-defined tensor), with value converted to the tensor's type."""
+        r = e.read
+        name = r.name.name if isinstance(r, ast.Apply) else None
+        if name is None or name not in self.tensors and name != self.s.tensor.name:
+            raise self.error("'??' gives the value of a tensor read outside the tensor, so it "
+                             f"must follow a tensor read, not '{r.span.text()}'", e.span,
+                             "write it as in 'I(h + kh - 1) ?? 0'")
+        if name == self.s.tensor.name:
+            raise self.error(f"'??' on '{name}', the tensor this statement writes: its shape is "
+                             "what the statement infers, so no read of it is outside it",
+                             e.span, "read an input or a tensor defined by an earlier statement")
+        if not r.args:
+            raise self.error(f"'??' on the scalar '{name}': a scalar has no outside", e.span)
+        read = self.apply(r)
+        value, weak = self.expr(e.value)
+        if not weak and value.type.is_float and not read.type.is_float:
+            raise self.error(f"the value after '??' is {value.type}, but '{name}' holds "
+                             f"{read.type}", _span_of(e.value),
+                             f"convert it explicitly, or use a value of type {read.type}")
+        if isinstance(value, C.Const) and isinstance(value.value, float) \
+                and not read.type.is_float and not value.value.is_integer():
+            raise self.error(f"the value after '??' is {value.value}, but '{name}' holds "
+                             f"{read.type}", _span_of(e.value))
+        return C.Padded(read, _convert(value, read.type), read.type, span=e.span)
 
     def ident(self, e: ast.Ident) -> C.Expr:
         n = e.name
@@ -431,6 +460,8 @@ def _retype_self(e: C.Expr, name: str, t: ScalarType) -> C.Expr:
         new.append(_retype_self(k, name, t))
     if isinstance(e, (C.Read, C.Call)):
         return attrs.evolve(e, args=tuple(new))
+    if isinstance(e, C.Padded):
+        return attrs.evolve(e, read=new[0], value=new[1])
     if isinstance(e, (C.Unary, C.Cast)):
         return attrs.evolve(e, operand=new[0])
     if isinstance(e, C.Binary):
@@ -537,3 +568,10 @@ def _ast_nodes(e: ast.Expr):
     elif isinstance(e, ast.Ternary):
         for x in (e.cond, e.then, e.other):
             yield from _ast_nodes(x)
+    elif isinstance(e, ast.Padded):
+        yield from _ast_nodes(e.read)
+        yield from _ast_nodes(e.value)
+
+
+def _span_of(e: ast.Expr) -> Span:
+    return e.span
