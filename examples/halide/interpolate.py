@@ -16,7 +16,7 @@ from examples.halide.common import SMALL_IMAGE, App, vector_width
 
 LEVELS = 10
 CLAMP_LEVEL = 4
-INLINE_ALL_INFEASIBLE = True  # inlined, every level would recompute all those below it
+UNSCHEDULED = "infeasible"  # inlined, every level would recompute all those below it
 BENCH_SIZE = (2560, 1536)
 
 

@@ -10,7 +10,8 @@ import numpy as np
 from examples.halide.common import SMALL_IMAGE, App, vector_width
 
 STENCILS = 32  # the app's default
-INLINE_ALL_INFEASIBLE = True  # unscheduled, stage k would recompute 25**k points of stage 0
+# Unscheduled (all inlined), stage k would recompute 25**k points of stage 0: not realizable.
+UNSCHEDULED = "infeasible"
 BENCH_SIZE = (2560, 1536)
 GROUP = 11  # stages computed together between two compute_root stages in the CPU schedule
 
