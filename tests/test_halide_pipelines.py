@@ -379,3 +379,51 @@ def test_inline_reductions_scalar_outputs_wrappers_bools_and_half():
     twice[x] = h[x] * 2
     halves = rng.standard_normal(8).astype(np.float16)
     check(tc.from_halide(twice), [halves], (8,), halves * np.float16(2), options=OPTIONS[:2])
+
+
+def test_halide_intrinsics():
+    fi = hl.ImageParam(hl.Float(32), 1, "fi")
+    ii = hl.ImageParam(hl.Int(32), 1, "ii")
+    ui = hl.ImageParam(hl.UInt(8), 1, "ui")
+    a = (rng.random(8) + 0.1).astype(np.float32)
+    i = np.array([-40, -3, 0, 2, 5, 7, 19, 33], np.int32)
+    u = rng.integers(0, 256, 8).astype(np.uint8)
+    i64 = i.astype(np.int64)
+    cases = [  # (expression, numpy of what Halide defines it to be)
+        (hl.lerp(fi[x], fi[x] * 3, 0.25), a * np.float32(0.75) + a * 3 * np.float32(0.25)),
+        (hl.absd(ii[x], 3), np.abs(i64 - 3).astype(np.uint32)),
+        (hl.absd(ui[x], hl.u8(100)), np.abs(u.astype(int) - 100).astype(np.uint8)),
+        ((ii[x] << 2) + (ii[x] >> 1) + (ii[x] << (ii[x] % 3 - 1)),  # negative amount: >>
+         (i64 * 4 + (i64 >> 1) + np.where(i64 % 3 == 0, i64 >> 1, i64 << (i64 % 3 - 1)))
+         .astype(np.int32)),
+        ((ii[x] & 7) | (ii[x] ^ 3) | hl.i32(~ui[x]), (i & 7) | (i ^ 3) | (~u).astype(np.int32)),
+        (hl.saturating_cast(hl.UInt(8), ii[x] * 10), np.clip(i64 * 10, 0, 255).astype(np.uint8)),
+        (hl.mux(ii[x] % 3, [fi[x], fi[x] * 2, fi[x] * 3]), a * (i64 % 3 + 1).astype(np.float32)),
+        (hl.select((ii[x] > 0) & (ii[x] < 20) | ~(ii[x] != 5), 1, 0),
+         (((i > 0) & (i < 20)) | (i == 5)).astype(np.int32)),
+    ]
+    for k, (e, expected) in enumerate(cases):
+        f = hl.Func(f"case{k}")
+        f[x] = e
+        g = tc.from_halide(f)
+        args = [{"fi": a, "ii": i, "ui": u}[p.name] for p in g.arguments]
+        check(g, args, (8,), expected, options=OPTIONS[:2], rtol=1e-6 if k == 0 else 0)
+
+
+def test_what_only_the_cpu_runs_is_named():
+    fi = hl.ImageParam(hl.Float(32), 1, "fi")
+    ui = hl.ImageParam(hl.UInt(8), 1, "ui")
+    bits, blend = hl.Func("bits"), hl.Func("blend")
+    bits[x] = hl.reinterpret(hl.UInt(32), fi[x])
+    blend[x] = hl.lerp(ui[x], ui[x] // 2, hl.u8(100))  # an integer lerp
+    a, u = np.float32([1.0, -2.5]), np.uint8([200, 7])
+    f = tc.from_halide(bits)
+    np.testing.assert_array_equal(f(a, output_shape=(2,)), a.view(np.uint32))
+    with pytest.raises(TCError, match=r"'bits' uses a Halide construct the polyhedral flow "
+                                      r"cannot read \(cannot convert a reinterpretation"):
+        tc.compile(f, a, output_shape=(2,), target="cuda-emulated")
+    g = tc.from_halide(blend)
+    assert g(u, output_shape=(2,)).dtype == np.uint8
+    with pytest.raises(TCError, match=r"does not support Halide's 'lerp' \(uint8, uint8, "
+                                      r"uint8\) yet, in the definition of blend"):
+        tc.compile(g, u, output_shape=(2,), target="cuda-emulated")

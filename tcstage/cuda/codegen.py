@@ -315,8 +315,11 @@ class _ValuePrinter:
             return ""  # `C = C_in`: the kernel updates the caller's C in place
         local = {h: f"({v})" for h, v in self.iterators[s.name].items()}  # macro arguments
         self.current = s.name
-        target = self.element(s.tensor, s.lhs, local, write=True)
-        text = f"{target} = {self.expr(value, local)[0]};"
+        try:
+            target = self.element(s.tensor, s.lhs, local, write=True)
+            text = f"{target} = {self.expr(value, local)[0]};"
+        except TCError as e:
+            raise TCError(f"{e.message}, in the definition of {s.tensor} ({s.name})") from None
         self.current = None
         return text
 
@@ -461,7 +464,49 @@ class _ValuePrinter:
             return _math("fabs", [text], ty) if ty.startswith("float") else (f"abs({text})", ty)
         if name in ("likely", "likely_if_innermost", "promise_clamped", "unsafe_promise_clamped"):
             return args[0]
-        raise TCError(f"the CUDA printer does not know Halide's '{name}' call")
+        if name in _BITWISE:  # (C promotes narrow integers to int: cast back)
+            texts, ty = [a for a, _ in args], args[0][1]
+            ops = _LOGICAL if ty == "bool" else _BITWISE  # ~true is -2 in C, true in Halide
+            text = f"({ops[name]}{texts[0]})" if name == "bitwise_not" else \
+                f"({texts[0]} {ops[name]} {texts[1]})"
+            return f"(({c_type(ty)}){text})", ty
+        if name in ("shift_left", "shift_right"):
+            return _shift(name, *args)
+        if name == "absd":  # |a - b| in the unsigned type of a's width (float: a float)
+            (a, ty), (b, _) = args
+            if ty.startswith("float"):
+                return _math("fabs", [f"({a} - {b})"], ty)
+            u = "u" + ty.lstrip("u")
+            return f"({a} < {b} ? ({c_type(u)})(({c_type(u)})({b}) - ({c_type(u)})({a})) : " \
+                   f"({c_type(u)})(({c_type(u)})({a}) - ({c_type(u)})({b})))", u
+        if name == "lerp" and args[0][1].startswith("float") and args[2][1].startswith("float"):
+            (a, ty), (b, _), (w, _) = args  # Halide's float lerp: a * (1 - w) + b * w
+            return f"({a} * (({c_type(ty)})1 - ({c_type(ty)})({w})) + {b} * " \
+                   f"({c_type(ty)})({w}))", ty
+        raise TCError(f"the CUDA back end does not support Halide's '{name}' "
+                      f"({', '.join(t for _, t in args)}) yet")
+
+
+_BITWISE = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^", "bitwise_not": "~"}
+_LOGICAL = {"bitwise_and": "&&", "bitwise_or": "||", "bitwise_xor": "!=", "bitwise_not": "!"}
+
+
+def _shift(name: str, a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
+    """Halide's shifts: a negative signed amount shifts the other way; a left shift wraps
+    (done in the unsigned type, where C defines it)."""
+    (x, ty), (k, tk) = a, b
+    u = c_type("u" + ty.lstrip("u")) if not ty.startswith("float") else c_type(ty)
+
+    def left(n):
+        return f"(({c_type(ty)})(({u})({x}) << ({n})))"
+
+    def right(n):
+        return f"(({c_type(ty)})({x} >> ({n})))"
+
+    first, other = (left, right) if name == "shift_left" else (right, left)
+    if tk.startswith("uint"):
+        return first(k), ty
+    return f"(({k}) >= 0 ? {first(k)} : {other(f'-({k})')})", ty
 
 
 def _math(fn: str, args: list[str], ty: str) -> tuple[str, str]:

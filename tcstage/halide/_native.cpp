@@ -225,6 +225,20 @@ py::object to_tree(const Expr &e) {
     }
     case HI::IRNodeType::Call: {
         const HI::Call *n = e.as<HI::Call>();
+        // Intrinsics with an arithmetic definition become that arithmetic (Halide's own
+        // lowering), so back ends print only basic operations: mux is a select chain,
+        // saturating casts, widening, halving and rounding operations are casts and clamps.
+        if (n->is_intrinsic(HI::Call::mux)) {
+            return to_tree(HI::lower_mux(n));
+        }
+        if (n->call_type == HI::Call::PureIntrinsic && !n->is_intrinsic(HI::Call::lerp) &&
+            !n->is_intrinsic(HI::Call::absd) && !n->is_intrinsic(HI::Call::likely) &&
+            !n->is_intrinsic(HI::Call::likely_if_innermost)) {
+            Expr lowered = HI::lower_intrinsic(n);
+            if (lowered.defined() && !lowered.same_as(e)) {
+                return to_tree(lowered);
+            }
+        }
         py::tuple args(n->args.size());
         for (size_t i = 0; i < n->args.size(); i++) {
             args[i] = to_tree(n->args[i]);

@@ -107,15 +107,26 @@ class HalideFunction:
         self.fixed_output_shapes = output_shapes
         try:
             arguments = hl.Pipeline(self.outputs).infer_arguments()
-            self._functions = _native.pipeline_functions(self.outputs)
         except HALIDE_FAILURES as e:
             raise TCError(f"Halide could not read the pipeline '{name}': {str(e).strip()}") from e
+        try:
+            self._dump, self._dump_error = _native.pipeline_functions(self.outputs), None
+        except HALIDE_FAILURES as e:  # the CPU runs it; only the polyhedral flow needs this
+            self._dump, self._dump_error = None, str(e).strip()
         self._callable_arguments = arguments
         self.arguments = tuple(
             Argument(a.name, scalar_type(str(a.type), f"argument '{a.name}'"), a.dimensions)
             for a in arguments)
         self._cpu = None  # the JIT-compiled hl.Callable, made on the first CPU call
         self._checked = None
+
+    @property
+    def _functions(self) -> list[dict]:
+        """Every Func as data (`_native.pipeline_functions`), producers first."""
+        if self._dump is None:
+            raise TCError(f"'{self.name}' uses a Halide construct the polyhedral flow cannot "
+                          f"read ({self._dump_error}); it runs on the CPU only")
+        return self._dump
 
     def __repr__(self) -> str:
         args = ", ".join(a.describe() for a in self.arguments)
