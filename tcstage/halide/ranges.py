@@ -18,7 +18,8 @@ For each statement, in order:
 
 A tensor's shape comes from the ranges of the left-hand variables of its first statement (or,
 where that statement cannot bound them, of the first later statement of the tensor that can:
-see `_shape_of`); a range need not start at 0 (`A(i) = B(10 - i)` gives `11 - I <= i < 11`), and the tensor is then
+see `_shape_of`), or is the box holding its pieces, statements whose where clauses write
+different parts of it (`_Partition`); a range need not start at 0 (`A(i) = B(10 - i)` gives `11 - I <= i < 11`), and the tensor is then
 stored from its minimum. Ranges are symbolic in the size variables. Scalar inputs that appear in
 subscripts or where clauses are *specialised*: their values are substituted before solving (see
 `needs_specialization`), since the solver cannot divide by an unknown stride.
@@ -147,18 +148,223 @@ def infer_ranges(fn: C.Function, scalars: Mapping[str, int] | None = None) -> Fu
     preconditions: list[Precondition] = []
     statements = []
     shaped_by: dict[str, int] = {}  # tensor -> the statement its shape comes from
+    assembling: dict[str, _Partition] = {}  # tensors whose pieces may still extend them
+    finished: dict[str, C.Statement] = {}  # tensors whose shape a statement used -> it
     for n, st in enumerate(fn.statements):
+        for t in [t for t in assembling if _reads(st, t)]:  # its shape is used: complete
+            assembling.pop(t).check_complete(fn)
+            finished[t] = st
         try:
+            piece = False
+            if st.tensor in finished and _may_extend(st):
+                _not_after_read(fn, st, finished[st.tensor], symbols, bounds)
             if st.tensor not in bounds:
                 shaped_by[st.tensor], bounds[st.tensor] = _shape_of(fn, n, symbols, bounds)
+                piece = shaped_by[st.tensor] == n
+            elif st.tensor in assembling and _may_extend(st):
+                sr = _StatementInference(fn, st, symbols, bounds, [], False).run()
+                box = [sr.ranges[v] for v in st.indices]
+                piece = assembling[st.tensor].extends(box, st)
+                if piece:  # the tensor is the union of its pieces: no statement alone shapes it
+                    shaped_by.pop(st.tensor, None)
+                    bounds[st.tensor] = assembling[st.tensor].bounds()
             # The statement a shape comes from is not constrained by that shape again.
-            write_constrains = shaped_by.get(st.tensor) != n
-            statements.append(_StatementInference(fn, st, symbols, bounds, preconditions,
-                                                  write_constrains).run())
+            write_constrains = shaped_by.get(st.tensor) != n and not piece
+            sr = _StatementInference(fn, st, symbols, bounds, preconditions,
+                                     write_constrains).run()
+            statements.append(sr)
+            if piece and st.tensor not in assembling and not fn.tensors[st.tensor].inout:
+                assembling[st.tensor] = _Partition(st.tensor, [(n, st, [sr.ranges[v] for v in
+                                                                       st.indices])])
         except TCRangeError as error:
             raise _with_scalar_values(error, st, scalars, symbols) from None
+    for partition in assembling.values():
+        partition.check_complete(fn)
     return FunctionRanges(tuple(statements), bounds, tuple(preconditions),
                           tuple(sorted((k, v) for k, v in scalars.items())), shaped_by)
+
+
+class TCPartitionError(TCRangeError):
+    """A tensor defined piecewise (statements whose where clauses write different parts of it)
+    whose pieces overlap, or leave elements that no piece writes."""
+
+
+def _reads(st: C.Statement, tensor: str) -> bool:
+    """Whether st uses the values or the shape of tensor (a read, `T.n`, or an update of it
+    that reads its old values)."""
+    if st.tensor == tensor and st.reduction is not None and not st.init:
+        return True
+    exprs = [st.rhs, *(b for w in st.where for b in (w.lo, w.hi))]
+    return any(isinstance(x, (C.Read, C.DimOf)) and x.tensor == tensor
+               for e in exprs for x in C.walk(e))
+
+
+def _may_extend(st: C.Statement) -> bool:
+    """Whether st may be a further piece of its tensor: a where clause gives one of its
+    left-hand indices (others are updates, constrained by the tensor's shape as spec 001 says).
+    """
+    return any(w.var in st.indices for w in st.where)
+
+
+@attrs.define
+class _Partition:
+    """The pieces of a tensor so far: (statement index, statement, left-hand box)."""
+
+    tensor: str
+    pieces: list
+
+    def extends(self, box: list[Range], st: C.Statement) -> bool:
+        """Whether box (the left-hand ranges of st) is a new piece: not within the pieces so
+        far. A statement within them updates them; one that reaches outside them must not
+        overlap them (TCPartitionError)."""
+        try:
+            union, new = self.union(), self.box_set([r for r in box])
+        except (ValueError, isl.Error):  # bounds isl cannot read: an ordinary update
+            return False
+        if not self.escapes(new, union, box):
+            return False
+        common = new.intersect(union).intersect_params(self.large([box], new, union))
+        if not common.is_empty():
+            first = next(p for p in self.pieces
+                         if not self.box_set(p[2]).intersect(new).is_empty())
+            raise TCPartitionError(
+                f"'{self.tensor}' is defined in pieces, and this statement's range "
+                f"({_box_text(st, box)}) overlaps the piece '{_statement_text(first[1])}' "
+                f"({_box_text(first[1], first[2])}){_example(common, st)} while it also "
+                f"extends '{self.tensor}' beyond it", st.span,
+                ("pieces of a tensor (statements whose where clauses write different parts of "
+                 "it) must not overlap; a statement within the pieces before it updates them",))
+        self.pieces.append((None, st, box))
+        return True
+
+    def escapes(self, new: isl.Set, union: isl.Set, box: list[Range]) -> bool:
+        """Whether new reaches outside union for every size (large enough that each piece and
+        new are non-empty): a statement within the pieces for some sizes (`O(i) = 0 where i in
+        1:2` after `O(i) = X(i) where i in 0:N`, within for N >= 2) is an update, constrained
+        by the shape as before, with a precondition where it is not within."""
+        within = new.subtract(union).params().complement().intersect(
+            self.large([box], new, union))
+        return within.is_empty()
+
+    def large(self, boxes, *sets: isl.Set) -> isl.Set:
+        """The sizes at least twice every constant of the pieces' bounds (plus 2): sizes where
+        no piece is empty by accident of being small."""
+        params = []
+        for st in sets:
+            params += [st.get_dim_name(isl.dim_type.param, k)
+                       for k in range(st.dim(isl.dim_type.param))]
+        params = sorted(set(params))
+        constants = [abs(t[1]) for box in [*boxes, *(p[2] for p in self.pieces)] for r in box
+                     for t in _subtrees((r.lo, r.hi)) if t[0] == "int"]
+        least = 2 * max(constants, default=0) + 2
+        cond = " and ".join(f"{p} >= {least}" for p in params) or "true"
+        return isl.Set(f"[{', '.join(params)}] -> {{ : {cond} }}")
+
+    def bounds(self) -> TensorBounds:
+        """The smallest box holding every piece."""
+        rank = len(self.pieces[0][2])
+        mins, extents = [], []
+        for k in range(rank):
+            lo, hi = self.pieces[0][2][k].lo, self.pieces[0][2][k].hi
+            for _, _, box in self.pieces[1:]:
+                lo, hi = ("min", lo, box[k].lo), ("max", hi, box[k].hi)
+            lo = simplify_tree(lo)
+            mins.append(lo)
+            extents.append(simplify_tree(("add", ("sub", simplify_tree(hi), lo), ONE)))
+        return TensorBounds(tuple(mins), tuple(extents))
+
+    def check_complete(self, fn: C.Function) -> None:
+        """The pieces must cover the box that holds them: an element no piece writes would be
+        a silent 0."""
+        if len(self.pieces) < 2:
+            return
+        try:
+            union = self.union()
+            hull = self.box_set([Range(lo, simplify_tree(("sub", ("add", lo, ext), ONE)))
+                                 for lo, ext in zip(*attrs.astuple(self.bounds(), recurse=False))])
+        except (ValueError, isl.Error):
+            return
+        holes = hull.subtract(union)
+        holes = holes.intersect_params(self.large([], holes))
+        if holes.is_empty():
+            return
+        last = self.pieces[-1][1]
+        texts = "; ".join(f"'{_statement_text(st)}' ({_box_text(st, box)})"
+                          for _, st, box in self.pieces)
+        raise TCPartitionError(
+            f"'{self.tensor}' is defined in pieces that leave elements no statement writes"
+            f"{_example(holes, last)}: {texts}", last.span,
+            ("the shape of a tensor defined in pieces is the smallest box holding them; add "
+             "the missing piece, or widen a where clause",))
+
+    def union(self) -> isl.Set:
+        out = None
+        for _, _, box in self.pieces:
+            b = self.box_set(box)
+            out = b if out is None else out.union(b)
+        return out
+
+    def box_set(self, box: list[Range]) -> isl.Set:
+        names = {}
+        for r in box:
+            for t in (r.lo, r.hi):
+                names.update({v: isl_name(v) for v in solver.tree_vars(t)})
+        dims = [f"a{k}" for k in range(len(box))]
+        conds = [f"{tree_to_isl(r.lo, names)} <= {d} <= {tree_to_isl(r.hi, names)}"
+                 for d, r in zip(dims, box)]
+        params = sorted(names.values())
+        conds += [f"{p} >= 0" for p in params]
+        return isl.Set(f"[{', '.join(params)}] -> {{ [{', '.join(dims)}] : "
+                       f"{' and '.join(conds) or 'true'} }}")
+
+
+def _subtrees(trees):
+    stack = list(trees)
+    while stack:
+        t = stack.pop()
+        yield t
+        stack.extend(x for x in t[1:] if isinstance(x, tuple))
+
+
+def _not_after_read(fn, st: C.Statement, reader: C.Statement, symbols, bounds) -> None:
+    """A statement that would extend a tensor (a further piece) after another statement used
+    its shape is an error: that statement saw a smaller tensor."""
+    sr = _StatementInference(fn, st, symbols, bounds, [], False).run()
+    box = [sr.ranges[v] for v in st.indices]
+    b = bounds[st.tensor]
+    shape = [Range(lo, simplify_tree(("sub", ("add", lo, ext), ONE)))
+             for lo, ext in zip(b.mins, b.extents)]
+    partition = _Partition(st.tensor, [(None, reader, shape)])
+    try:
+        escapes = partition.escapes(partition.box_set(box), partition.box_set(shape), box)
+    except (ValueError, isl.Error):
+        return
+    if escapes:
+        raise TCPartitionError(
+            f"this statement writes {st.tensor} outside its shape ({_box_text(st, shape)}) "
+            f"after '{_statement_text(reader)}' used {st.tensor}: a tensor defined in pieces "
+            "takes its shape from the pieces before its first use", st.span,
+            (f"move this statement before '{_statement_text(reader)}'",))
+
+
+def _box_text(st: C.Statement, box: list[Range]) -> str:
+    return ", ".join(r.text(v) for v, r in zip(st.indices, box))
+
+
+def _example(points: isl.Set, st: C.Statement) -> str:
+    """ ' (at i = 1 for N = 3)': a point of the set, in the statement's index names."""
+    try:
+        point = points.sample_point()
+        values = [point.get_coordinate_val(isl.dim_type.set, k).to_python()
+                  for k in range(points.dim(isl.dim_type.set))]
+        params = [(points.get_dim_name(isl.dim_type.param, k)[1:],
+                   point.get_coordinate_val(isl.dim_type.param, k).to_python())
+                  for k in range(points.dim(isl.dim_type.param))]
+    except (isl.Error, AttributeError):
+        return ""
+    at = ", ".join(f"{v} = {x}" for v, x in zip(st.indices, values))
+    sizes = ", ".join(f"{p} = {x}" for p, x in params)
+    return f" (at {at}{' for ' + sizes if sizes else ''})"
 
 
 def _with_scalar_values(error: TCRangeError, st: C.Statement, scalars: Mapping[str, int],
