@@ -1,0 +1,103 @@
+"""The Halide apps ported in examples/halide/ compute what their independent numpy references
+compute: Halide's own realize of each pipeline, unscheduled (or, where inlining everything
+cannot run, with every stage computed at the root) and with the app's manual CPU schedule,
+on small random inputs; exact for integer pipelines, within a bound derived from the sizes
+for float ones. The manual GPU schedules are lowered for a CUDA target (no GPU needed)."""
+
+import importlib
+import sys
+from pathlib import Path
+
+import halide as hl
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # examples/ is not installed; import it from the checkout
+    sys.path.insert(0, str(ROOT))
+
+from examples.halide import common  # noqa: E402
+
+APPS = ["blur", "erode", "matmul", "conv_layer", "stencil_chain", "harris", "interpolate",
+        "bilateral_grid", "local_laplacian"]
+
+
+# Halide takes seconds to compile these (the 33 stages of stencil_chain, the pyramids'
+# dozens of Funcs, conv_layer's unrolled CUDA schedule); they run with the slow tests.
+SLOW = {("cpu", "stencil_chain"), ("cpu", "local_laplacian"), ("gpu", "conv_layer"),
+        ("gpu", "stencil_chain"), ("gpu", "local_laplacian"), ("gpu", "interpolate")}
+
+
+def _cases(kind):
+    return [pytest.param(name, id=name, marks=[pytest.mark.slow] if (kind, name) in SLOW else [])
+            for name in APPS]
+
+
+def _module(name):
+    return importlib.import_module(f"examples.halide.{name}")
+
+
+def _unscheduled_cases():
+    for name in APPS:
+        how = getattr(_module(name), "UNSCHEDULED", "ok")
+        if how == "infeasible":
+            yield pytest.param(name, "root", id=f"{name}-root")
+        else:
+            marks = [pytest.mark.slow] if how == "slow" else []
+            yield pytest.param(name, "unscheduled", id=f"{name}-unscheduled", marks=marks)
+
+
+def _check(name, schedule):
+    m = _module(name)
+    rng = np.random.default_rng(sum(map(ord, name)))
+    args = m.inputs(rng, "small")
+    app = m.build()
+    schedule(app)
+    got = common.realize(app, args, m.output_shapes(args))
+    want = m.reference(*args)
+    tolerance = getattr(m, "tolerance", lambda args: 0)(args)
+    assert len(got) == len(want) == len(app.outputs)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        if tolerance == 0:
+            np.testing.assert_array_equal(g, w)
+        else:
+            np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=0, atol=tolerance)
+
+
+@pytest.mark.parametrize("name, how", list(_unscheduled_cases()))
+def test_algorithm_matches_reference(name, how):
+    _check(name, common.compute_root_all if how == "root" else (lambda app: None))
+
+
+@pytest.mark.parametrize("name", _cases("cpu"))
+def test_manual_cpu_schedule_matches_reference(name):
+    _check(name, _module(name).schedule_cpu)
+
+
+@pytest.mark.parametrize("name", _cases("gpu"))
+def test_manual_gpu_schedule_lowers_for_cuda(name, tmp_path):
+    m = _module(name)
+    app = m.build()
+    m.schedule_gpu(app)
+    target = hl.get_host_target().with_feature(hl.TargetFeature.CUDA)
+    # Lowering checks what a GPU schedule can get wrong (loop types, nesting, bounds); the
+    # statement embeds the kernels' PTX, whose entry points name their block loops.
+    hl.Pipeline(app.outputs).compile_to_lowered_stmt(str(tmp_path / "gpu.stmt"), app.params,
+                                                     hl.StmtOutputFormat.Text, target)
+    assert b"block_id" in (tmp_path / "gpu.stmt").read_bytes()
+
+
+@pytest.mark.parametrize("name", APPS)
+def test_app_contract(name):
+    """Fresh Funcs per build, params in infer_arguments order, inputs of matching types."""
+    m = _module(name)
+    a, b = m.build(), m.build()
+    assert a.outputs[0].name() != b.outputs[0].name()  # Halide uniquifies names of new Funcs
+    args = m.inputs(np.random.default_rng(0), "small")
+    assert [p.name() for p in a.params] == [x.name for x in hl.Pipeline(a.outputs).infer_arguments()]
+    for p, arg in zip(a.params, args):
+        if isinstance(p, hl.ImageParam):
+            assert arg.ndim == p.dimensions() and arg.dtype == common.numpy_type(p.type())
+        else:
+            assert np.isscalar(arg)
