@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""Benchmark (not a test) of the Halide apps in examples/halide/ on this machine's CPU.
+
+    python3 benchmarks/halide_bench.py [--apps blur,harris] [--runs 7] [--no-write]
+    python3 benchmarks/halide_bench.py --gpu      # needs a CUDA GPU
+
+For each app at its "bench" size, all in one process, times Halide's own execution of the
+same pipeline with (a) the app's manual schedule, (b) the Adams2019 and (c) the Mullapudi2016
+autoschedulers (estimates from the actual input and output sizes, parallelism = the number
+of cores), and (d) tcstage's CPU path for Halide pipelines (`tc.from_halide`) where tcstage
+has it. Each time is the median of several calls after a warm-up call, in ms; ratios are
+time / manual time of the same run (below 1: faster than the manual schedule). Every
+variant's output is checked against the manual schedule's; a mismatch or an error is
+reported in the table instead of a time.
+
+--gpu times the manual GPU schedule and the Anderson2021 GPU autoscheduler instead (and
+tcstage's CUDA kernel is left for when its CUDA path takes Halide pipelines).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import halide as hl
+import numpy as np
+from importlib.metadata import version
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from examples.halide import common  # noqa: E402
+
+APPS = ["blur", "erode", "matmul", "conv_layer", "stencil_chain", "harris", "interpolate",
+        "bilateral_grid", "local_laplacian"]
+DATE = "2026-11-23"
+CPU_VARIANTS = ["manual", "Adams2019", "Mullapudi2016", "tcstage"]
+GPU_VARIANTS = ["manual-gpu", "Anderson2021"]
+
+
+def machine() -> tuple[str, int]:
+    model = "unknown CPU"
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        model = re.search(r"Model name:\s*(.+)", out).group(1).strip()
+    except Exception:  # noqa: BLE001 - a description only
+        pass
+    return model, os.cpu_count() or 1
+
+
+def machine_slug(model: str, cores: int) -> str:
+    words = re.sub(r"\(.*?\)|processor|cpu|\d+-core", " ", model.lower())
+    return "-".join(re.findall(r"[a-z0-9]+", words)[:3]) + f"-{cores}-cores"
+
+
+def load_autoscheduler(name: str) -> None:
+    path = Path(hl.__file__).parent / "lib64" / f"libautoschedule_{name.lower()}.so"
+    if not path.exists():
+        raise RuntimeError(f"the halide wheel has no {name} autoscheduler ({path})")
+    hl.load_plugin(str(path))
+
+
+def set_estimates(app: common.App, args, shapes) -> None:
+    """Autoschedulers need the sizes: every input's and output's, from the actual arguments."""
+    for p, a in zip(app.params, args):
+        if isinstance(p, hl.ImageParam):
+            p.set_estimates([(0, n) for n in reversed(a.shape)])
+        else:
+            p.set_estimate(a)
+    for f, shape in zip(app.outputs, shapes):
+        f.set_estimates([(0, n) for n in reversed(shape)])
+
+
+def halide_runner(app: common.App, args, shapes, target):
+    pipeline = hl.Pipeline(app.outputs)
+    keep = common.bind(app, args)
+    arrays, buffers = common.output_buffers(app, shapes)
+    pipeline.compile_jit(target)
+
+    def run():
+        pipeline.realize(buffers)
+        for b in buffers:
+            b.device_sync()
+            b.copy_to_host()
+        return arrays
+    run.keep = keep
+    return run
+
+
+def make_runner(module, variant: str, args, shapes):
+    if variant == "tcstage":
+        import tcstage as tc
+        if not hasattr(tc, "from_halide"):
+            raise NotImplementedError("tcstage has no from_halide yet (hook: tc.from_halide)")
+        app = module.build()
+        f = tc.from_halide(app.outputs, name=app.name)
+        shape = shapes[0] if len(shapes) == 1 else list(shapes)
+
+        def run():
+            out = f(*args, output_shape=shape)
+            return out if isinstance(out, (list, tuple)) else [out]
+        return run
+    app = module.build()
+    target = hl.get_jit_target_from_environment()
+    if variant == "manual":
+        module.schedule_cpu(app)
+    elif variant == "manual-gpu":
+        target = target.with_feature(hl.TargetFeature.CUDA)
+        module.schedule_gpu(app)
+    else:  # an autoscheduler
+        if variant == "Anderson2021":
+            target = target.with_feature(hl.TargetFeature.CUDA)
+        load_autoscheduler(variant)
+        set_estimates(app, args, shapes)
+        params = {"parallelism": str(os.cpu_count() or 1)}
+        if variant == "Anderson2021":
+            params = {"parallelism": "80"}  # streaming multiprocessors of the GPU, roughly
+        hl.Pipeline(app.outputs).apply_autoscheduler(target, hl.AutoschedulerParams(variant, params))
+    return halide_runner(app, args, shapes, target)
+
+
+def time_ms(run, runs: int, budget_s: float = 2.0) -> float:
+    run()  # warm-up: first-touch allocation, thread pool start
+    times = []
+    start = time.perf_counter()
+    while len(times) < runs or (time.perf_counter() - start < budget_s and len(times) < 50):
+        t = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - t) * 1e3)
+        if len(times) >= runs and time.perf_counter() - start > budget_s:
+            break
+    return statistics.median(times)
+
+
+def agree(module, args, got, want) -> bool:
+    tol = getattr(module, "tolerance", lambda a: 0)(args)
+    return all(np.allclose(np.asarray(g, np.float64), np.asarray(w, np.float64), rtol=1e-4, atol=tol)
+               for g, w in zip(got, want))
+
+
+def bench_app(name: str, variants: list[str], runs: int) -> dict:
+    module = importlib.import_module(f"examples.halide.{name}")
+    args = module.inputs(np.random.default_rng(0), "bench")
+    shapes = module.output_shapes(args)
+    row = {"app": name, "shapes": [list(a.shape) if hasattr(a, "shape") else a for a in args],
+           "ms": {}, "compile_s": {}, "errors": {}}
+    expected = None
+    for variant in variants:
+        try:
+            t = time.perf_counter()
+            run = make_runner(module, variant, args, shapes)
+            out = [np.array(o, copy=True) for o in run()]
+            row["compile_s"][variant] = round(time.perf_counter() - t, 2)
+            if expected is None:
+                expected = out
+            elif not agree(module, args, out, expected):
+                raise AssertionError(f"{variant}'s output differs from {variants[0]}'s")
+            row["ms"][variant] = round(time_ms(run, runs), 3)
+        except NotImplementedError as e:
+            row["errors"][variant] = f"hook: {e}"
+        except Exception as e:  # noqa: BLE001 - reported in the table
+            row["errors"][variant] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"
+            traceback.print_exc(limit=2)
+        status = row["ms"].get(variant, row["errors"].get(variant))
+        print(f"  {name:16s} {variant:14s} {status}", flush=True)
+    return row
+
+
+def table(rows: list[dict], variants: list[str]) -> str:
+    base = variants[0]
+    head = "| app | " + " | ".join(f"{v} ms" for v in variants) + " | " + " | ".join(
+        f"{v} / {base}" for v in variants[1:]) + " |"
+    lines = [head, "|" + "---|" * (1 + 2 * len(variants) - 1)]
+    for r in rows:
+        cells = [r["ms"].get(v) for v in variants]
+        times = [f"{c:.2f}" if c is not None else "—" for c in cells]
+        ratios = [f"{c / cells[0]:.2f}" if c is not None and cells[0] else "—" for c in cells[1:]]
+        lines.append(f"| {r['app']} | " + " | ".join(times) + " | " + " | ".join(ratios) + " |")
+    notes = [f"- {r['app']} / {v}: {e}" for r in rows for v, e in r["errors"].items()]
+    return "\n".join(lines) + ("\n\nNot timed:\n" + "\n".join(notes) if notes else "")
+
+
+def gpu_available() -> bool:
+    target = hl.get_host_target().with_feature(hl.TargetFeature.CUDA)
+    try:
+        return bool(hl.host_supports_target_device(target))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--apps", default=",".join(APPS))
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--gpu", action="store_true", help="manual GPU schedules vs Anderson2021 (CUDA)")
+    ap.add_argument("--no-write", action="store_true", help="print only, write no results file")
+    opts = ap.parse_args(argv)
+    apps = [a for a in opts.apps.split(",") if a]
+    unknown = sorted(set(apps) - set(APPS))
+    if unknown:
+        ap.error(f"unknown apps {unknown}; known: {', '.join(APPS)}")
+    if opts.gpu and not gpu_available():
+        print("halide_bench --gpu: no CUDA GPU here (Halide's host_supports_target_device says no "
+              "for a CUDA target); run it on a machine with an NVIDIA GPU and its driver.",
+              file=sys.stderr)
+        return 2
+    variants = GPU_VARIANTS if opts.gpu else CPU_VARIANTS
+    model, cores = machine()
+    print(f"{model}, {cores} cores; Halide {version('halide')}; "
+          f"target {hl.get_jit_target_from_environment()}", flush=True)
+    rows = []
+    for name in apps:
+        rows.append(bench_app(name, variants, opts.runs))
+    text = table(rows, variants)
+    print(text)
+    if not opts.no_write:
+        kind = "gpu" if opts.gpu else "cpu"
+        stem = ROOT / "benchmarks" / "results" / f"halide-{kind}-{machine_slug(model, cores)}-{DATE}"
+        header = (f"# Halide apps, {kind.upper()}: manual schedules, autoschedulers, tcstage\n\n"
+                  f"Machine: {model}, {cores} cores (`lscpu`), shared with other work.  "
+                  f"Halide {version('halide')}, target `{hl.get_jit_target_from_environment()}`.  Date {DATE} "
+                  f"({datetime.date.today()} by the clock).\n"
+                  f"Command: `python3 benchmarks/halide_bench.py{' --gpu' if opts.gpu else ''} --runs {opts.runs}`"
+                  f"{' --apps ' + opts.apps if opts.apps != ','.join(APPS) else ''}.\n"
+                  "Each time: the median of at least that many calls after a warm-up, in ms per call; "
+                  f"ratios: time / {variants[0]} time, same run (below 1 is faster).  Sizes: the apps' "
+                  "`inputs(rng, 'bench')`.  Every output checked against the manual schedule's.\n\n")
+        stem.with_suffix(".md").write_text(header + text + "\n")
+        stem.with_suffix(".json").write_text(json.dumps(
+            {"machine": model, "cores": cores, "date": DATE, "variants": variants, "rows": rows}, indent=1) + "\n")
+        print(f"wrote {stem}.md and .json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
