@@ -1,0 +1,16 @@
+"""Halide applications ported to Python from the Halide repository's apps, one module each
+(blur, erode, matmul, conv_layer, stencil_chain, harris, interpolate, bilateral_grid,
+local_laplacian), all with the same interface:
+
+    build() -> common.App          fresh Funcs and Params: outputs, params (infer_arguments order), stages
+    inputs(rng, size="small"|"bench") -> list   arguments in params order
+    output_shapes(args) -> list[tuple]          row-major shapes of the outputs
+    reference(*args) -> list[np.ndarray]        an independent numpy implementation
+    schedule_cpu(app), schedule_gpu(app)        the app's manual schedules
+    tolerance(args) (float apps)                the absolute error the comparison allows
+
+and optionally UNSCHEDULED = "infeasible" | "slow" where realizing with everything inlined
+cannot run (pyramids, long stencil chains) or takes seconds. common.realize(app, args,
+shapes) runs Halide; tests/test_halide_apps.py checks each against its reference and
+benchmarks/halide_bench.py times them.
+"""
