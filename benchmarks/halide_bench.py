@@ -97,6 +97,9 @@ def halide_runner(app: common.App, args, shapes, target):
     return run
 
 
+ADAMS_BEAM = {"size": 32}  # Adams2019's default beam; --adams-beam-size changes it
+
+
 def make_runner(module, variant: str, args, shapes):
     if variant == "tcstage":
         import tcstage as tc
@@ -123,6 +126,8 @@ def make_runner(module, variant: str, args, shapes):
         load_autoscheduler(variant)
         set_estimates(app, args, shapes)
         params = {"parallelism": str(os.cpu_count() or 1)}
+        if variant == "Adams2019":
+            params["beam_size"] = str(ADAMS_BEAM["size"])
         if variant == "Anderson2021":
             params = {"parallelism": "80"}  # streaming multiprocessors of the GPU, roughly
         hl.Pipeline(app.outputs).apply_autoscheduler(target, hl.AutoschedulerParams(variant, params))
@@ -152,7 +157,7 @@ def bench_app(name: str, variants: list[str], runs: int) -> dict:
     module = importlib.import_module(f"examples.halide.{name}")
     args = module.inputs(np.random.default_rng(0), "bench")
     shapes = module.output_shapes(args)
-    row = {"app": name, "shapes": [list(a.shape) if hasattr(a, "shape") else a for a in args],
+    row = {"app": name, "adams2019_beam_size": ADAMS_BEAM["size"], "shapes": [list(a.shape) if hasattr(a, "shape") else a for a in args],
            "ms": {}, "compile_s": {}, "errors": {}}
     expected = None
     for variant in variants:
@@ -203,6 +208,8 @@ def main(argv=None) -> int:
     ap.add_argument("--apps", default=",".join(APPS))
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--gpu", action="store_true", help="manual GPU schedules vs Anderson2021 (CUDA)")
+    ap.add_argument("--adams-beam-size", type=int, default=32,
+                    help="Adams2019's beam (1: greedy; the default 32 takes many minutes on the pyramids here)")
     ap.add_argument("--no-write", action="store_true", help="print only, write no results file")
     opts = ap.parse_args(argv)
     apps = [a for a in opts.apps.split(",") if a]
@@ -215,17 +222,27 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     variants = GPU_VARIANTS if opts.gpu else CPU_VARIANTS
+    ADAMS_BEAM["size"] = opts.adams_beam_size
     model, cores = machine()
     print(f"{model}, {cores} cores; Halide {version('halide')}; "
           f"target {hl.get_jit_target_from_environment()}", flush=True)
     rows = []
     for name in apps:
         rows.append(bench_app(name, variants, opts.runs))
-    text = table(rows, variants)
-    print(text)
+    print(table(rows, variants))
     if not opts.no_write:
         kind = "gpu" if opts.gpu else "cpu"
         stem = ROOT / "benchmarks" / "results" / f"halide-{kind}-{machine_slug(model, cores)}-{DATE}"
+        # A run of some apps replaces their rows in an earlier run's results, keeps the others.
+        if stem.with_suffix(".json").exists():
+            earlier = json.loads(stem.with_suffix(".json").read_text())["rows"]
+            ran = {r["app"] for r in rows}
+            rows = sorted([r for r in earlier if r["app"] not in ran] + rows, key=lambda r: APPS.index(r["app"]))
+        text = table(rows, variants)
+        beams = sorted({r.get("adams2019_beam_size", 32) for r in rows})
+        beam_note = "; ".join(
+            f"{b} for " + ", ".join(r["app"] for r in rows if r.get("adams2019_beam_size", 32) == b)
+            for b in beams)
         header = (f"# Halide apps, {kind.upper()}: manual schedules, autoschedulers, tcstage\n\n"
                   f"Machine: {model}, {cores} cores (`lscpu`), shared with other work.  "
                   f"Halide {version('halide')}, target `{hl.get_jit_target_from_environment()}`.  Date {DATE} "
@@ -234,7 +251,8 @@ def main(argv=None) -> int:
                   f"{' --apps ' + opts.apps if opts.apps != ','.join(APPS) else ''}.\n"
                   "Each time: the median of at least that many calls after a warm-up, in ms per call; "
                   f"ratios: time / {variants[0]} time, same run (below 1 is faster).  Sizes: the apps' "
-                  "`inputs(rng, 'bench')`.  Every output checked against the manual schedule's.\n\n")
+                  "`inputs(rng, 'bench')`.  Every output checked against the manual schedule's.  "
+                  f"Adams2019 beam size: {beam_note}.\n\n")
         stem.with_suffix(".md").write_text(header + text + "\n")
         stem.with_suffix(".json").write_text(json.dumps(
             {"machine": model, "cores": cores, "date": DATE, "variants": variants, "rows": rows}, indent=1) + "\n")
