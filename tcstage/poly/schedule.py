@@ -27,6 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import select
+import signal
+import time
 
 import attrs
 import islpy as isl
@@ -96,9 +100,10 @@ def scheduled_scop(symbolic: Scop, fixed: Scop, fix_first: bool) -> tuple[Scop, 
 def compute_schedule(scop: Scop, fusion="Preserve3Coincident", allow_skewing: bool = False,
                      dependences: isl.UnionMap | None = None) -> isl.Schedule:
     """An isl schedule tree for the scop under the given fusion strategy; `dependences` (all
-    of them) saves recomputing the scop's. More than CHUNK statements are scheduled CHUNK at a
-    time, in program order, and consecutive chunks fuse their outer bands where that is legal
-    (`_chained`): the scheduler's ILPs grow much faster than the statements they hold."""
+    of them) saves recomputing the scop's. More than CHUNK statements (or CHUNK_TENSORS tensors)
+    are scheduled a chunk at a time, in program order, and consecutive chunks fuse their outer
+    bands where that is legal (`_chained`): the scheduler's ILPs grow much faster than the
+    statements they hold."""
     strategy = _strategy_name(fusion)
     deps = scop.dependences().all if dependences is None else dependences
     coincidence = deps.subtract(reduction_dependences(scop))
@@ -119,18 +124,36 @@ def compute_schedule(scop: Scop, fusion="Preserve3Coincident", allow_skewing: bo
                                                             "the isl scheduler"):
                 return constraints.compute_schedule()
 
+        def fusing(**options) -> isl.Schedule | None:
+            """run(), or None once fusing ILPs have used up their time (see FUSION_SECONDS)."""
+            if clock["left"] <= 0:
+                return None
+            if len({s.tensor for s in statements}) < 2:
+                return run(**options)
+            start = time.monotonic()
+            try:
+                return within_seconds(lambda: run(**options), clock["left"])
+            finally:
+                clock["left"] -= time.monotonic() - start
+
         if strategy == "Min":
             return run(serialize_sccs=1, whole_component=0)
-        fused = run(serialize_sccs=0, whole_component=1)
-        if strategy == "Max" or _keeps_parallelism(fused, statements):
+        fused = fusing(serialize_sccs=0, whole_component=1)
+        if fused is not None and (strategy == "Max" or _keeps_parallelism(fused, statements)):
             return fused
-        return run(serialize_sccs=0, whole_component=0)
+        return fusing(serialize_sccs=0, whole_component=0) or \
+            run(serialize_sccs=1, whole_component=0)
+
+    clock = {"left": FUSION_SECONDS}
 
     statements = scop.statements
-    chunk = len(statements) if strategy == "Min" else CHUNK  # Min never fuses: one ILP each
+    chunks = [statements] if strategy == "Min" else _chunks(statements)  # Min: one ILP each
     try:
-        parts = [(scheduled(statements[k:k + chunk]), statements[k:k + chunk])
-                 for k in range(0, len(statements), chunk)]
+        parts = [(scheduled(chunk), chunk) for chunk in chunks]
+        if clock["left"] <= 0:
+            warn(f"in '{scop.name}', the isl scheduler's fusion took more than {FUSION_SECONDS} s: "
+                 "the statements it had not fused by then are scheduled apart, as under "
+                 "scheduleFusionStrategy('Min')")
     except WorkLimitExceeded as exceeded:
         warn(f"in '{scop.name}', {exceeded.message}: its statements run one after another "
              "instead, each with its loops in TC order (nothing is fused)")
@@ -141,6 +164,64 @@ def compute_schedule(scop: Scop, fusion="Preserve3Coincident", allow_skewing: bo
 # Statements the isl scheduler takes at once. Its ILP over a component grows superlinearly
 # (100 in-place updates of one tensor: 1.5 s in one piece; 200: 15 s).
 CHUNK = 24
+# Seconds that the ILPs which fuse statements of several tensors may take in one schedule
+# (isl's operation count misses most of their work: see CHUNK_TENSORS). They run in a forked
+# process that is stopped at the limit; the rest is then scheduled without fusion, which takes
+# milliseconds. interpolate's pyramid (x / 2, 2x + 1 between 3-d Funcs) needs minutes otherwise.
+FUSION_SECONDS = 8.0
+
+# ... and tensors it writes: fusing a chain of stencils over 4-d domains (bilateral_grid's blurs
+# of a Halide pipeline) took the ILP 0.04 s for 3 of them, 17 s for 4 and minutes for 6, work
+# that isl's operation count (the budget) hardly sees. The paper's kernels write at most 3.
+CHUNK_TENSORS = 3
+
+
+def _chunks(statements) -> list:
+    """Consecutive runs of statements, each within CHUNK statements and CHUNK_TENSORS written
+    tensors."""
+    out, current, tensors = [], [], set()
+    for s in statements:
+        if current and (len(current) == CHUNK or len(tensors | {s.tensor}) > CHUNK_TENSORS):
+            out.append(tuple(current))
+            current, tensors = [], set()
+        current.append(s)
+        tensors.add(s.tensor)
+    return out + [tuple(current)] if current else out
+
+
+def within_seconds(compute, seconds: float) -> isl.Schedule | None:
+    """compute() in a forked process, its schedule sent back as text; None if it takes more
+    than `seconds` (the process is killed) or fails there (the caller then schedules without
+    fusion, and a real error shows again in the parent)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: compute, send, and leave without running the parent's cleanup
+        status = 1
+        try:
+            os.close(read)
+            text = str(compute()).encode()
+            with os.fdopen(write, "wb") as out:
+                out.write(text)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+    chunks, deadline = [], time.monotonic() + seconds
+    try:
+        while True:
+            ready, _, _ = select.select([read], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                return None
+            data = os.read(read, 1 << 20)
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+    return isl.Schedule.read_from_str(isl.DEFAULT_CONTEXT, b"".join(chunks).decode()) \
+        if chunks else None
 
 
 @attrs.frozen
