@@ -147,8 +147,12 @@ def test_scalar_params_by_position_and_name():
     a = rng.standard_normal(12).astype(np.float32)
     check(f, [a, 1.5, 3], (9,), a[3:12] * np.float32(1.5))
     np.testing.assert_array_equal(f(scale=2.0, shift=1, inp=a, output_shape=(4,)), a[1:5] * 2)
-    k = tc.compile(f, a, 2.0, 1, output_shape=(4,), target="cuda-emulated")
+    k = tc.compile(f, a, 0.5, 1, output_shape=(4,), target="cuda-emulated")
     np.testing.assert_array_equal(k(a, 0.5, 1), a[1:5] * np.float32(0.5))
+    # every Param is fixed in a kernel (regions may depend on any: bilateral_grid's 1/r_sigma)
+    with pytest.raises(TCArgumentError, match=r"compiled for inp.0=12, scale=0.5, shift=1; "
+                                              r"the arguments give inp.0=12, scale=2.0"):
+        k(a, 2.0, 1)
 
 
 def test_several_outputs():

@@ -47,6 +47,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -596,6 +597,46 @@ py::dict py_required_regions(const py::sequence &outputs, const py::sequence &bo
         return result;
     });
 }
+
+// The Funcs of the pipeline (outputs excluded) that are computed inline: Halide's default
+// when nothing scheduled them.
+py::list py_inlined_functions(const py::sequence &outputs) {
+    return guarded([&] {
+        std::vector<HI::Function> outs = functions_of(outputs, "inlined_functions");
+        std::map<std::string, HI::Function> env = HI::build_environment(outs);
+        std::set<std::string> output_names;
+        for (const HI::Function &f : outs) {
+            output_names.insert(f.name());
+        }
+        py::list names;
+        for (const auto &p : env) {
+            Halide::LoopLevel level = p.second.schedule().compute_level();
+            level.lock();  // (a copy: the Func's own level stays open to scheduling)
+            if (!output_names.count(p.first) && level.is_inlined()) {
+                names.append(p.first);
+            }
+        }
+        return names;
+    });
+}
+
+// Computes the named Funcs of the pipeline at the root (as Func::compute_root does), which
+// Python cannot reach for Funcs it holds no handle to.
+void py_compute_root(const py::sequence &outputs, const std::vector<std::string> &names) {
+    guarded([&] {
+        std::vector<HI::Function> outs = functions_of(outputs, "compute_root");
+        std::map<std::string, HI::Function> env = HI::build_environment(outs);
+        for (const std::string &name : names) {
+            auto it = env.find(name);
+            if (it == env.end()) {
+                throw std::invalid_argument("compute_root: no Func '" + name + "' in the pipeline");
+            }
+            it->second.schedule().compute_level() = Halide::LoopLevel::root();
+            it->second.schedule().store_level() = Halide::LoopLevel::root();
+        }
+        return 0;
+    });
+}
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
@@ -648,4 +689,8 @@ Other Halide node types raise ValueError naming the node type.
           "Halide's bounds inference from the outputs' boxes (per output, per dimension\n"
           "innermost first, inclusive (min, max)): {Func or input name: [(min, max) trees]}\n"
           "(None for an unbounded end). `known`: {variable: value or (lo, hi)}.");
+    m.def("inlined_functions", &py_inlined_functions, py::arg("outputs"),
+          "Names of the pipeline's Funcs (outputs excluded) computed inline.");
+    m.def("compute_root", &py_compute_root, py::arg("outputs"), py::arg("names"),
+          "Compute the named Funcs of the pipeline at the root.");
 }

@@ -174,13 +174,14 @@ class HalideFunction:
                 arrays[a.name] = None if shapes_only and not hasattr(value, "shape") else value
             else:
                 scalars[a.name] = _scalar(self.name, a, value)
-        return Binding(sizes, scalars, arrays, {})
+        return PipelineBinding(sizes, scalars, arrays, {})
 
     @property
     def specialized_scalars(self) -> frozenset:
-        """Integer Params: they may move the regions Funcs are computed over, which the CUDA
-        path fixes at compile time (float Params stay kernel arguments)."""
-        return frozenset(a.name for a in self.arguments if not a.is_buffer and a.type.is_int)
+        """Every Param: the regions Funcs are computed over may depend on any of them
+        (bilateral_grid's grid depth is 1 / r_sigma), and the CUDA path fixes the regions at
+        compile time, so a kernel serves one value of each."""
+        return frozenset(a.name for a in self.arguments if not a.is_buffer)
 
     def _output_boxes(self, output_shape) -> tuple:
         shapes = self.fixed_output_shapes if output_shape is None else \
@@ -200,15 +201,26 @@ class HalideFunction:
         return HalideFunction(self.outputs, self.name, shapes)
 
     # -- running on the CPU --------------------------------------------------------------------
-    def __call__(self, *args, output_shape=None, out=None, **named):
-        """Runs the pipeline on the CPU with Halide's JIT, as the pipeline is scheduled.
-        Arguments: numpy arrays and Python numbers, in `infer_arguments` order or by name.
-        Returns an array, or a tuple for several outputs."""
+    def __call__(self, *args, output_shape=None, out=None, schedule="auto", **named):
+        """Runs the pipeline on the CPU with Halide's JIT. Arguments: numpy arrays and Python
+        numbers, in `infer_arguments` order or by name. Returns an array, or a tuple for
+        several outputs.
+
+        schedule: "as_written" runs the pipeline as its Funcs are scheduled; "auto" (the
+        default) does the same, except that a pipeline whose intermediate Funcs are all
+        inlined (Halide's default: nothing scheduled them) gets them computed at the root
+        first, the tensors the CUDA path materialises (inlined, a pyramid recomputes every
+        level below for each point). That schedules your Funcs, as Func.compute_root would."""
+        if schedule not in ("auto", "as_written"):
+            raise TCError(f"schedule must be 'auto' or 'as_written' for a Halide pipeline; got "
+                          f"{schedule!r}")
         shapes = self._output_boxes(output_shape)
         b = self.bind(args, out, named=named)
         regions = self.required_regions(b, shapes)
         _check_inputs(self, b, regions)
         if self._cpu is None:
+            if schedule == "auto":
+                self._schedule_unscheduled()
             try:
                 self._cpu = hl.Pipeline(self.outputs).compile_to_callable(
                     self._callable_arguments, hl.get_jit_target_from_environment())
@@ -237,6 +249,18 @@ class HalideFunction:
             raise TCArgumentError(f"running '{self.name}' failed: {str(e).strip()}") from None
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    def _schedule_unscheduled(self) -> None:
+        """Computes the intermediate tensors at the root when nothing scheduled any of them."""
+        try:
+            _, kept = _split(self)
+        except TCError:  # (a construct only the CPU runs): leave the schedule as written
+            return
+        outputs = {f.name() for f in self.outputs}
+        tensors = [f["name"] for f in kept if f["name"] not in outputs]
+        inlined = set(_native.inlined_functions(self.outputs))
+        if tensors and inlined.issuperset(tensors):
+            _native.compute_root(self.outputs, tensors)
+
     # -- Halide's bounds inference -------------------------------------------------------------
     def required_regions(self, binding: Binding, shapes) -> dict:
         """{Func or input name: [(min, max)] in numpy order, inclusive}: Halide's bounds
@@ -247,8 +271,8 @@ class HalideFunction:
                 for k in range(a.rank):
                     known[f"{a.name}.min.{a.rank - 1 - k}"] = 0
                     known[f"{a.name}.extent.{a.rank - 1 - k}"] = binding.sizes[f"{a.name}.{k}"]
-            elif a.type.is_int and a.name in binding.scalars:
-                known[a.name] = int(binding.scalars[a.name])
+            elif a.name in binding.scalars:
+                known[a.name] = _halide_constant(a.type, binding.scalars[a.name])
         boxes = [[(0, e - 1) for e in reversed(s)] for s in shapes]
         try:
             found = _native.required_regions(self.outputs, boxes, known)
@@ -335,6 +359,36 @@ class HalideFunction:
 
 
 _MISSING = object()
+
+
+@attrs.frozen
+class PipelineBinding(Binding):
+    """A pipeline's arguments; its specialisation keeps float Params exact (a kernel compiled
+    for r_sigma = 0.1 must not serve 0.15)."""
+
+    def specialization(self, fn) -> tuple:
+        return tuple(sorted((s, self.scalars[s].item() if hasattr(self.scalars[s], "item")
+                             else self.scalars[s]) for s in fn.specialized_scalars))
+
+
+def _halide_constant(t: ScalarType, value) -> hl.Expr:
+    """A Param's value as a Halide constant of its type."""
+    if t.is_float:
+        return hl.cast(hl.Float(t.bits), hl.f64(float(value)))
+    if t.kind == "bool":
+        return hl.cast(hl.Bool(), hl.u8(int(bool(value))))
+    return hl.cast(hl.Int(t.bits) if t.kind == "int" else hl.UInt(t.bits), hl.i64(int(value)))
+
+
+def _value_tree(t: ScalarType, value) -> Tree:
+    """A Param's value as a tree of its type (the form `_native.to_tree` gives constants)."""
+    if t.is_float:
+        v = ("float", float(np.dtype(t.numpy).type(value)))
+        return v if t.name == "float32" else ("cast", t.name, v)
+    if t.kind == "bool":
+        return ("int", bool(value))
+    v = ("int", int(value))
+    return v if t.name == "int32" else ("cast", t.name, v)
 
 
 def _canonical(functions: list[dict]) -> list:
@@ -605,7 +659,7 @@ def _lower(fn: HalideFunction, b: Binding, shapes, regions: dict) -> PipelineLow
         if a.is_buffer:
             known.update({f"{a.name}.min.{k}": ("int", 0) for k in range(a.rank)})
         elif a.name in fn.specialized_scalars:
-            known[a.name] = ("int", int(b.scalars[a.name]))
+            known[a.name] = _value_tree(a.type, b.scalars[a.name])
 
     def inline(tree):
         def leaf(t):
@@ -655,7 +709,7 @@ def _lower(fn: HalideFunction, b: Binding, shapes, regions: dict) -> PipelineLow
     read_names.update({a.name: a.name for a in fn.arguments if a.is_buffer})
     sizes = {f"{a.name}.extent.{a.rank - 1 - k}": f"{a.name}.{k}"
              for a in fn.arguments if a.is_buffer for k in range(a.rank)}
-    spec = tuple(sorted((s, int(b.scalars[s])) for s in fn.specialized_scalars))
+    spec = b.specialization(fn)
     ranges = FunctionRanges(tuple(StatementRanges(t, {}) for t, _, _ in order), bounds, (),
                             spec, {})
     return PipelineLowered(checked, ranges, {}, {}, {t: None for t in defs}, [], order,
