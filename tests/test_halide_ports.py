@@ -12,8 +12,12 @@ import pytest
 import tcstage as tc
 from examples.halide import common
 
-APPS = sorted(p.stem for p in (pathlib.Path(__file__).parent.parent / "examples" / "halide")
-              .glob("*.py") if p.stem not in ("__init__", "common"))
+# Pyramids and long stencil chains take tens of seconds to compile and emulate: the slow step.
+SLOW = {"interpolate", "local_laplacian", "stencil_chain"}
+APPS = [pytest.param(name, marks=pytest.mark.slow) if name in SLOW else name
+        for name in sorted(p.stem for p in (pathlib.Path(__file__).parent.parent / "examples"
+                                            / "halide").glob("*.py")
+                           if p.stem not in ("__init__", "common"))]
 
 OPTIONS = [
     tc.MappingOptions().tile(4, 16).mapToThreads(16, 4).mapToBlocks(8, 8),
@@ -44,12 +48,17 @@ def test_port(name):
     app = load(name)
     args = app.inputs(np.random.default_rng(3), "small")
     shapes = [tuple(s) for s in app.output_shapes(args)]
-    expected = common.realize(app.build(), args, shapes)
+    reference = app.build()
+    if getattr(app, "UNSCHEDULED", None):  # inlined it would take minutes (pyramids)
+        common.compute_root_all(reference)
+    expected = common.realize(reference, args, shapes)
     tolerance = app.tolerance(args) if hasattr(app, "tolerance") else 0
     built = app.build()
     f = tc.from_halide(built.outputs, name=built.name)
     shape = shapes[0] if len(shapes) == 1 else shapes
-    assert_same(f(*args, output_shape=shape), expected, 0)  # the same Halide code
+    # (the CPU call computes unscheduled intermediates at the root: float code may round
+    # differently from the inlined reference)
+    assert_same(f(*args, output_shape=shape), expected, tolerance)
     for options in OPTIONS:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", tc.TCWarning)  # options a small app cannot use
