@@ -155,8 +155,9 @@ def compile(source, name: str | None = None, *inputs, options=None, target: str 
     from tcstage.cuda.runtime import Kernel, _check_target
     from tcstage.program import Program, define
 
-    from tcstage.halide.pipeline import HalideFunction
+    from tcstage.halide.pipeline import HalideFunction, as_pipeline
     _check_target(target)  # before the work of compiling
+    source = as_pipeline(source)
     if isinstance(source, HalideFunction):  # tc.compile(f, *inputs, output_shape=...)
         inputs, name = (inputs if name is None else (name, *inputs)), source.name
         fn = source.specialized(output_shape if output_shape is not None

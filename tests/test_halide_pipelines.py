@@ -431,3 +431,14 @@ def test_what_only_the_cpu_runs_is_named():
     with pytest.raises(TCError, match=r"does not support Halide's 'lerp' \(uint8, uint8, "
                                       r"uint8\) yet, in the definition of blend"):
         tc.compile(g, u, output_shape=(2,), target="cuda-emulated")
+
+
+def test_compile_takes_a_bare_func():
+    inp = hl.ImageParam(hl.Float(32), 1, "inp")
+    out = hl.Func("out")
+    out[x] = inp[x] * 2
+    a = rng.standard_normal(5).astype(np.float32)
+    k = tc.compile(out, a, output_shape=(5,), target="cuda-emulated")
+    np.testing.assert_array_equal(k(a), a * 2)
+    with pytest.raises(TCError, match="output_shape= is for Halide pipelines"):
+        tc.compile("def f(float(N) A) -> (B) { B(i) = A(i) }", "f", a, output_shape=(5,))

@@ -98,6 +98,15 @@ def from_halide(outputs, name: str | None = None) -> "HalideFunction":
     return HalideFunction(funcs, name or display_name(funcs[0].name()))
 
 
+def as_pipeline(source):
+    """A bare hl.Func (or a list of them) as tc.from_halide would make it; anything else as
+    it is."""
+    if isinstance(source, hl.Func) or isinstance(source, (list, tuple)) and source and \
+            all(isinstance(f, hl.Func) for f in source):
+        return from_halide(source)
+    return source
+
+
 class HalideFunction:
     """A Halide pipeline as a tcstage function (see the module's documentation)."""
 

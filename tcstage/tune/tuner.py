@@ -130,7 +130,8 @@ def autotune(source, name: str | None = None, *inputs, target: str = "cuda",
     strategy = strategy or DEFAULT_STRATEGY
     if strategy not in STRATEGIES:
         raise TCError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    from tcstage.halide.pipeline import HalideFunction
+    from tcstage.halide.pipeline import HalideFunction, as_pipeline
+    source = as_pipeline(source)
     if isinstance(source, HalideFunction):
         if evaluator not in (None, "local"):
             raise TCError("a Halide pipeline is tuned with local workers: its Funcs cannot be "
