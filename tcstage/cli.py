@@ -441,13 +441,17 @@ def _show(args) -> int:
     if args.schedule or args.cuda:
         kernel = tc.compile(tc.Program({f.name: f}), f.name, *call[0], out=call[1],
                             options=args.options, target="cuda")
-        if args.schedule:
-            print(f"# schedule of {f.name}")
-            print(kernel.describe())
-        if args.cuda:
-            print(f"# CUDA of {f.name}")
-            print(kernel.cuda_source)
+        _print_kernel(args, f.name, kernel)
     return 0
+
+
+def _print_kernel(args, name: str, kernel) -> None:
+    if args.schedule:
+        print(f"# schedule of {name}")
+        print(kernel.describe())
+    if args.cuda:
+        print(f"# CUDA of {name}")
+        print(kernel.cuda_source)
 
 
 # --- Halide pipelines (Python modules) --------------------------------------------------------
@@ -511,12 +515,8 @@ def _halide_command(args) -> int:
             print(f.describe())
             print(f"# tensors of {f.name} (Funcs over the regions Halide infers)")
             print(f.specialized(shape).lower(*inputs).describe())
-        if args.schedule:
-            print(f"# schedule of {f.name}")
-            print(kernel.describe())
-        if args.cuda:
-            print(f"# CUDA of {f.name}")
-            print(kernel.cuda_source)
+        if kernel is not None:
+            _print_kernel(args, f.name, kernel)
         return 0
     start = time.perf_counter()
     result = f(*inputs, output_shape=shape) if kernel is None else kernel(*inputs)

@@ -153,21 +153,10 @@ def compile(source, name: str | None = None, *inputs, options=None, target: str 
     Kernel, from an in-process cache.
     """
     from tcstage.cuda.runtime import Kernel, _check_target
-    from tcstage.program import Program, define
 
-    from tcstage.halide.pipeline import HalideFunction, as_pipeline
     _check_target(target)  # before the work of compiling
-    source = as_pipeline(source)
-    if isinstance(source, HalideFunction):  # tc.compile(f, *inputs, output_shape=...)
-        inputs, name = (inputs if name is None else (name, *inputs)), source.name
-        fn = source.specialized(output_shape if output_shape is not None
-                                else source._output_boxes(None))
-    else:
-        if output_shape is not None:
-            raise TCError("output_shape= is for Halide pipelines (tc.from_halide); a TC "
-                          "function infers its output shapes")
-        program = source if isinstance(source, Program) else define(source)
-        fn = program[name]
+    _, fn, inputs = function_of(source, name, inputs, output_shape)
+    name = fn.name
     auto = isinstance(options, str) and options.strip().lower() == "auto"
     if auto:
         options = auto_options(fn, inputs, out, target)
@@ -187,6 +176,24 @@ def compile(source, name: str | None = None, *inputs, options=None, target: str 
         while len(_kernels) > COMPILED_KERNELS:
             _kernels.popitem(last=False)
     return kernel
+
+
+def function_of(source, name, inputs: tuple, output_shape) -> tuple:
+    """(program or None, function, inputs) of a call `(source, name, *inputs)`: a TC function
+    of a source or Program, or a Halide pipeline (tc.from_halide, or bare Funcs) with its
+    output shapes fixed, which has no name argument (what came as `name` is its first input)."""
+    from tcstage.halide.pipeline import HalideFunction, as_pipeline
+    from tcstage.program import Program, define
+    source = as_pipeline(source)
+    if isinstance(source, HalideFunction):
+        inputs = inputs if name is None else (name, *inputs)
+        return None, source.specialized(output_shape if output_shape is not None
+                                        else source._output_boxes(None)), inputs
+    if output_shape is not None:
+        raise TCError("output_shape= is for Halide pipelines (tc.from_halide); a TC function "
+                      "infers its output shapes")
+    program = source if isinstance(source, Program) else define(source)
+    return program, program[name], inputs
 
 
 def clear_kernel_cache() -> None:

@@ -119,7 +119,6 @@ def autotune(source, name: str | None = None, *inputs, target: str = "cuda",
     A Halide pipeline (`tc.from_halide`) is tuned as `tc.autotune(f, *inputs,
     output_shape=...)`, with local workers (its Funcs cannot travel to a Ray cluster).
     """
-    from tcstage.program import Program, define
     if target == "cpu":
         raise TCError("target='cpu' cannot be tuned yet: the CPU back end takes Halide's "
                       "autoschedulers (schedule=...), not MappingOptions",
@@ -130,21 +129,11 @@ def autotune(source, name: str | None = None, *inputs, target: str = "cuda",
     strategy = strategy or DEFAULT_STRATEGY
     if strategy not in STRATEGIES:
         raise TCError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    from tcstage.halide.pipeline import HalideFunction, as_pipeline
-    source = as_pipeline(source)
-    if isinstance(source, HalideFunction):
-        if evaluator not in (None, "local"):
-            raise TCError("a Halide pipeline is tuned with local workers: its Funcs cannot be "
-                          "sent to other processes than forked ones (evaluator='local')")
-        inputs = inputs if name is None else (name, *inputs)
-        program, fn = None, source.specialized(
-            output_shape if output_shape is not None else source._output_boxes(None))
-    else:
-        if output_shape is not None:
-            raise TCError("output_shape= is for Halide pipelines (tc.from_halide); a TC "
-                          "function infers its output shapes")
-        program = source if isinstance(source, Program) else define(source)
-        fn = program[name]
+    from tcstage.compiler import function_of
+    program, fn, inputs = function_of(source, name, inputs, output_shape)
+    if program is None and evaluator not in (None, "local"):
+        raise TCError("a Halide pipeline is tuned with local workers: its Funcs cannot be "
+                      "sent to other processes than forked ones (evaluator='local')")
     session = _Session(program, fn, inputs, out, measure, device, cache, seed, jobs, timeout,
                        evaluator)
     population, generations, budget = _sizes(population, generations, budget)
