@@ -12,8 +12,8 @@
     k = tc.compile(f, img, output_shape=(H, W), options=...)   # or one CUDA kernel
 """
 
-from tcstage.errors import (TCArgumentError, TCError, TCRangeError, TCSemanticError,
-                            TCSyntaxError, TCWarning)
+from tcstage.errors import (TCArgumentError, TCError, TCPartitionError, TCRangeError,
+                            TCSemanticError, TCSyntaxError, TCWarning)
 from tcstage.options import FusionStrategy, MappingOptions
 from tcstage.cuda.runtime import Kernel
 from tcstage.compiler import compile
@@ -23,5 +23,5 @@ from tcstage.tune.tuner import TuneResult, autotune
 from tcstage.tune.compare import compare
 
 __all__ = ["define", "from_halide", "HalideFunction", "compile", "autotune", "compare", "TuneResult", "Kernel", "Program", "TCFunction", "TCError", "TCSyntaxError", "TCSemanticError",
-           "TCRangeError", "TCArgumentError", "TCWarning", "MappingOptions", "FusionStrategy"]
+           "TCRangeError", "TCPartitionError", "TCArgumentError", "TCWarning", "MappingOptions", "FusionStrategy"]
 __version__ = "0.1.0"

@@ -107,6 +107,11 @@ class TCRangeError(TCError):
     """Range inference could not give an index variable a unique range."""
 
 
+class TCPartitionError(TCRangeError):
+    """A tensor defined piecewise (statements whose where clauses write different parts of it)
+    whose pieces overlap, or leave elements that no piece writes."""
+
+
 class TCArgumentError(TCError):
     """A call passed tensors or values that do not match the function's signature."""
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tcstage as tc
-from tcstage.halide.ranges import TCPartitionError
+from tcstage import TCPartitionError
 
 M = tc.MappingOptions
 rng = np.random.default_rng(1212)

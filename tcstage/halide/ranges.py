@@ -34,7 +34,7 @@ import attrs
 import halide as hl
 import islpy as isl
 
-from tcstage.errors import Span, TCRangeError
+from tcstage.errors import Span, TCPartitionError, TCRangeError
 from tcstage.halide import solver
 from tcstage.halide.exprs import DataDependent, constant, to_halide
 from tcstage.halide.solver import Tree, evaluate, isl_name, tree_to_expr, tree_to_isl, tree_to_str
@@ -182,11 +182,6 @@ def infer_ranges(fn: C.Function, scalars: Mapping[str, int] | None = None) -> Fu
         partition.check_complete(fn)
     return FunctionRanges(tuple(statements), bounds, tuple(preconditions),
                           tuple(sorted((k, v) for k, v in scalars.items())), shaped_by)
-
-
-class TCPartitionError(TCRangeError):
-    """A tensor defined piecewise (statements whose where clauses write different parts of it)
-    whose pieces overlap, or leave elements that no piece writes."""
 
 
 def _reads(st: C.Statement, tensor: str) -> bool:
