@@ -45,17 +45,25 @@ def u8(*shape):
     return rng.integers(0, 256, shape).astype(np.uint8)
 
 
-def test_blur_with_repeat_edge_keeps_the_size():
+def blur():
+    """A 3x3 separable blur of a uint8 image with its edge repeated: a fresh pipeline."""
     inp = hl.ImageParam(hl.UInt(8), 2, "inp")
     c = hl.BoundaryConditions.repeat_edge(inp)
     bx, by = hl.Func("bx"), hl.Func("by")
     bx[x, y] = (hl.u16(c[x - 1, y]) + c[x, y] + c[x + 1, y]) // 3
     by[x, y] = hl.u8((bx[x, y - 1] + bx[x, y] + bx[x, y + 1]) // 3)
-    a = u8(11, 13)
+    return tc.from_halide(by, name="blur")
+
+
+def blurred(a):
     p = np.pad(a.astype(np.uint16), 1, mode="edge")
     h = (p[:, :-2] + p[:, 1:-1] + p[:, 2:]) // 3
-    check(tc.from_halide(by, name="blur"), [a], (11, 13),
-          ((h[:-2] + h[1:-1] + h[2:]) // 3).astype(np.uint8))
+    return ((h[:-2] + h[1:-1] + h[2:]) // 3).astype(np.uint8)
+
+
+def test_blur_with_repeat_edge_keeps_the_size():
+    a = u8(11, 13)
+    check(blur(), [a], (11, 13), blurred(a))
 
 
 @pytest.mark.parametrize("kind", ["constant_exterior", "mirror_image", "mirror_interior"])
@@ -199,7 +207,7 @@ def test_multi_stage_pipeline_with_reduction_and_pointwise():
     # conv + relu, as conv_layer: an RDom over channels and a 3x3 window
     inp = hl.ImageParam(hl.Float(32), 3, "inp")  # (c, y, x)
     w = hl.ImageParam(hl.Float(32), 4, "w")  # (k, c, ry, rx)
-    z, k = hl.Var("z"), hl.Var("k")
+    k = hl.Var("k")
     r = hl.RDom([(0, 3), (0, 3), (0, 2)])
     conv, relu = hl.Func("conv"), hl.Func("relu")
     conv[x, y, k] = 0.0
@@ -299,30 +307,17 @@ def test_describe_and_kernel_describe():
 
 
 def test_autotune_a_pipeline_and_compile_auto():
-    inp = hl.ImageParam(hl.UInt(8), 2, "inp")
-    c = hl.BoundaryConditions.repeat_edge(inp)
-    bx, by = hl.Func("bx"), hl.Func("by")
-    bx[x, y] = (hl.u16(c[x - 1, y]) + c[x, y] + c[x + 1, y]) // 3
-    by[x, y] = hl.u8((bx[x, y - 1] + bx[x, y] + bx[x, y + 1]) // 3)
-    f = tc.from_halide(by, name="blur")
+    f = blur()
     a = u8(16, 24)
     res = tc.autotune(f, a, output_shape=(16, 24), measure="model", budget=6, progress=False)
     assert res.checked and res.measured_on == "model" and res.time > 0
     assert {c.status for c in res.history} <= {"ok", "pruned", "compile_error"}
-    p = np.pad(a.astype(np.uint16), 1, mode="edge")
-    h = (p[:, :-2] + p[:, 1:-1] + p[:, 2:]) // 3
-    expected = ((h[:-2] + h[1:-1] + h[2:]) // 3).astype(np.uint8)
+    expected = blurred(a)
     k = tc.compile(f, a, output_shape=(16, 24), options="auto", target="cuda-emulated")
     assert str(k.options) == str(res.options)  # the tuned options, from the cache
     np.testing.assert_array_equal(k(a), expected)
     # a pipeline built again (new Halide names) is the same pipeline for the cache
-    inp2 = hl.ImageParam(hl.UInt(8), 2, "inp")
-    c2 = hl.BoundaryConditions.repeat_edge(inp2)
-    bx2, by2 = hl.Func("bx"), hl.Func("by")
-    bx2[x, y] = (hl.u16(c2[x - 1, y]) + c2[x, y] + c2[x + 1, y]) // 3
-    by2[x, y] = hl.u8((bx2[x, y - 1] + bx2[x, y] + bx2[x, y + 1]) // 3)
-    k2 = tc.compile(tc.from_halide(by2, name="blur"), a, output_shape=(16, 24), options="auto",
-                    target="cuda-emulated")
+    k2 = tc.compile(blur(), a, output_shape=(16, 24), options="auto", target="cuda-emulated")
     assert str(k2.options) == str(res.options)
 
 

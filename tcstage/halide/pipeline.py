@@ -31,6 +31,8 @@ first; an input's dimension `k` (numpy order) is named `<input>.<k>` among the s
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
@@ -207,7 +209,9 @@ class HalideFunction:
         shapes = normalize_output_shapes(self, output_shape)
         if shapes == self.fixed_output_shapes:
             return self
-        return HalideFunction(self.outputs, self.name, shapes)
+        fixed = copy.copy(self)  # the same pipeline: its arguments, dump and CPU code shared
+        fixed.fixed_output_shapes = shapes
+        return fixed
 
     # -- running on the CPU --------------------------------------------------------------------
     def __call__(self, *args, output_shape=None, out=None, schedule="auto", **named):
@@ -261,7 +265,7 @@ class HalideFunction:
     def _schedule_unscheduled(self) -> None:
         """Computes the intermediate tensors at the root when nothing scheduled any of them."""
         try:
-            _, kept = _split(self)
+            _, kept, _ = self._structure
         except TCError:  # (a construct only the CPU runs): leave the schedule as written
             return
         outputs = {f.name() for f in self.outputs}
@@ -292,6 +296,10 @@ class HalideFunction:
                 for name, dims in found.items()}
 
     # -- the polyhedral flow --------------------------------------------------------------------
+    @functools.cached_property
+    def _structure(self) -> tuple:
+        return _split(self)
+
     @property
     def checked(self) -> C.Function:
         """A TC-shaped signature of the pipeline (inputs, outputs, intermediate tensors and
@@ -349,13 +357,7 @@ class HalideFunction:
         for f in self._functions:
             name = display_name(f["name"])
             lines.append(f"Func {name} ({', '.join(f['types'])}), arguments innermost first:")
-            for d in f["definitions"]:
-                lhs = ", ".join(text(a) for a in d["args"])
-                value = ", ".join(text(v) for v in d["values"])
-                rdom = "".join(f" where {text(lo)} <= {n} < {text(lo)} + {text(ext)}"
-                               for n, lo, ext in d["rvars"])
-                pred = "" if d["predicate"] == ("int", True) else f" if {text(d['predicate'])}"
-                lines.append(f"  {name}({lhs}) = {value}{rdom}{pred}")
+            lines += [_definition_line(name, d, text) for d in f["definitions"]]
         return "\n".join(lines)
 
     @property
@@ -534,14 +536,18 @@ class PipelineLowered(Lowered):
                             for lo, e in reversed(list(zip(b.mins, b.extents))))
             lines.append(f"Func {tensor} ({t.kind}, {t.type}) over [{box}], arguments "
                          "innermost first:")
-            for d in defs:
-                lhs = ", ".join(tree_to_str(a) for a in d["args"])
-                rdom = "".join(f" where {tree_to_str(lo)} <= {n} < {tree_to_str(lo)} + "
-                               f"{tree_to_str(ext)}" for n, lo, ext in d["rvars"])
-                pred = "" if d["predicate"] == ("int", True) else \
-                    f" if {tree_to_str(d['predicate'])}"
-                lines.append(f"  {tensor}({lhs}) = {tree_to_str(d['values'][0])}{rdom}{pred}")
+            lines += [_definition_line(tensor, d, tree_to_str) for d in defs]
         return "\n".join(lines)
+
+
+def _definition_line(name: str, d: dict, text) -> str:
+    """`  f(args) = value where <RDom bounds> if <predicate>`, trees printed by `text`."""
+    lhs = ", ".join(text(a) for a in d["args"])
+    value = ", ".join(text(v) for v in d["values"])
+    rdom = "".join(f" where {text(lo)} <= {n} < {text(lo)} + {text(ext)}"
+                   for n, lo, ext in d["rvars"])
+    pred = "" if d["predicate"] == ("int", True) else f" if {text(d['predicate'])}"
+    return f"  {name}({lhs}) = {value}{rdom}{pred}"
 
 
 def _is_view(f: dict, outputs: set) -> bool:
@@ -616,7 +622,8 @@ def _tensor_names(fn: HalideFunction, kept: list[dict]) -> dict[str, str]:
 
 
 def _split(fn: HalideFunction):
-    """(views by name, the Funcs that become tensors), producers first."""
+    """(views by name, the Funcs that become tensors, producers first, tensor name of each
+    Func); computed once per pipeline (`HalideFunction._structure`)."""
     outputs = {f.name() for f in fn.outputs}
     views, kept = {}, []
     for f in fn._functions:
@@ -630,12 +637,11 @@ def _split(fn: HalideFunction):
                 raise TCError(f"Func '{display_name(f['name'])}' of '{fn.name}' is a Tuple of "
                               f"{len(f['types'])} values; the CUDA path takes Funcs of one value")
             kept.append(f)
-    return views, kept
+    return views, kept, _tensor_names(fn, kept)
 
 
 def _signature(fn: HalideFunction) -> C.Function:
-    _, kept = _split(fn)
-    names = _tensor_names(fn, kept)
+    _, kept, names = fn._structure
     outputs = [names[f.name()] for f in fn.outputs]
     tensors, inputs, size_vars = {}, [], {}
     for a in fn.arguments:
@@ -660,8 +666,7 @@ def _signature(fn: HalideFunction) -> C.Function:
 
 
 def _lower(fn: HalideFunction, b: Binding, shapes, regions: dict) -> PipelineLowered:
-    views, kept = _split(fn)
-    names = _tensor_names(fn, kept)
+    views, kept, names = fn._structure
     checked = fn.checked
     known: dict[str, Tree] = {}
     for a in fn.arguments:
