@@ -14,13 +14,16 @@ Figure 2), each a function of its own module.
 Sizes: the scop is extracted once with symbolic sizes. The scheduler sees them symbolic, as in
 TC, unless `fixParametersBeforeScheduling` or `scheduleSpecialize` asks for the call's values;
 tiling, mapping and code generation always know them (the paper inserts them "just in time"),
-so a kernel serves one set of shapes.
+so a kernel serves one set of shapes. Sizes named `dynamic` stay isl parameters through every
+pass and become kernel arguments, so that one kernel serves every value of them (see
+`check_dynamic` and `Kernel.launch_grid`).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import difflib
 import functools
 import threading
 import time
@@ -60,6 +63,7 @@ class Compiled:
     cuda: CudaKernel
     timings: dict  # stage -> seconds
     notes: tuple[OptionNote, ...] = ()  # options that could not take effect, and why
+    dynamic: tuple[str, ...] = ()  # size variables left symbolic: any value at launch
 
 
 def as_options(options) -> MappingOptions:
@@ -75,9 +79,12 @@ def as_options(options) -> MappingOptions:
                   f"'MappingOptions().tile(32, 32)' or a preset name; got {type(options).__name__}")
 
 
-def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None) -> Compiled:
-    """Compiles fn for the shapes of `args` (arrays or shape tuples, scalars as values)."""
+def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
+                 dynamic: Sequence[str] = ()) -> Compiled:
+    """Compiles fn for the shapes of `args` (arrays or shape tuples, scalars as values); the
+    size variables in `dynamic` stay symbolic (their values in `args` only pick a sample)."""
     options = as_options(options)
+    dynamic = check_dynamic(fn, dynamic)
     timings: dict[str, float] = {}
     stage = functools.partial(_stage, fn.name, timings)
     with stage("lower"):
@@ -85,7 +92,11 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None) -> Comp
         lowered = fn.lower(*args, out=out)
     with stage("extract"):
         symbolic = extract_scop(lowered)
-        scop = specialize(symbolic, binding.sizes)
+        # Dynamic sizes stay parameters (>= 0) from here to the CUDA source. Tiling and mapping
+        # take loop counts over all their values (value_count: UNBOUNDED where a loop grows with
+        # them), so block, thread and tile sizes and promoted buffers never depend on them.
+        scop = specialize(symbolic, {k: v for k, v in binding.sizes.items()
+                                     if k not in dynamic})
         check_bounds(scop, lowered)
     fix_first = options.fix_parameters_before_scheduling or options.schedule_specialize
     with stage("dependences"):
@@ -109,7 +120,46 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None) -> Comp
     for note in notes:
         warn(f"in '{fn.name}', option {note}")
     return Compiled(fn, options, binding, lowered, scop, schedule, tiled, mapped, promoted, cuda,
-                    timings, notes)
+                    timings, notes, dynamic)
+
+
+def check_dynamic(fn: TCFunction, dynamic) -> tuple[str, ...]:
+    """`dynamic` as a sorted tuple of size variables of fn, or a TCError naming the problem: a
+    name that is not a size variable (with the closest one), a scalar input (those used in
+    subscripts are specialised, so their values must be known when compiling), or a Halide
+    pipeline (its sizes are fixed when its regions are inferred)."""
+    if dynamic is None:
+        return ()
+    names = (dynamic,) if isinstance(dynamic, str) else tuple(dynamic)
+    if not names:
+        return ()
+    if not all(isinstance(n, str) for n in names):
+        raise TCError(f"dynamic= takes names of size variables (strings); got {dynamic!r}")
+    from tcstage.halide.pipeline import HalideFunction
+    if isinstance(fn, HalideFunction):
+        raise TCError("dynamic= is for TC functions: a Halide pipeline's regions are inferred "
+                      "for fixed output shapes, so its kernel serves those sizes only")
+    checked = fn.checked
+    sizes = sorted({d for t in checked.inputs for d in t.dims if d and not d.isdigit()})
+    scalars = {t.name for t in checked.inputs if t.rank == 0}
+    for n in names:
+        if n in sizes:
+            continue
+        if n in scalars:
+            raise TCError(f"dynamic={n!r}: {n} is a scalar input of '{fn.name}', not a size "
+                          "variable; only the sizes of input tensors can be dynamic"
+                          + (f" (scalars used in subscripts are specialised: the kernel is "
+                             f"compiled for their values)" if n in fn.specialized_scalars
+                             else ""))
+        if n in checked.tensors:
+            raise TCError(f"dynamic={n!r}: {n} is a tensor of '{fn.name}', not a size variable; "
+                          f"its size variables: {', '.join(sizes) or 'none'}")
+        by_lower = {d.lower(): d for d in sizes}  # (m for M: sizes are usually capitals)
+        close = difflib.get_close_matches(n.lower(), list(by_lower), n=1)
+        raise TCError(f"dynamic={n!r}: '{fn.name}' has no size variable {n}"
+                      + (f"; did you mean '{by_lower[close[0]]}'?" if close else "")
+                      + f" (its size variables: {', '.join(sizes) or 'none'})")
+    return tuple(sorted(set(names)))
 
 
 @contextlib.contextmanager
@@ -137,7 +187,7 @@ _kernels_lock = threading.Lock()
 
 
 def compile(source, name: str | None = None, *inputs, options=None, target: str = "cuda", out=None,
-            output_shape=None):
+            output_shape=None, dynamic: Sequence[str] = ()):
     """Compiles TC function `name` of `source` (TC text or a `Program`) to one CUDA kernel for
     the shapes of `inputs` (arrays, or shape tuples; scalars as values).
 
@@ -149,20 +199,27 @@ def compile(source, name: str | None = None, *inputs, options=None, target: str 
     A Halide pipeline (`tc.from_halide(funcs)`) is compiled as `tc.compile(f, *inputs,
     output_shape=...)`: no name, and the shape of each output given.
 
+    `dynamic`: size variables (e.g. `("B",)`) the kernel leaves symbolic: it takes any value
+    of them at call time (the grid follows), while the other sizes stay fixed. Loops over
+    them are never unrolled, tiles whose size would depend on them are not promoted, and
+    index arithmetic is 64-bit.
+
     Compiling the same function for the same shapes, options and target again returns the same
-    Kernel, from an in-process cache.
+    Kernel, from an in-process cache (the values of dynamic sizes are not part of the key).
     """
     from tcstage.cuda.runtime import Kernel, _check_target
 
     _check_target(target)  # before the work of compiling
     _, fn, inputs = function_of(source, name, inputs, output_shape)
     name = fn.name
+    dynamic = check_dynamic(fn, dynamic)  # before the work of finding options
     auto = isinstance(options, str) and options.strip().lower() == "auto"
     if auto:
         options = auto_options(fn, inputs, out, target)
     options = as_options(options)
     binding = fn.bind(inputs, out, shapes_only=True)
-    key = (_source_key(fn), name, tuple(sorted(binding.sizes.items())),
+    fixed = tuple(sorted((k, v) for k, v in binding.sizes.items() if k not in dynamic))
+    key = (_source_key(fn), name, fixed, dynamic,
            binding.specialization(fn), tuple(str(t.type) for t in fn.checked.inputs),
            str(options), target)
     with _kernels_lock:
@@ -170,7 +227,7 @@ def compile(source, name: str | None = None, *inputs, options=None, target: str 
         if kernel is not None:
             _kernels.move_to_end(key)
             return kernel
-    kernel = Kernel(compile_cuda(fn, inputs, out, options), target)
+    kernel = Kernel(compile_cuda(fn, inputs, out, options, dynamic), target)
     with _kernels_lock:
         _kernels[key] = kernel
         while len(_kernels) > COMPILED_KERNELS:

@@ -188,7 +188,10 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
     comment = "\n".join(f"// {line}" for line in text.splitlines() if line.strip())
     if options_text:
         comment += f"\n// options: {options_text}"
-    comment += f"\n// grid {_dim3(mapped.grid)}, block {_dim3(mapped.block)}"
+    dynamic = [scop.param_sizes[p] for p in _free_params(scop)]
+    comment += f"\n// grid {_dim3(mapped.grid)}, block {_dim3(mapped.block)}" if not dynamic else \
+        (f"\n// grid at most {_dim3(mapped.grid)} (computed at launch from the dynamic sizes "
+         f"{', '.join(dynamic)}), block {_dim3(mapped.block)}")
     ids = [f"const int {b} = blockIdx.{x};" for b, x, g in zip(BLOCK_IDS, "xyz", mapped.grid)
            if g > 1]
     ids += [f"const int {t} = threadIdx.{x};" for t, x, n in zip(THREAD_IDS, "xyz", mapped.block)
@@ -228,8 +231,15 @@ def _ast(schedule: isl.Schedule, context: isl.Set, function: str) -> isl.AstNode
 
 def index_type(scop: Scop) -> str:
     """The C type of sizes, loop values and flat indices: `int` where every tensor has fewer
-    than INT_ELEMENTS elements and every size is below INT_SIZE, else `int64_t`."""
+    than INT_ELEMENTS elements and every size is below INT_SIZE, else `int64_t`.
+
+    A size left free (a dynamic size) has no upper bound, so a tensor it shapes may reach
+    INT_ELEMENTS at some call: such kernels always index in 64 bits. (A bound on the dynamic
+    sizes would allow `int`; the launch would then have to check it. Not done: the 64-bit
+    arithmetic costs a few registers, a wrong index costs a wrong result.)"""
     context = scop.context
+    if _free_params(scop):
+        return "int64_t"
     sizes = [context.plain_get_val_if_fixed(isl.dim_type.param, k)
              for k in range(context.dim(isl.dim_type.param))]
     if not all(v.is_int() for v in sizes) or any(v.to_python() >= INT_SIZE for v in sizes):
@@ -244,6 +254,15 @@ def index_type(scop: Scop) -> str:
         if elements >= INT_ELEMENTS:
             return "int64_t"
     return "int"
+
+
+def _free_params(scop: Scop) -> list[str]:
+    """The scop's parameters that its context leaves free (dynamic sizes), in order."""
+    context = scop.context
+    free = {context.get_dim_name(isl.dim_type.param, k)
+            for k in range(context.dim(isl.dim_type.param))
+            if not context.plain_get_val_if_fixed(isl.dim_type.param, k).is_int()}
+    return [p for p in scop.params if p in free]
 
 
 def _index_text(text: str, index: str) -> str:

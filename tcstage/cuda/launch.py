@@ -76,10 +76,12 @@ class Launcher:
             self.function.prepare("".join("P" if p.kind in ("output", "temp", "input")
                                           else _STRUCT[p.dtype] for p in cuda.parameters))
 
-    def __call__(self, values) -> None:
-        with driver_errors(f"launching kernel '{self.cuda.name}' on grid {self.cuda.grid}, "
+    def __call__(self, values, grid=None) -> None:
+        """Launches on `grid` (a dynamic kernel's, for the call's sizes), else the compiled one."""
+        grid = self.cuda.grid if grid is None else grid
+        with driver_errors(f"launching kernel '{self.cuda.name}' on grid {grid}, "
                            f"block {self.cuda.block}"):
-            self.function.prepared_call(self.cuda.grid, self.cuda.block, *values)
+            self.function.prepared_call(grid, self.cuda.block, *values)
 
 
 def device_pointer(a, name: str) -> int:
@@ -141,7 +143,7 @@ def stage_on_gpu(kernel, binding):
 
     buffers = {}
     with driver_errors(f"allocating and copying the arrays of '{fn.name}' to the GPU"):
-        for name, shape in kernel.buffer_shapes.items():
+        for name, shape in kernel.buffer_shapes_for(binding.sizes).items():
             dtype = fn.checked.tensors[name].type.numpy
             buffers[name] = binding.inout[name] if name in binding.inout else \
                 (zeros(shape, dtype) if device else gpuarray.zeros(shape, dtype))

@@ -32,7 +32,8 @@ def schedule_text(schedule: isl.Schedule) -> str:
 
 
 class Kernel:
-    """One TC function compiled to one CUDA kernel for fixed shapes.
+    """One TC function compiled to one CUDA kernel for fixed shapes, or, for the size
+    variables compiled as `dynamic`, for any value of them (the grid follows at launch).
 
     `kernel(*inputs, out=...)` runs it (also `kernel.run`); `cuda_source`, `grid`, `block`,
     `schedule_tree` and `describe()` show what the compiler made of the options.
@@ -42,6 +43,7 @@ class Kernel:
         _check_target(target)
         self.compiled, self.target = compiled, target
         self._launcher = None
+        self._checked_sizes: dict = {}  # dynamic size values -> launch grid, once checked
 
     # -- what was generated -------------------------------------------------------------------
     @property
@@ -54,7 +56,8 @@ class Kernel:
 
     @property
     def grid(self) -> tuple[int, int, int]:
-        return self.compiled.cuda.grid
+        """The grid for the sizes compiled with (`launch_grid` for other dynamic values)."""
+        return self.launch_grid(self.compiled.binding.sizes)
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -66,7 +69,31 @@ class Kernel:
 
     @property
     def sizes(self) -> dict:
+        """The sizes compiled with (for dynamic sizes, the values of the inputs given then)."""
         return dict(self.compiled.binding.sizes)
+
+    @property
+    def dynamic(self) -> tuple[str, ...]:
+        """The size variables that any call may choose."""
+        return self.compiled.dynamic
+
+    def launch_grid(self, sizes: dict) -> tuple[int, int, int]:
+        """The grid for these sizes: the compiled one, or, with dynamic sizes, as many blocks
+        along each mapped dimension as the loop on it has work for (ceil(extent / tile) for
+        a tile loop), at most the compiled number."""
+        if not self.dynamic:
+            return self.compiled.cuda.grid
+        key = tuple(int(sizes[d]) for d in self.dynamic)
+        grid = self._checked_sizes.get(key)
+        if grid is None:
+            from tcstage.poly.mapping import launch_grid
+            from tcstage.poly.scop import check_bounds, specialize
+            values = dict(zip(self.dynamic, key))
+            scop = specialize(self.compiled.scop, values)
+            check_bounds(scop, self.compiled.lowered)  # as a compile for these sizes would
+            grid = launch_grid(self.compiled.mapped, scop.context)
+            self._checked_sizes[key] = grid
+        return grid
 
     @property
     def schedule_tree(self) -> str:
@@ -85,7 +112,8 @@ class Kernel:
                                                               c.tiled.tile_sizes)) or "none"
         renamed = f" (TC function '{c.fn.name}')" if self.name != c.fn.name else ""
         lines = [f"kernel: {self.name}{renamed}", f"options: {c.options}",
-                 f"sizes: {', '.join(f'{k}={v}' for k, v in sorted(c.binding.sizes.items()))}",
+                 f"sizes: {', '.join(f'{k}={v}' for k, v in sorted(c.binding.sizes.items()))}"
+                 + (f" (dynamic: {', '.join(c.dynamic)})" if c.dynamic else ""),
                  "", "schedule (isl scheduler, before tiling and mapping):",
                  schedule_text(c.schedule), "", f"tiled: {tiles}",
                  f"blocks: grid {m.grid} on {m.block_bands} band(s)",
@@ -114,42 +142,58 @@ class Kernel:
         kernel on those same arrays as often as wanted, with no Python-side checking."""
         binding = self.compiled.fn.bind(inputs, out)
         self._check_shapes(binding)
+        grid = self.launch_grid(binding.sizes)
         if self.target == "cuda-emulated":
             args, finish = self._stage_emulated(binding)
             return PreparedCall(
-                lambda: emulate(self.cuda_source, self.name, self.grid, self.block, args), finish)
+                lambda: emulate(self.cuda_source, self.name, grid, self.block, args), finish)
         from tcstage.cuda.launch import Launcher, stage_on_gpu
         if self._launcher is None:
             self._launcher = Launcher(self.compiled.cuda)
         values, finish = stage_on_gpu(self, binding)
         launcher = self._launcher
-        return PreparedCall(lambda: launcher(values), finish)
+        return PreparedCall(lambda: launcher(values, grid), finish)
 
     run = __call__
 
     def _check_shapes(self, binding) -> None:
-        want, fn = self.compiled.binding, self.compiled.fn
-        if binding.sizes != want.sizes or \
+        want, fn, dynamic = self.compiled.binding, self.compiled.fn, self.dynamic
+
+        def fixed(b):
+            return {k: v for k, v in b.sizes.items() if k not in dynamic}
+        if fixed(binding) != fixed(want) or \
                 binding.specialization(fn) != want.specialization(fn):
             def show(b):
-                items = sorted(b.sizes.items()) + list(b.specialization(fn))
-                return ", ".join(f"{k}={v}" for k, v in items)
+                items = sorted(fixed(b).items()) + list(b.specialization(fn))
+                return ", ".join(f"{k}={v}" for k, v in items) + \
+                    "".join(f", {d} any" for d in dynamic if b is want)
             raise TCArgumentError(
                 f"this kernel of '{fn.name}' was compiled for {show(want)}; the arguments give "
                 f"{show(binding)}", notes=("compile again for these shapes with tc.compile",))
+        if dynamic:  # shapes that range inference rejects for these values (a negative extent)
+            fn._output_layout(binding)
 
     @functools.cached_property
     def buffer_shapes(self) -> dict:
-        """Output and temporary tensor -> shape, for this kernel's sizes."""
+        """Output and temporary tensor -> shape, for the sizes compiled with."""
+        return self.buffer_shapes_for(self.compiled.binding.sizes)
+
+    def buffer_shapes_for(self, sizes: dict) -> dict:
+        """Output and temporary tensor -> shape, for a call's sizes (they differ from the
+        compiled ones in dynamic sizes only)."""
         c = self.compiled
-        values = {**c.binding.sizes, **{k: int(v) for k, v in c.binding.scalars.items()
-                                        if isinstance(v, (int, np.integer))}}
+        if not self.dynamic:
+            sizes = c.binding.sizes
+        values = {**c.binding.sizes, **sizes,
+                  **{k: int(v) for k, v in c.binding.scalars.items()
+                     if isinstance(v, (int, np.integer))}}
         return {name: tuple(evaluate(e, values) for e in c.lowered.ranges.tensors[name].extents)
                 for name, t in c.fn.checked.tensors.items() if t.kind != "input"}
 
     def launch_values(self, binding, buffers: dict, pointer=lambda a: a) -> list:
         """The kernel's arguments in parameter order; arrays go through `pointer`."""
-        fn, sizes = self.compiled.fn, self.compiled.binding.sizes
+        fn = self.compiled.fn
+        sizes = {**self.compiled.binding.sizes, **binding.sizes}  # the call's dynamic sizes
         values = []
         for p in self.compiled.cuda.parameters:
             if p.kind in ("output", "temp"):
@@ -170,7 +214,7 @@ class Kernel:
                 raise TCArgumentError(f"target 'cuda-emulated' runs on the CPU and takes numpy "
                                       f"arrays; {name} is a {type(a).__name__}")
         buffers = {}
-        for name, shape in self.buffer_shapes.items():
+        for name, shape in self.buffer_shapes_for(binding.sizes).items():
             start = binding.inout.get(name)
             buffers[name] = np.zeros(shape, dtype=fn.checked.tensors[name].type.numpy) \
                 if start is None else np.ascontiguousarray(start)

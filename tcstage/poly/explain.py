@@ -12,7 +12,7 @@ from __future__ import annotations
 import islpy as isl
 
 from tcstage.options import MappingOptions
-from tcstage.poly.schedule import member_map, outermost_bands, value_count
+from tcstage.poly.schedule import UNBOUNDED, member_map, outermost_bands, value_count
 
 WIDTH = 22  # the option column
 _XYZ = "xyz"
@@ -69,7 +69,8 @@ class _Explainer:
     # -- the text ----------------------------------------------------------------------------
     def text(self) -> str:
         c, m = self.c, self.m
-        sizes = ", ".join(f"{k}={v}" for k, v in c.binding.sizes.items())
+        sizes = ", ".join(f"{k}={v}" if k not in c.dynamic else f"{k} dynamic (now {v})"
+                          for k, v in c.binding.sizes.items())
         threads, blocks = _prod(m.block), _prod(m.grid)
         head = (f"kernel {c.cuda.name} for {sizes or 'no sizes'}: grid {m.grid} x block "
                 f"{m.block} = {threads} thread{'s' if threads != 1 else ''}, {blocks} "
@@ -143,9 +144,9 @@ class _Explainer:
             values = value_count(loop)
             tiles = "tiles" if self.c.tiled.tiled_members else "values"
             kind = "tile loop over " if self.c.tiled.tiled_members and d == 0 else ""
-            loops = f", each block runs {-(-values // m.grid[d])}" if values > m.grid[d] else ""
+            loops = f", each block runs {_per(values, m.grid[d])}" if values > m.grid[d] else ""
             parts.append(f"blockIdx.{_XYZ[d]} <- {kind}{self.name(loop)} "
-                         f"({values} {tiles}{loops})")
+                         f"({_count(values)} {tiles}{loops})")
         used = m.grid[:len(m.block_loops)]
         text = ", ".join(parts) + f"; asked {' x '.join(map(str, args))}, " \
             f"{' x '.join(map(str, used))} used"
@@ -165,10 +166,10 @@ class _Explainer:
         for d, loop in enumerate(m.thread_loops):
             values = value_count(loop)
             per = " per tile" if self.c.tiled.tiled_members else ""
-            loops = f", each thread runs {-(-values // m.block[d])}" \
+            loops = f", each thread runs {_per(values, m.block[d])}" \
                 if values > m.block[d] else ""
             parts.append(f"threadIdx.{_XYZ[d]} <- {self.name(loop)} "
-                         f"({values} values{per}{loops})")
+                         f"({_count(values)} values{per}{loops})")
         used = m.block[:len(m.thread_loops)]
         text = ", ".join(parts) + f"; asked {' x '.join(map(str, args))}, " \
             f"{' x '.join(map(str, used))} used"
@@ -232,13 +233,13 @@ class _Explainer:
             loops = ", ".join(f"{self.name(loop)} ({trips} per thread)"
                               for loop, trips in m.unrolled_loops if trips > 1) or "none"
             text = f"unrolled {m.unrolled} loop(s), those with more than one iteration: {loops}"
-            stops = [f"{self.name(loop)} ({trips} iterations x {copies} copies > {n})"
+            stops = [f"{self.name(loop)} ({_count(trips)} iterations x {copies} copies > {n})"
                      for loop, trips, copies in m.unroll_stops if copies > 1]
             if stops:
                 text += f"; stopped at {', '.join(stops)}"
             self.rows.append((_call("unroll", args), text))
             return
-        stops = [f"{self.name(loop)} runs {trips} times per thread"
+        stops = [f"{self.name(loop)} runs {_count(trips)} times per thread"
                  for loop, trips, _ in m.unroll_stops]
         why = f"nothing unrolled: the innermost loop {' and '.join(stops)}, more than {n}" \
             if stops else "no loop can be unrolled (the innermost ones are mapped to blocks)"
@@ -338,3 +339,13 @@ def _prod(values) -> int:
     for v in values:
         out *= v
     return out
+
+
+def _count(values) -> str:
+    """A loop's number of values; one that grows with a dynamic size has none fixed."""
+    return "a dynamic number of" if values == UNBOUNDED else str(values)
+
+
+def _per(values, n: int) -> str:
+    """ceil(values / n): the iterations per block or thread of a loop split n ways."""
+    return "ceil(that / " + str(n) + ")" if values == UNBOUNDED else str(-(-values // n))

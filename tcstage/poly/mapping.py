@@ -51,8 +51,8 @@ import islpy as isl
 
 from tcstage.options import MappingOptions
 from tcstage.poly.notes import OptionNote, call
-from tcstage.poly.schedule import (keeps_value, member_map, node_at, outermost_bands, path_of,
-                                   value_count)
+from tcstage.poly.schedule import (UNBOUNDED, keeps_value, member_map, node_at,
+                                   outermost_bands, path_of, value_count)
 
 BLOCK_IDS = ("b0", "b1", "b2")  # blockIdx.x, .y, .z
 THREAD_IDS = ("t0", "t1", "t2")  # threadIdx.x, .y, .z
@@ -451,7 +451,7 @@ class _Insert:
             return node, copies, False
         threads = dict(zip(band.members, band.sizes)) if band else {}
         for k in reversed(range(node.band_n_member())):
-            trips = -(-self.decide.count(node, path, k) // threads.get(k, 1))
+            trips = _trips(self.decide.count(node, path, k), threads.get(k, 1))
             if not full or copies * trips > self.unroll or k in on_blocks:
                 if full and k not in on_blocks:
                     self.stops.append((member_map(node, k), trips, copies))
@@ -474,6 +474,33 @@ def sync_graft(node: isl.ScheduleNode, tag: int | None = None) -> isl.ScheduleNo
     for s in sets or [isl.Set("{ [] }")]:
         extension = extension.union(isl.UnionMap.from_map(isl.Map.from_domain_and_range(s, sync)))
     return isl.ScheduleNode.from_extension(extension)
+
+
+# -- launching with dynamic sizes -----------------------------------------------------------------
+
+def launch_grid(mapped: Mapped, sizes: isl.Set) -> tuple[int, int, int]:
+    """The grid for the sizes fixed in `sizes` (a parameter set giving every size left free in
+    the kernel, its dynamic sizes, a value). A block-mapped loop's filter is `value mod n =
+    blockIdx`, with n (mapped.grid) fixed at compile time, independent of the dynamic sizes; at
+    these sizes only the blocks that some value reaches have work: max(value mod n) + 1 of
+    them (n when the loop has n values or more, ceil(extent / tile) for a tile loop from 0).
+    Blocks past them would only test their loops and end."""
+    grid = list(mapped.grid)
+    for d, loop in enumerate(mapped.block_loops):
+        n = mapped.grid[d]
+        values = loop.intersect_params(sizes).range()
+        residues = values.apply(isl.UnionMap(f"{{ [v] -> [w] : w = v mod {n} }}"))
+        sets: list[isl.Set] = []
+        residues.foreach_set(sets.append)
+        top = [r.dim_max_val(0) for r in sets if not r.is_empty()]
+        grid[d] = max([1] + [int(t.to_python()) + 1 for t in top if t.is_int()])
+    return tuple(grid)
+
+
+def _trips(count: int | float, threads: int) -> int | float:
+    """The iterations a thread runs of a loop with count values split over threads (a loop
+    whose count grows with a dynamic size has no fixed number: UNBOUNDED, never unrolled)."""
+    return count if count == UNBOUNDED else -(-int(count) // threads)
 
 
 # -- helpers -------------------------------------------------------------------------------------

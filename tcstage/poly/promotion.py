@@ -237,6 +237,11 @@ class _State:
         self.views: dict[tuple, str] = {}  # gathered views: (tensor, subscripts) -> tuple name
         self.unneeded: set[tuple[str, str]] = set()  # index reads served by gathered buffers
         self.notes: list[OptionNote] = []
+        context = scop.context  # its free parameters are dynamic sizes
+        self.dynamic = tuple(scop.param_sizes[p] for p in scop.params if not context
+                             .plain_get_val_if_fixed(isl.dim_type.param,
+                                                     context.find_dim_by_name(
+                                                         isl.dim_type.param, p)).is_int())
 
     # -- one scope ---------------------------------------------------------------------------------
     def promote_at(self, path: tuple[int, ...]) -> None:
@@ -372,7 +377,7 @@ class _State:
         chosen = []
         for label, tensor, refs, tile, prefix in self._candidates(node, domain, "shared"):
             if tile is None:
-                self.declined.append(f"{label}: no fixed-size tile")
+                self._no_tile(label, refs, "shared")
                 continue
             if not _reused(refs, prefix):
                 self.declined.append(f"{label}: no element is used twice in a block")
@@ -407,6 +412,23 @@ class _State:
             if made and _runs_in_loop(node, domain, self.mapped.context) else None
         return _Plan(path_of(node), made, before, after, last)
 
+    def _no_tile(self, label: str, refs, memory: str) -> None:
+        """Declines a group with no tile. Exact references have a box of fixed size wherever
+        every size is fixed; with dynamic sizes, a footprint that grows with them has none, and
+        is never promoted (its buffer would depend on them): a note says so."""
+        per = " per thread" if memory == "private" else ""
+        dynamic = self.dynamic if all(r.exact for r in refs) else ()
+        if not dynamic:
+            self.declined.append(f"{label}: no fixed-size tile{per}")
+            return
+        names = ", ".join(dynamic)
+        self.declined.append(f"{label}: no fixed-size tile{per}, its size grows with the dynamic "
+                             f"size(s) {names}")
+        option = "useSharedMemory" if memory == "shared" else "usePrivateMemory"
+        self.notes.append(OptionNote(call(option, [True]), f"{label[len(memory) + 1:]} is not "
+                                     f"promoted: its tile{per} grows with the dynamic size(s) "
+                                     f"{names} (tile the loops over them, or promote deeper)"))
+
     def _sync(self, node, why: str, tensors: tuple[str, ...]) -> isl.ScheduleNode:
         self.syncs += 1
         self.barriers.append((why, tensors))
@@ -432,7 +454,7 @@ class _State:
             if tensor in shared_tensors:
                 continue
             if tile is None:
-                self.declined.append(f"{label}: no fixed-size tile per thread")
+                self._no_tile(label, refs, "private")
                 continue
             every = references[tensor]
             if any(r.write for r in every) and not _thread_private(every, prefix, thread_map):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import select
 import signal
@@ -465,8 +466,12 @@ def member_map(node: isl.ScheduleNode, k: int) -> isl.UnionMap:
     return isl.UnionMap.from_union_pw_aff(upa).intersect_domain(node.get_domain())
 
 
-def value_count(member: isl.UnionMap) -> int:
-    """How many consecutive values the member takes (max - min + 1), over all parameters."""
+UNBOUNDED = math.inf  # value_count of a loop whose range grows with a dynamic size
+
+
+def value_count(member: isl.UnionMap) -> int | float:
+    """How many consecutive values the member takes (max - min + 1), over all parameters;
+    UNBOUNDED where a parameter left free (a dynamic size) has no upper bound."""
     values = member.range()
     if values.is_empty():
         return 0
@@ -475,7 +480,10 @@ def value_count(member: isl.UnionMap) -> int:
     lo = hi = None
     for s in sets:
         s = s.project_out(isl.dim_type.param, 0, s.dim(isl.dim_type.param))
-        a, b = s.dim_min_val(0).to_python(), s.dim_max_val(0).to_python()
+        a, b = s.dim_min_val(0), s.dim_max_val(0)
+        if not (a.is_int() and b.is_int()):
+            return UNBOUNDED
+        a, b = a.to_python(), b.to_python()
         lo = a if lo is None else min(lo, a)
         hi = b if hi is None else max(hi, b)
     return int(hi - lo + 1)
