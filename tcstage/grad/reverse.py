@@ -1,0 +1,570 @@
+"""The backward TC of a TC function: reverse-mode differentiation, statement by statement.
+
+Each forward statement `W(L) op= rhs(v)` over its iteration box D contributes, for every
+differentiable read X(e(v)) in rhs, the update `d_X(e(v)) += d_W(L) * d rhs / d X(e(v))` for all
+v in D (`derivative.partials`). TC writes only plain indices on the left, so the update is
+*reindexed*: each subscript of the read becomes a fresh index u, and one variable of the
+subscript is solved for u (`h + kh = u` gives `h = u - kh`; a stride gives a division with a
+divisibility guard), with a guard keeping that variable within its forward range; a subscript
+that cannot be solved (a table index `I(i,k)`, a repeated index) keeps every forward variable
+and is guarded by `u == subscript`. So a table read's gradient is a scatter-add written as a
+guarded gather: exact, but it visits the table's rows once per forward point.
+
+Tensors are taken in versions: a statement that overwrites (`=` after the first definition, or
+`+=!` again) or reads its own tensor starts a new version, whose gradient passes to the previous
+version where it did not overwrite. Temporaries and intermediate versions are recomputed in the
+backward function (only outputs are passed to it). Ranges: every index gets the range it had in
+the forward function, from range inference (or from a tensor's shape in the backward signature),
+so the backward visits exactly the forward points, borders included.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from tcstage.errors import TCError, TCRangeError
+from tcstage.grad import Backward
+from tcstage.grad import source as S
+from tcstage.grad.derivative import differentiable, partials
+from tcstage.halide import ranges as R
+from tcstage.lang import checked as C
+from tcstage.lang.builtins import BUILTINS
+from tcstage.lang.types import FLOAT16, FLOAT32, FLOAT64, INT32
+
+_SPELLING = {FLOAT32: "float", FLOAT64: "double", FLOAT16: "half", INT32: "int"}
+_INDEX_NAMES = ("y", "x", "z", "u", "v", "w", "t", "s", "r", "q", "p")
+
+
+@attrs.define(eq=False)
+class _Version:
+    """One value of a tensor between overwrites."""
+
+    tensor: str
+    name: str  # its name in the backward function
+    statements: list  # indices of the forward statements writing it
+    prev: "_Version | None"  # the version it starts from ('accumulate' / 'overwrite')
+    kind: str  # 'first', 'accumulate' (adds to prev) or 'overwrite' (replaces part of prev)
+    final: bool = False
+    varied: bool = False
+
+
+@attrs.frozen
+class _GradStatement:
+    """One statement of the backward function, kept as data until it is printed."""
+
+    tensor: str
+    indices: tuple  # left-hand index names
+    op: str  # '=', '+=!', '+='
+    rhs: C.Expr
+    where: tuple  # (var, lo, hi) with lo, hi checked expressions
+    padded: frozenset = frozenset()  # texts of reads printed as `read ?? 0`
+
+    def text(self) -> str:
+        rhs = self.rhs
+        if self.padded:
+            rhs = S.rebuild(rhs, lambda n: C.Padded(n, S.const(0), n.type)
+                            if isinstance(n, C.Read) and S.to_tc(n) in self.padded else None)
+        lhs = f"{self.tensor}({', '.join(self.indices)})" if self.indices else self.tensor
+        text = f"{lhs} {self.op} {S.to_tc(rhs)}"
+        if self.where:
+            text += " where " + ", ".join(f"{v} in {S.to_tc(lo)}:{S.to_tc(hi)}"
+                                           for v, lo, hi in self.where)
+        return text
+
+
+def backward(source_or_program, name: str) -> Backward:
+    """The backward function of TC function `name` (see `tcstage.grad`)."""
+    from tcstage.program import Program, define
+    program = source_or_program if isinstance(source_or_program, Program) \
+        else define(source_or_program)
+    return _Generator(program[name].checked).run()
+
+
+class _Generator:
+    def __init__(self, fn: C.Function):
+        self.fn = fn
+        self.where = f"the gradient of '{fn.name}'"
+        self.taken = set(fn.tensors) | set(fn.size_vars) | set(BUILTINS) | {fn.name}
+        for t in fn.tensors.values():
+            self.taken |= {d for d in t.dims if d and not d.isdigit()}
+        for st in fn.statements:
+            self.taken |= set(st.variables)
+        self.trials = self._forward_ranges()
+
+    # -- names -----------------------------------------------------------------------------
+    def fresh(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.taken:
+            k += 1
+            name = f"{base}{k}" if not base[-1].isdigit() else f"{base}_{k}"
+        self.taken.add(name)
+        return name
+
+    # -- forward facts -----------------------------------------------------------------------
+    def _forward_ranges(self) -> list[R.FunctionRanges]:
+        """Range inference of the forward function; where it specialises on scalar inputs, for
+        two trial values, so that what does not depend on them can be told apart."""
+        needed = sorted(R.needs_specialization(self.fn))
+        if not needed:
+            return [R.infer_ranges(self.fn)]
+        out = []
+        for value in (2, 3):
+            try:
+                out.append(R.infer_ranges(self.fn, {s: value for s in needed}))
+            except TCRangeError as e:
+                raise TCError(f"{self.where}: range inference of the forward function fails for "
+                              f"{', '.join(needed)} = {value}: {e.message}") from None
+        return out
+
+    def same_in_trials(self, get) -> bool:
+        first = get(self.trials[0])
+        return all(_equal(get(t), first) for t in self.trials[1:])
+
+    # -- the pass ----------------------------------------------------------------------------
+    def run(self) -> Backward:
+        fn = self.fn
+        self.versions_of(fn)
+        self.signature()
+        self.activity()
+        self.statements: list[_GradStatement] = []
+        self.grad_started: set[str] = set()  # gradient tensors with a statement (or inputs)
+        self.grad_names: dict = {}
+        for v in self.all_versions:
+            if v.final and fn.tensors[v.tensor].kind == "output":
+                name = self.d_outputs[v.tensor]
+                if any(isinstance(r, C.Read) and r.tensor == v.tensor for k in
+                       range(len(fn.statements)) if v in self.reads_of[k].values()
+                       for r in C.walk(fn.statements[k].rhs)):  # read later too
+                    total = self.fresh(f"{name}_total")
+                    idx = self.index_names(fn.tensors[v.tensor].rank)
+                    read = C.Read(name, tuple(S.var(i) for i in idx), fn.tensors[v.tensor].type)
+                    self.emit(_GradStatement(total, idx, "=", read, ()))
+                    name = total
+                self.grad_names[v] = name
+                self.grad_started.add(name)
+        for n in reversed(range(len(fn.statements))):
+            self.statement_backward(n)
+        d_inputs = {}
+        for t in fn.inputs:
+            name = self.grad_names.get(t.name)
+            if name is not None and name in self.grad_started:
+                d_inputs[t.name] = name
+        if not d_inputs:
+            raise TCError(f"{self.where}: no input of '{fn.name}' has a gradient (no output "
+                          "depends differentiably on a floating-point input)")
+        recompute = self.recomputed()
+        return self.assemble(recompute, d_inputs)
+
+    def versions_of(self, fn: C.Function) -> None:
+        """Splits each tensor's statements into versions; `reads_of[n]` maps each tensor
+        statement n reads to the version it sees."""
+        current: dict[str, _Version] = {}
+        self.all_versions: list[_Version] = []
+        self.version_of: list[_Version] = []
+        self.reads_of: list[dict] = []
+        counts: dict[str, int] = {}
+        for n, st in enumerate(fn.statements):
+            self.reads_of.append(dict(current))
+            tensor = fn.tensors[st.tensor]
+            if tensor.inout:
+                raise TCError(
+                    f"{self.where}: output '{st.tensor}' starts from the caller's values (its "
+                    f"first statement {'reads it' if st.reduction is None else 'accumulates with ' + repr(st.reduction + '=') + ' without !'}); "
+                    "the gradient of an in/out output is not generated",
+                    st.span, ("give it a first statement that defines it (such as '+=!')",))
+            cur = current.get(st.tensor)
+            self_read = any(isinstance(x, C.Read) and x.tensor == st.tensor for x in C.walk(st.rhs))
+            if cur is None:
+                version = _Version(st.tensor, "", [n], None, "first")
+            elif st.reduction == "+" and not st.init and not self_read and all(
+                    fn.statements[k].reduction in (None, "+") for k in cur.statements):
+                cur.statements.append(n)
+                version = cur
+            elif st.reduction in ("*", "min", "max") and not st.init:
+                raise TCError(f"{self.where}: the statement updates '{st.tensor}' with "
+                              f"'{st.reduction}=' without '!'; its gradient is not generated",
+                              st.span, ("compute the reduction into a new tensor with "
+                                        f"'{st.reduction}=!', then combine the two",))
+            else:
+                kind = "accumulate" if st.reduction == "+" and not st.init else "overwrite"
+                version = _Version(st.tensor, "", [n], cur, kind)
+            if version is not cur:
+                self.all_versions.append(version)
+                counts[st.tensor] = counts.get(st.tensor, 0) + 1
+            current[st.tensor] = version
+            self.version_of.append(version)
+            if st.reduction == "*":
+                raise TCError(f"{self.where}: the gradient of a product reduction ('*=!') is "
+                              "not generated", st.span,
+                              ("write the product as exp of a sum of logs where the factors "
+                               "are positive",))
+        for v in current.values():
+            v.final = True
+        seen: dict[str, int] = {}
+        for v in self.all_versions:
+            seen[v.tensor] = seen.get(v.tensor, 0) + 1
+            if v.final:
+                v.name = v.tensor
+            else:
+                v.name = self.fresh(f"{v.tensor}_{seen[v.tensor]}")
+
+    def signature(self) -> None:
+        """Output shapes in the backward signature: a size variable or constant where the
+        forward extent is one, else a new size variable (named after the output)."""
+        fn = self.fn
+        self.out_dims: dict[str, list[str]] = {}
+        self.dim_notes: list[str] = []
+        for name in fn.outputs:
+            dims = []
+            for d in range(fn.tensors[name].rank):
+                if not self.same_in_trials(lambda fr: fr.tensors[name].mins[d]) or not _equal(
+                        self.trials[0].tensors[name].mins[d], R.ZERO):
+                    raise TCError(f"{self.where}: output '{name}' does not start at index 0 "
+                                  f"in dimension {d}; its gradient is not generated")
+                ext = self.trials[0].tensors[name].extents[d]
+                if self.same_in_trials(lambda fr: fr.tensors[name].extents[d]) and \
+                        ext[0] in ("var", "int"):
+                    dims.append(str(ext[1]))
+                    continue
+                fresh = self.fresh(f"{name}_{d}")
+                dims.append(fresh)
+                if self.same_in_trials(lambda fr: fr.tensors[name].extents[d]):
+                    self.dim_notes.append(f"{fresh} = {S.to_tc(_tree_expr(ext))}")
+                else:
+                    self.dim_notes.append(f"{fresh}: the extent of {name}'s dimension {d}")
+            self.out_dims[name] = dims
+        self.d_outputs = {o: self.fresh(f"d_{o}") for o in fn.outputs}
+
+    def activity(self) -> None:
+        """Which versions depend differentiably on a floating-point input."""
+        fn = self.fn
+        for n, st in enumerate(fn.statements):
+            v = self.version_of[n]
+            if v.prev is not None and v.prev.varied:
+                v.varied = True
+            for leaf in _leaves(st.rhs):
+                if isinstance(leaf, C.ScalarParam) or fn.tensors[leaf.tensor].kind == "input":
+                    v.varied = True
+                elif self.reads_of[n][leaf.tensor].varied:
+                    v.varied = True
+
+    # -- ranges ------------------------------------------------------------------------------
+    def dim_range(self, tensor: str, d: int) -> tuple[C.Expr, C.Expr]:
+        """[lo, hi) of a tensor's dimension, as the backward function can write it."""
+        t = self.fn.tensors[tensor]
+        if t.kind == "input":
+            return S.const(0), _size(t.dims[d])
+        if t.kind == "output":
+            return S.const(0), _size(self.out_dims[tensor][d])
+        if self.same_in_trials(lambda fr: (fr.tensors[tensor].mins[d],
+                                            fr.tensors[tensor].extents[d])):
+            b = self.trials[0].tensors[tensor]
+            return _tree_expr(b.mins[d]), _tree_expr(simplify_tree(("add", b.mins[d],
+                                                                    b.extents[d])))
+        raise TCError(f"{self.where}: the shape of temporary '{tensor}' depends on the values "
+                      "of scalar inputs; its gradient is not generated")
+
+    def var_range(self, n: int, v: str) -> tuple[C.Expr, C.Expr]:
+        """[lo, hi) of index v in forward statement n."""
+        st = self.fn.statements[n]
+        for w in st.where:
+            if w.var == v:
+                return self.renamed(n, w.lo), self.renamed(n, w.hi)
+        if v in st.indices:
+            d = st.indices.index(v)
+
+            def covers(fr):
+                b, r = fr.tensors[st.tensor], fr.statements[n].ranges[v]
+                return _equal(r.lo, b.mins[d]) and _equal(
+                    simplify_tree(("add", r.hi, R.ONE)), simplify_tree(("add", b.mins[d],
+                                                                        b.extents[d])))
+            if all(covers(fr) for fr in self.trials):
+                return self.dim_range(st.tensor, d)
+        if self.same_in_trials(lambda fr: (fr.statements[n].ranges[v].lo,
+                                            fr.statements[n].ranges[v].hi)):
+            r = self.trials[0].statements[n].ranges[v]
+            return _tree_expr(r.lo), _tree_expr(simplify_tree(("add", r.hi, R.ONE)))
+        raise TCError(f"{self.where}: the range of '{v}' depends on the values of scalar "
+                      "inputs; its gradient is not generated (write a where clause for it)",
+                      st.span)
+
+    def covers(self, n: int) -> bool:
+        """Whether statement n writes every element of its tensor."""
+        st = self.fn.statements[n]
+        for d, v in enumerate(st.indices):
+            if S.to_tc(self.var_range(n, v)[0]) != S.to_tc(self.dim_range(st.tensor, d)[0]) or \
+                    S.to_tc(self.var_range(n, v)[1]) != S.to_tc(self.dim_range(st.tensor, d)[1]):
+                return False
+        return True
+
+    # -- statements --------------------------------------------------------------------------
+    def renamed(self, n: int, e: C.Expr) -> C.Expr:
+        """e of forward statement n with tensors named as the versions it reads."""
+        names = {t: v.name for t, v in self.reads_of[n].items()}
+        return S.rename_tensors(e, names)
+
+    def index_names(self, rank: int) -> tuple[str, ...]:
+        return tuple(_INDEX_NAMES[k] if k < len(_INDEX_NAMES) else f"i{k}" for k in range(rank))
+
+    def emit(self, st: _GradStatement) -> None:
+        self.statements.append(st)
+
+    def grad_of(self, target) -> str:
+        """The gradient tensor's name of a version or an input (by name)."""
+        name = self.grad_names.get(target)
+        if name is None:
+            base = target if isinstance(target, str) else target.name
+            name = self.grad_names[target] = self.fresh(f"d_{base}")
+        return name
+
+    def statement_backward(self, n: int) -> None:
+        fn = self.fn
+        st = fn.statements[n]
+        w = self.version_of[n]
+        d_w = self.grad_names.get(w)
+        if d_w is None or d_w not in self.grad_started:
+            return  # no gradient reaches what this statement writes
+        lhs = tuple(S.var(i) for i in st.indices)
+        tensor = fn.tensors[st.tensor]
+        seed = C.Read(d_w, lhs, tensor.type)
+        if w.prev is not None and n == w.statements[0] and w.prev.varied:
+            self.pass_to_previous(n, w, d_w)
+        rhs = self.renamed(n, st.rhs)
+        if st.reduction in ("max", "min"):
+            count = self.fresh(f"{w.name}_ties")
+            value = C.Read(w.name, lhs, tensor.type)
+            hit = S.compare("==", rhs, value)
+            self.emit(_GradStatement(count, st.indices, "+=!",
+                                     S.select(hit, S.const(1), S.const(0)),
+                                     tuple((v, *self.var_range(n, v)) for v in st.variables)))
+            seed = S.select(hit, S.div(seed, C.Read(count, lhs, INT32)), S.const(0))
+        for leaf, g in partials(rhs, seed, f"{self.where}, statement '{_text(st)}'"):
+            if isinstance(leaf, C.ScalarParam):
+                target = leaf.name
+            elif fn.tensors[_forward_name(self, n, leaf.tensor)].kind == "input":
+                target = leaf.tensor
+            else:
+                target = next(v for v in self.reads_of[n].values() if v.name == leaf.tensor)
+                if not target.varied:
+                    continue
+            self.contribute(n, target, leaf, g)
+
+    def pass_to_previous(self, n: int, w: _Version, d_w: str) -> None:
+        """The gradient of the previous version where statement n did not overwrite it."""
+        st = self.fn.statements[n]
+        rank = self.fn.tensors[st.tensor].rank
+        if w.kind == "overwrite" and self.covers(n):
+            return
+        d_prev = self.grad_of(w.prev)
+        idx = self.index_names(rank)
+        self.emit(_GradStatement(d_prev, idx, "=", C.Read(d_w, tuple(S.var(i) for i in idx),
+                                                          self.fn.tensors[st.tensor].type), ()))
+        if w.kind == "overwrite":
+            self.emit(_GradStatement(d_prev, st.indices, "=", S.const(0),
+                                     tuple((v, *self.var_range(n, v)) for v in st.indices)))
+        self.grad_started.add(d_prev)
+
+    def contribute(self, n: int, target, leaf: C.Expr, g: C.Expr) -> None:
+        """d_target(u) += g, reindexed so that the left-hand side is plain indices."""
+        st = self.fn.statements[n]
+        forward_tensor = target if isinstance(target, str) else target.tensor
+        d_target = self.grad_of(target)
+        args = leaf.args if isinstance(leaf, C.Read) else ()
+        used = set(st.variables)
+        lhs: list[str] = []
+        subst: dict[str, C.Expr] = {}
+        guards: list[C.Expr] = []
+        solved: list[str] = []
+        fresh_index = iter(x for x in _INDEX_NAMES + tuple(f"u{k}" for k in range(16))
+                           if x not in self.taken and x not in used)
+        for arg in args:
+            arg = S.substitute(arg, subst)
+            if isinstance(arg, C.IndexVar) and arg.name not in lhs:
+                lhs.append(arg.name)
+                continue
+            u = next(fresh_index)
+            lhs.append(u)
+            decomposed = S.linear(arg) if not C.has_read(arg) else None
+            choice = None
+            if decomposed is not None:
+                coeffs, _ = decomposed
+                candidates = [(v, c) for v, c in coeffs.items()
+                              if v not in lhs and v in used and not C.free_vars(c)
+                              and not S.is_zero(c) and not C.has_read(c)]
+                candidates.sort(key=lambda vc: (vc[0] not in st.indices,
+                                                not (S.is_const(vc[1], 1) or S.is_const(vc[1], -1))))
+                choice = candidates[0] if candidates else None
+            if choice is None:
+                guards.append(S.compare("==", S.var(u), arg))
+                continue
+            x, c = choice
+            coeffs, rest = decomposed
+            for v, cv in coeffs.items():
+                if v != x:
+                    rest = S.add(S.mul(cv, S.var(v)), rest) if S.is_zero(rest) else \
+                        S.add(rest, S.mul(cv, S.var(v)))
+            diff = S.sub(S.var(u), rest)
+            if S.is_const(c, 1):
+                value = diff
+            elif S.is_const(c, -1):
+                value = S.neg(diff)
+            else:
+                guards.append(S.compare("==", C.Binary("%", diff, c, INT32), S.const(0)))
+                value = S.div(diff, c)
+            subst = {k: S.substitute(e, {x: value}) for k, e in subst.items()}
+            subst[x] = value
+            solved.append(x)
+        guards = [S.substitute(gd, subst) for gd in guards]
+        for x in solved:
+            lo, hi = self.var_range(n, x)
+            e = subst[x]
+            guards.append(S.compare("<=", lo, e) if not S.is_const(lo, 0)
+                          else S.compare(">=", e, lo))
+            guards.append(S.compare("<", e, hi))
+        where = []
+        for d, u in enumerate(lhs):
+            lo, hi = self.dim_range(forward_tensor, d)
+            if u in used and u not in subst:  # a forward index: guard where it was narrower
+                flo, fhi = self.var_range(n, u)
+                if S.to_tc(flo) != S.to_tc(lo):
+                    guards.append(S.compare("<=", flo, S.var(u)))
+                if S.to_tc(fhi) != S.to_tc(hi):
+                    guards.append(S.compare("<", S.var(u), fhi))
+            where.append((u, lo, hi))
+        for v in st.variables:
+            if v not in lhs and v not in subst:
+                where.append((v, *self.var_range(n, v)))
+        # The read itself, at the new indices (equal under the guards), reads best.
+        at_u = C.Read(leaf.tensor, tuple(S.var(u) for u in lhs), leaf.type) \
+            if isinstance(leaf, C.Read) else leaf
+        g = S.rebuild(g, lambda m: at_u if m == leaf else None)
+        g = S.substitute(g, subst)
+        rhs = S.select(S.conj(guards), g, S.const(0)) if guards else g
+        first = d_target not in self.grad_started
+        self.emit(_GradStatement(d_target, tuple(lhs), "+=!" if first else "+=", rhs,
+                                 tuple(where)))
+        self.grad_started.add(d_target)
+
+    # -- recomputation and the text ------------------------------------------------------------
+    def recomputed(self) -> list[int]:
+        """Forward statements the backward statements need, in order."""
+        needed = {r.tensor for st in self.statements for r in C.walk(st.rhs)
+                  if isinstance(r, (C.Read, C.DimOf))}
+        needed |= {e.tensor for st in self.statements for _, lo, hi in st.where
+                   for x in (lo, hi) for e in C.walk(x) if isinstance(e, C.DimOf)}
+        out: set[int] = set()
+        for n in reversed(range(len(self.fn.statements))):
+            v = self.version_of[n]
+            if v.name in needed and not (v.final and self.fn.tensors[v.tensor].kind == "output"):
+                out.add(n)
+                rhs = self.renamed(n, self.fn.statements[n].rhs)
+                needed |= {r.tensor for r in C.walk(rhs) if isinstance(r, (C.Read, C.DimOf))}
+        return sorted(out)
+
+    def assemble(self, recompute: list[int], d_inputs: dict) -> Backward:
+        fn = self.fn
+        body = []
+        for n in recompute:
+            st = fn.statements[n]
+            op = "=" if st.reduction is None else f"{st.reduction}={'!' if st.init else ''}"
+            where = tuple((w.var, self.renamed(n, w.lo), self.renamed(n, w.hi)) for w in st.where)
+            body.append(_GradStatement(self.version_of[n].name, st.indices, op,
+                                       self.renamed(n, st.rhs), where))
+        body += self.statements
+        name = self.fresh(f"{fn.name}_grad")
+
+        def decl(t: C.Tensor, tname: str, dims) -> str:
+            spelled = _SPELLING.get(t.type, t.type.name)
+            return f"{spelled}({', '.join(dims)}) {tname}" if t.rank else f"{spelled} {tname}"
+
+        params = [decl(t, t.name, t.dims) for t in fn.inputs]
+        params += [decl(fn.tensors[o], o, self.out_dims[o]) for o in fn.outputs]
+        params += [decl(fn.tensors[o], self.d_outputs[o], self.out_dims[o]) for o in fn.outputs]
+        outs = [d_inputs[t.name] for t in fn.inputs if t.name in d_inputs]
+        header = [f"# The gradient of '{fn.name}', generated by tcstage (tc.gradient)."]
+        header += [f"# {note}" for note in self.dim_notes]
+        head = "\n".join(header) + f"\ndef {name}({', '.join(params)}) -> ({', '.join(outs)}) {{\n"
+        first_line = head.count("\n") + 1
+
+        def text_of(body) -> str:
+            return head + "".join(f"  {st.text()}\n" for st in body) + "}\n"
+
+        # Reads that range inference cannot keep within their tensors (the backward signature
+        # does not say how the new output sizes relate to the input sizes) are padded: at the
+        # points visited they are always within, so `?? 0` only tells range inference so.
+        for _ in range(4):
+            text = text_of(body)
+            missing = self.unchecked_reads(text)
+            if not missing:
+                break
+            for line, read in missing:
+                k = line - first_line
+                body[k] = attrs.evolve(body[k], padded=body[k].padded | {read})
+        inputs = tuple(t.name for t in fn.inputs) + tuple(fn.outputs) + tuple(
+            self.d_outputs[o] for o in fn.outputs)
+        return Backward(text, name, fn.name, inputs, dict(self.d_outputs), d_inputs)
+
+    def unchecked_reads(self, text: str) -> set[tuple[int, str]]:
+        """(line, read text) of the reads whose bounds range inference of the backward
+        function cannot prove."""
+        from tcstage.lang.parser import parse
+        from tcstage.lang.sema import check_module
+        try:
+            (checked,) = check_module(parse(text, "<gradient>")).values()
+            scalars = {s: 2 for s in R.needs_specialization(checked)}
+            found = R.infer_ranges(checked, scalars).preconditions
+        except TCError as e:  # a bug of this generator: say so, with the text
+            raise TCError(f"{self.where}: the generated backward function is not a valid TC "
+                          f"({e}); please report this with the forward TC.\n{text}") from None
+        out = set()
+        for p in found:
+            if p.span is not None and "stays within" in p.message:
+                out.add((p.span.line, p.span.text()))
+        return out
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _leaves(e: C.Expr):
+    return [n for n in C.walk(e) if differentiable(n)]
+
+
+def _forward_name(gen: _Generator, n: int, name: str) -> str:
+    """The forward tensor of a name in statement n's renamed right-hand side."""
+    for t, v in gen.reads_of[n].items():
+        if v.name == name:
+            return t
+    return name
+
+
+def _text(st: C.Statement) -> str:
+    return " ".join(st.span.text().split()) if st.span is not None else st.tensor
+
+
+def _size(d: str) -> C.Expr:
+    return S.const(int(d)) if d.isdigit() else C.SizeVar(d)
+
+
+def _equal(a, b) -> bool:
+    return simplify_tree(("sub", a, b)) == R.ZERO if a != b else True
+
+
+def simplify_tree(tree):
+    return R.simplify_tree(tree)
+
+
+def _tree_expr(tree) -> C.Expr:
+    """A range tree (over size variables and scalars) as a checked expression."""
+    tag = tree[0]
+    if tag == "int":
+        return S.const(int(tree[1]))
+    if tag == "var":
+        return C.SizeVar(tree[1])
+    ops = {"add": "+", "sub": "-", "mul": "*", "div": "/", "mod": "%"}
+    if tag in ops:
+        return C.Binary(ops[tag], _tree_expr(tree[1]), _tree_expr(tree[2]), INT32)
+    if tag in ("min", "max"):
+        return C.Call(tag, (_tree_expr(tree[1]), _tree_expr(tree[2])), INT32)
+    raise TCError(f"a range bound of the forward function ({tree!r}) cannot be written in TC")
+
