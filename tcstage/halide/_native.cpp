@@ -183,6 +183,11 @@ py::object to_tree(const Expr &e) {
             from.bits() == to.bits() && from.lanes() == to.lanes()) {
             return py::make_tuple("cast", type_to_str(to), to_tree(n->value));
         }
+        // A double scalar input travels to the CPU as its int64 bits (lowering's set_scalar);
+        // elsewhere it is the scalar itself.
+        if (from == Halide::Int(64) && to == Halide::Float(64) && n->value.as<HI::Variable>()) {
+            return to_tree(n->value);
+        }
         throw std::invalid_argument("cannot convert a reinterpretation from " +
                                     type_to_str(from) + " to " + type_to_str(to) +
                                     " to a tcstage tree");

@@ -24,7 +24,7 @@ import halide as hl
 import numpy as np
 
 from tcstage.errors import TCArgumentError, TCError, warn
-from tcstage.halide.lower import HALIDE_FAILURES, Lowered, lower, storage_type
+from tcstage.halide.lower import HALIDE_FAILURES, Lowered, lower, set_scalar, storage_type
 from tcstage.halide.solver import evaluate
 
 AUTOSCHEDULERS = ("Mullapudi2016", "Adams2019", "Li2018")
@@ -167,7 +167,7 @@ class CpuKernel:
             t = low.fn.tensors[name]
             if t.rank == 0:
                 value = scalars[name]
-                p.set(int(np.int64(np.uint64(value))) if t.type.name == "uint64" else value)
+                set_scalar(p, value, t.type)
             else:
                 keep.append(_storage_view(arrays[name], t.type))
                 p.set(hl.Buffer(keep[-1]))

@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 import halide as hl
+import numpy as np
 
 from tcstage.errors import TCError
 from tcstage.halide.exprs import constant, halide_type, to_halide
@@ -40,7 +41,7 @@ from tcstage.halide.ranges import FunctionRanges, Range, simplify_tree
 from tcstage.halide import _native, solver
 from tcstage.halide.solver import Tree, tree_to_expr, tree_to_str
 from tcstage.lang import checked as C
-from tcstage.lang.types import INT64, ScalarType
+from tcstage.lang.types import FLOAT64, INT64, ScalarType
 
 
 # What the Halide bindings raise when Halide refuses something (its own errors, and pybind11's
@@ -142,7 +143,9 @@ def lower(fn: C.Function, ranges: FunctionRanges, scalars: Mapping[str, int] | N
     for t in fn.inputs:
         st = storage_type(t.type)
         if t.rank == 0:
-            params[t.name] = hl.Param(halide_type(st), t.name)
+            # Halide's Python Param.set rounds every float through float32, so a double travels
+            # as its int64 bit pattern (set_scalar), reinterpreted here.
+            params[t.name] = hl.Param(halide_type(INT64 if t.type == FLOAT64 else st), t.name)
             symbols[t.name] = constant(scalars[t.name], t.type) if t.name in scalars \
                 else _load(params[t.name], t.type)
             continue
@@ -226,7 +229,19 @@ def _next_version(f: hl.Func, tensor: str) -> hl.Func:
 
 def _load(value: hl.Expr | hl.Param, t: ScalarType) -> hl.Expr:
     e = value if isinstance(value, hl.Expr) else hl.Expr(value)
+    if t == FLOAT64 and isinstance(value, hl.Param):
+        return hl.reinterpret(hl.Float(64), e)
     return hl.reinterpret(hl.UInt(64), e) if t.name == "uint64" else e
+
+
+def set_scalar(param: hl.Param, value, t: ScalarType) -> None:
+    """Gives a scalar input's Param its value, exactly (see `lower`)."""
+    if t == FLOAT64:
+        param.set(int(np.float64(value).view(np.int64)))
+    elif t.name == "uint64":
+        param.set(int(np.int64(np.uint64(value))))
+    else:
+        param.set(value)
 
 
 def _identity(op: str, t: ScalarType) -> hl.Expr:
