@@ -10,6 +10,7 @@
     k = tc.compile(src, "mm", A, B, options="auto")   # the cached best
     f = tc.from_halide(halide_func)    # a Halide pipeline: f(img, output_shape=(H, W)) on the CPU,
     k = tc.compile(f, img, output_shape=(H, W), options=...)   # or one CUDA kernel
+    text = tc.gradient(src, "mm")      # the backward function, as TC source (tcstage.grad)
 """
 
 from tcstage.errors import (TCArgumentError, TCError, TCPartitionError, TCRangeError,
@@ -21,7 +22,8 @@ from tcstage.program import Program, TCFunction, define
 from tcstage.halide.pipeline import HalideFunction, from_halide
 from tcstage.tune.tuner import TuneResult, autotune
 from tcstage.tune.compare import compare
+from tcstage.grad import gradient
 
-__all__ = ["define", "from_halide", "HalideFunction", "compile", "autotune", "compare", "TuneResult", "Kernel", "Program", "TCFunction", "TCError", "TCSyntaxError", "TCSemanticError",
+__all__ = ["define", "gradient", "from_halide", "HalideFunction", "compile", "autotune", "compare", "TuneResult", "Kernel", "Program", "TCFunction", "TCError", "TCSyntaxError", "TCSemanticError",
            "TCRangeError", "TCPartitionError", "TCArgumentError", "TCWarning", "MappingOptions", "FusionStrategy"]
 __version__ = "0.1.0"

@@ -500,9 +500,48 @@ class _Generator:
             for line, read in missing:
                 k = line - first_line
                 body[k] = attrs.evolve(body[k], padded=body[k].padded | {read})
+        body = self.without_needless_where(body, len(body) - len(self.statements), text_of)
+        text = text_of(body)
         inputs = tuple(t.name for t in fn.inputs) + tuple(fn.outputs) + tuple(
             self.d_outputs[o] for o in fn.outputs)
         return Backward(text, name, fn.name, inputs, dict(self.d_outputs), d_inputs)
+
+    def without_needless_where(self, body: list, start: int, text_of) -> list:
+        """Drops the where clauses of generated statements that range inference would give
+        anyway (an index read plainly from a tensor of that extent), keeping any whose
+        inferred range would differ: the same statements, easier to read."""
+        full = self.statement_ranges(text_of(body))
+        trial = list(body)
+        for k in range(start, len(body)):
+            st = body[k]
+            plain = {a.name for g in C.guarded_reads(st.rhs) if not g.guards and not g.padded
+                     and S.to_tc(g.read) not in st.padded
+                     for a in g.read.args if isinstance(a, C.IndexVar)}
+            trial[k] = attrs.evolve(st, where=tuple(w for w in st.where if w[0] not in plain))
+        for _ in range(3):
+            try:
+                ranges = self.statement_ranges(text_of(trial))
+            except TCError:
+                return body
+            changed = False
+            for k in range(start, len(body)):
+                wrong = {v for v, r in full[k].items()
+                         if not (_equal(r.lo, ranges[k][v].lo) and _equal(r.hi, ranges[k][v].hi))}
+                if wrong:
+                    keep = {w[0] for w in trial[k].where} | wrong
+                    trial[k] = attrs.evolve(trial[k], where=tuple(
+                        w for w in body[k].where if w[0] in keep))
+                    changed = True
+            if not changed:
+                return trial
+        return body
+
+    def statement_ranges(self, text: str) -> list[dict]:
+        from tcstage.lang.parser import parse
+        from tcstage.lang.sema import check_module
+        (checked,) = check_module(parse(text, "<gradient>")).values()
+        scalars = {s: 2 for s in R.needs_specialization(checked)}
+        return [sr.ranges for sr in R.infer_ranges(checked, scalars).statements]
 
     def unchecked_reads(self, text: str) -> set[tuple[int, str]]:
         """(line, read text) of the reads whose bounds range inference of the backward

@@ -1,0 +1,281 @@
+"""tc.gradient: generated backward TCs, checked against finite differences of the forward
+function (central differences in float64 along random directions) and, where a closed form is
+short, against numpy. Every backward text is defined and run through tc.define."""
+
+import re
+
+import numpy as np
+import pytest
+
+import tcstage as tc
+from tcstage.grad import backward
+
+EXAMPLES = "examples"
+
+
+def example(name):
+    with open(f"{EXAMPLES}/{name}.tc") as f:
+        return f.read()
+
+
+def as_double(src):
+    """The TC in float64 (finite differences need it); fmaxf would force float32."""
+    return re.sub(r"\bfloat\b", "double", src).replace("fmaxf", "fmax")
+
+
+def run(prog, name, args):
+    out = prog[name](*args, schedule=None)
+    return out if isinstance(out, tuple) else (out,)
+
+
+def random_args(fn, shapes, scalars, tables, rng):
+    args = []
+    for t in fn.checked.inputs:
+        if t.rank == 0:
+            args.append(scalars[t.name])
+        elif t.name in tables:
+            args.append(rng.integers(0, tables[t.name], shapes[t.name]).astype(np.int32))
+        else:
+            args.append(rng.standard_normal(shapes[t.name]))
+    return args
+
+
+def gradients(src, name, args, d_outs=None, rng=None):
+    """(backward, {input: gradient}, outputs, d_outputs) through the generated backward TC."""
+    prog = tc.define(src)
+    outs = run(prog, name, args)
+    if d_outs is None:
+        d_outs = [rng.standard_normal(o.shape) for o in outs]
+    bw = backward(prog, name)
+    grads = run(tc.define(bw.source), bw.name, [*args, *outs, *d_outs])
+    return bw, dict(zip(bw.d_inputs, grads)), outs, d_outs
+
+
+def check_directional(src, name, shapes, scalars=(), tables=(), seed=0):
+    src = as_double(src)
+    rng = np.random.default_rng(seed)
+    prog = tc.define(src)
+    fn = prog[name]
+    args = random_args(fn, shapes, dict(scalars), dict(tables), rng)
+    bw, grads, _, d_outs = gradients(src, name, args, rng=rng)
+    eps = 1e-6
+    for k, t in enumerate(fn.checked.inputs):
+        if t.name not in grads:
+            assert not t.type.is_float, f"no gradient for float input {t.name}"
+            continue
+        direction = rng.standard_normal(np.shape(args[k])) if t.rank else 1.0
+
+        def loss(step):
+            moved = list(args)
+            moved[k] = args[k] + step * direction
+            return sum(float(np.sum(d * o)) for d, o in zip(d_outs, run(prog, name, moved)))
+
+        numeric = (loss(eps) - loss(-eps)) / (2 * eps)
+        analytic = float(np.sum(grads[t.name] * direction))
+        assert analytic == pytest.approx(numeric, rel=1e-5, abs=1e-6), t.name
+    return bw
+
+
+PAPER = {
+    "tmm": (example("tmm"), "tmm", dict(A=(5, 7), B=(6, 7))),
+    "tbmm": (example("tbmm"), "tbmm", dict(X=(3, 4, 5), Y=(3, 6, 5))),
+    "conv2d": (example("conv"), "conv2d", {"in": (2, 3, 7, 6), "weight": (4, 3, 3, 2)}),
+    "maxpool": (example("conv"), "maxpool2x2", {"in": (2, 3, 7, 6)}),
+    "gconv": (example("gconv"), "gconv", dict(I=(2, 2, 3, 6, 5), W1=(2, 3, 3, 3, 2))),
+    "1LUT": (example("lut"), "1LUT", dict(LUT1=(7, 4), I1=(3, 5)), (), dict(I1=7)),
+    "2LUT": (example("lut"), "2LUT", dict(LUT1=(7, 4), I1=(3, 5), LUT2=(6, 4), I2=(3, 4)), (),
+             dict(I1=7, I2=6)),
+    "MLP1": (example("mlp"), "MLP1", dict(I=(3, 5), W1=(4, 5), B1=(4,))),
+    "MLP3": (example("mlp"), "MLP3", dict(I=(3, 5), W2=(4, 5), B2=(4,), W3=(6, 4), B3=(6,),
+                                          W4=(2, 6), B4=(2,))),
+    "sconv2d": (example("sconv2d"), "sconv2d", dict(I=(2, 3, 9, 8), Wt=(4, 3, 3, 2), B=(4,)),
+                dict(sh=2, sw=3)),
+}
+
+LAYERS = {
+    "softmax": ("""def softmax(float(N,C) X) -> (Y) {
+  M(n) max=! X(n,c)
+  E(n,c) = exp(X(n,c) - M(n))
+  S(n) +=! E(n,c)
+  Y(n,c) = E(n,c) / S(n)
+}""", "softmax", dict(X=(3, 5))),
+    "layernorm": ("""def layernorm(float(N,C) X, float(C) G, float(C) Bt) -> (Y) {
+  mean(n) +=! X(n,c) / C
+  xc(n,c) = X(n,c) - mean(n)
+  var(n) +=! xc(n,c) * xc(n,c) / C
+  Y(n,c) = G(c) * xc(n,c) * rsqrt(var(n) + 1e-5) + Bt(c)
+}""", "layernorm", dict(X=(3, 6), G=(6,), Bt=(6,))),
+    "padded_conv": ("""def padconv(float(N,C,H,W) I, float(F,C,KH,KW) Wt) -> (O) {
+  O(n,f,h,w) +=! (I(n,c,h+kh-1,w+kw-1) ?? 0) * Wt(f,c,kh,kw) where h in 0:H, w in 0:W
+}""", "padconv", dict(I=(2, 3, 5, 6), Wt=(4, 3, 3, 3))),
+    "guarded_conv": ("""def gconv1(float(N,H) I, float(K) Wt) -> (O) {
+  O(n,h) +=! (h + k - 1 >= 0 && h + k - 1 < H ? I(n,h+k-1) : 0) * Wt(k) where h in 0:H
+}""", "gconv1", dict(I=(2, 6), Wt=(3,))),
+    "builtins": ("""def bi(float(N) X, float(N) Y, float a) -> (O) {
+  O(i) = exp(X(i)) + log(fabs(Y(i)) + 1) + tanh(X(i)) * sqrt(Y(i)*Y(i) + 1) + rsqrt(X(i)*X(i) + 2)
+       + fmax(X(i), Y(i)) - fmin(X(i), 0.5) + sin(X(i)) * cos(Y(i)) + pow(fabs(X(i)) + 1, Y(i))
+       + (X(i) > Y(i) ? X(i) * a : Y(i) / a) + sigmoid(X(i)) + erf(Y(i)) + a * a
+       + atan2(Y(i), X(i) + 3) + exp2(X(i)) + log2(fabs(X(i)) + 1) + max(X(i), Y(i))
+}""", "bi", dict(X=(7,), Y=(7,)), dict(a=1.3)),
+    "updates_in_place": ("""def inplace(float(N) X) -> (O) {
+  O(i) = X(i) * X(i)
+  O(i) = O(i) * 3 + X(i)
+  O(i) += X(i)
+  O(i) = 0 where i in 0:1
+}""", "inplace", dict(X=(5,))),
+    "shifted_reads": ("""def shift(float(N) X) -> (O) {
+  O(i) = X(i + 2) - X(i)
+}""", "shift", dict(X=(9,))),
+    "repeated_index": ("""def diag(float(N,N) X) -> (O) {
+  O(i) = X(i, i) * X(i, 0)
+}""", "diag", dict(X=(4, 4))),
+    "scalar_input": ("""def ss(float(N) X, float a) -> (s) {
+  s +=! X(i) * a
+}""", "ss", dict(X=(5,)), dict(a=0.7)),
+    "temporary_read_twice": ("""def t2(float(N,M) X) -> (O) {
+  T(j,i) = X(i,j) * 2
+  O(i,j) = T(j,i) * T(j,i)
+}""", "t2", dict(X=(3, 4))),
+    "min_reduction": ("""def mn(float(N,K) X) -> (O) {
+  O(n) min=! X(n,k) * X(n,k)
+}""", "mn", dict(X=(4, 6))),
+    "output_read_later": ("""def two(float(N) X) -> (A, B) {
+  A(i) = X(i) * X(i)
+  B(i) = A(i) * 3
+}""", "two", dict(X=(5,))),
+}
+
+
+@pytest.mark.parametrize("case", list(PAPER))
+def test_paper_kernels(case):
+    check_directional(*PAPER[case])
+
+
+@pytest.mark.parametrize("case", list(LAYERS))
+def test_layers(case):
+    check_directional(*LAYERS[case])
+
+
+def test_tmm_against_numpy():
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((5, 7)), rng.standard_normal((6, 7))
+    d_c = rng.standard_normal((5, 6))
+    bw, g, _, _ = gradients(as_double(example("tmm")), "tmm", [a, b], [d_c])
+    assert bw.name == "tmm_grad" and bw.d_inputs == {"A": "d_A", "B": "d_B"}
+    assert bw.d_outputs == {"C": "d_C"} and bw.inputs == ("A", "B", "C", "d_C")
+    np.testing.assert_allclose(g["A"], d_c @ b, rtol=1e-12)
+    np.testing.assert_allclose(g["B"], d_c.T @ a, rtol=1e-12)
+
+
+def test_conv_input_gradient_at_the_borders():
+    """The input gradient of a valid convolution is a full correlation: border elements get
+    fewer terms. Explicit loops as the reference."""
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((1, 2, 6, 5)), rng.standard_normal((3, 2, 3, 2))
+    d_out = rng.standard_normal((1, 3, 4, 4))
+    _, g, _, _ = gradients(as_double(example("conv")), "conv2d", [x, w], [d_out])
+    d_x, d_w = np.zeros_like(x), np.zeros_like(w)
+    for op in range(3):
+        for ip in range(2):
+            for h in range(4):
+                for ww in range(4):
+                    for kh in range(3):
+                        for kw in range(2):
+                            d_x[0, ip, h + kh, ww + kw] += d_out[0, op, h, ww] * w[op, ip, kh, kw]
+                            d_w[op, ip, kh, kw] += d_out[0, op, h, ww] * x[0, ip, h + kh, ww + kw]
+    np.testing.assert_allclose(g["in"], d_x, rtol=1e-12)
+    np.testing.assert_allclose(g["weight"], d_w, rtol=1e-12)
+
+
+def test_table_gradient_is_a_scatter_add():
+    rng = np.random.default_rng(3)
+    table = rng.standard_normal((7, 4))
+    index = np.array([[0, 3, 3, 6], [3, 3, 1, 0]], dtype=np.int32)
+    d_out = rng.standard_normal((2, 4))
+    _, g, _, _ = gradients(as_double(example("lut")), "1LUT", [table, index], [d_out])
+    expected = np.zeros_like(table)
+    for i in range(2):
+        for k in range(4):
+            np.add.at(expected, index[i, k], d_out[i])
+    np.testing.assert_allclose(g["LUT1"], expected, rtol=1e-12)
+    assert set(g) == {"LUT1"}  # the integer index has no gradient
+
+
+def test_max_ties_split_the_gradient():
+    """Like torch.amax: tied maxima share the gradient equally."""
+    src = "def mx(double(N,K) X) -> (O) { O(n) max=! X(n,k) }"
+    x = np.array([[1.0, 3.0, 3.0, 2.0], [5.0, 0.0, 0.0, 0.0]])
+    _, g, _, _ = gradients(src, "mx", [x], [np.array([2.0, 1.0])])
+    np.testing.assert_array_equal(g["X"], [[0, 1, 1, 0], [1, 0, 0, 0]])
+
+
+def test_relu_gradient_is_zero_at_zero():
+    src = "def relu(double(N) X) -> (O) { O(i) = fmax(X(i), 0) }"
+    _, g, _, _ = gradients(src, "relu", [np.array([-1.0, 0.0, 2.0])], [np.ones(3)])
+    np.testing.assert_array_equal(g["X"], [0, 0, 1])
+
+
+def test_text_is_readable_tc():
+    text = tc.gradient(example("tmm"), "tmm")
+    assert "def tmm_grad(float(M, K) A, float(N, K) B, float(M, N) C, float(M, N) d_C) " \
+           "-> (d_A, d_B)" in text
+    assert "d_A(m, kk) +=! d_C(m, n) * B(n, kk)\n" in text
+    assert "d_B(n, kk) +=! d_C(m, n) * A(m, kk)\n" in text
+    tc.define(text)  # and it is a TC
+
+
+def test_edited_backward_runs():
+    """The text is the user's: an edit (here, scaling) changes what the backward computes."""
+    text = tc.gradient(example("tmm"), "tmm").replace("d_C(m, n) * B(n, kk)",
+                                                      "2 * d_C(m, n) * B(n, kk)")
+    rng = np.random.default_rng(4)
+    a, b, d_c = (rng.standard_normal(s).astype(np.float32) for s in ((3, 4), (5, 4), (3, 5)))
+    d_a, _ = tc.define(text).tmm_grad(a, b, a @ b.T, d_c)
+    np.testing.assert_allclose(d_a, 2 * d_c @ b, rtol=1e-5)
+
+
+def test_names_avoid_clashes():
+    src = "def f(float(N) X, float(N) d_X) -> (O) { O(i) = X(i) * d_X(i) }"
+    bw = backward(src, "f")
+    assert bw.d_inputs == {"X": "d_X2", "d_X": "d_d_X"}
+    rng = np.random.default_rng(5)
+    x, y, d = (rng.standard_normal(4).astype(np.float32) for _ in range(3))
+    d_x, d_y = tc.define(bw.source).f_grad(x, y, x * y, d)
+    np.testing.assert_allclose(d_x, d * y, rtol=1e-6)
+    np.testing.assert_allclose(d_y, d * x, rtol=1e-6)
+
+
+@pytest.mark.parametrize("src, message", [
+    ("def f(float(N,K) X) -> (O) { O(n) *=! X(n,k) }", "product reduction"),
+    ("def f(float(N,K) X) -> (O) { O(n) += X(n,k) }", "in/out output"),
+    ("def f(float(N,K) X) -> (O) {\n O(n) = X(n,0)\n O(n) max= X(n,k)\n}", "without '!'"),
+    ("def f(float(N) X) -> (O) { O(i) = X(i) % 2.0 }", "'%'"),
+    ("def f(float(N) X) -> (O) { O(i) = X(i + 1) ?? X(i) }", "padding value"),
+    ("def f(float(N) X) -> (O) { O(i) = X(i) > 0 ? 1.0 : 0.0 }", "no input"),
+    ("def f(int(N) X) -> (O) { O(i) = X(i) * 2 }", "no input"),
+])
+def test_unsupported_statements_are_clear_errors(src, message):
+    with pytest.raises(tc.TCError, match=re.escape(message)):
+        tc.gradient(src, "f")
+
+
+@pytest.mark.parametrize("case, options", [
+    ("conv2d", tc.MappingOptions().tile(2, 4).mapToThreads(4, 4).mapToBlocks(2, 2)
+     .useSharedMemory(True)),
+    ("maxpool", tc.MappingOptions().mapToThreads(8, 4).mapToBlocks(4)),
+    ("MLP1", tc.MappingOptions().tile(4, 8).mapToThreads(8, 4).useSharedMemory(True)),
+])
+def test_backward_runs_as_one_cuda_kernel(case, options):
+    """The backward TC through the polyhedral path (emulated CUDA) agrees with the CPU."""
+    src, name, shapes = PAPER[case][:3]
+    src = as_double(src)
+    rng = np.random.default_rng(6)
+    prog = tc.define(src)
+    args = random_args(prog[name], shapes, {}, {}, rng)
+    bw, expected, outs, d_outs = gradients(src, name, args, rng=rng)
+    kernel = tc.compile(bw.source, bw.name, *args, *outs, *d_outs, options=options,
+                        target="cuda-emulated")
+    got = kernel(*args, *outs, *d_outs)
+    got = got if isinstance(got, tuple) else (got,)
+    for name_, value in zip(bw.d_inputs, got):
+        np.testing.assert_allclose(value, expected[name_], rtol=1e-10, atol=1e-12)
