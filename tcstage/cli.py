@@ -111,6 +111,10 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--schedule", type=_schedule, metavar="NAME",
                      help=f"CPU autoscheduler of --target cpu: {', '.join(AUTOSCHEDULERS)} or "
                           f"none (default: {DEFAULT_SCHEDULE})")
+    for p in (run, show):
+        p.add_argument("--dynamic", type=_names, default=(), metavar="B,N",
+                       help="CUDA: size variables the kernel leaves symbolic (tc.compile's "
+                            "dynamic=); --sizes still picks their values for the inputs")
     show.add_argument("--ranges", action="store_true", help="inferred ranges per statement")
     show.add_argument("--halide", action="store_true", help="the Halide Func definitions")
     show.add_argument("--schedule", action="store_true",
@@ -172,6 +176,11 @@ def _schedule(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"unknown CPU schedule '{text}'; choose one of {', '.join(by_lower.values())}")
     return by_lower[text.lower()]
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """'B, N' -> ('B', 'N')."""
+    return tuple(filter(None, (s.strip() for s in text.split(","))))
 
 
 def _size_items(text: str) -> tuple[tuple[str, str], ...]:
@@ -378,7 +387,7 @@ def _run(args) -> int:
     else:
         start = time.perf_counter()
         kernel = tc.compile(tc.Program({f.name: f}), f.name, *inputs, out=out,
-                            options=args.options, target=args.target)
+                            options=args.options, target=args.target, dynamic=args.dynamic)
         print(f"compiled to CUDA in {(time.perf_counter() - start) * 1e3:.1f} ms: "
               f"grid {kernel.grid}, block {kernel.block}")
 
@@ -440,7 +449,7 @@ def _show(args) -> int:
         print((f.lower(*call[0], out=call[1]) if call else f.lower()).describe())
     if args.schedule or args.cuda:
         kernel = tc.compile(tc.Program({f.name: f}), f.name, *call[0], out=call[1],
-                            options=args.options, target="cuda")
+                            options=args.options, target="cuda", dynamic=args.dynamic)
         _print_kernel(args, f.name, kernel)
     return 0
 
@@ -502,7 +511,8 @@ def _halide_command(args) -> int:
         args.command == "run" and args.target != "cpu"
     kernel = tc.compile(f, *inputs, output_shape=shape, options=args.options,
                         target=getattr(args, "target", "cuda-emulated")
-                        if args.command == "run" else "cuda-emulated") if cuda else None
+                        if args.command == "run" else "cuda-emulated",
+                        dynamic=getattr(args, "dynamic", ())) if cuda else None
     if args.command == "show":
         if not (args.ranges or args.halide or args.schedule or args.cuda):
             args.ranges = True

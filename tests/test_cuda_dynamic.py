@@ -62,12 +62,12 @@ def test_tbmm_one_kernel_for_every_batch_size(compiles):
                         target="cuda-emulated", dynamic=("B",))
     assert kernel.dynamic == ("B",)
     assert "int64_t _B" in kernel.cuda_source  # a kernel argument, 64-bit indices
-    for b in (1, 3, 4, 10, 37, 70):  # 70: more tiles (18) than the 16 blocks asked for
+    for b in (0, 1, 3, 4, 10, 37, 70):  # 70: more tiles (18) than the 16 blocks asked for
         X, Y = rand(b, 6, 5), rand(b, 7, 5)
         np.testing.assert_allclose(kernel(X, Y), np.einsum("bnm,bkm->bnk", X, Y),
                                    rtol=1e-5, atol=1e-5)
         # tile 4 along b: ceil(B / 4) blocks, at most the 16 asked for
-        assert kernel.launch_grid({"B": b}) == (min(-(-b // 4), 16), 1, 1)
+        assert kernel.launch_grid({"B": b}) == (max(1, min(-(-b // 4), 16)), 1, 1)
         # other batch sizes find the same kernel, without compiling again
         assert tc.compile(TBMM, "tbmm", (b, 6, 5), (b, 7, 5), options=options,
                           target="cuda-emulated", dynamic=("B",)) is kernel
@@ -183,3 +183,39 @@ def test_dynamic_kernel_source_compiles_with_nvcc():
         kernel = tc.compile(TBMM, "tbmm", (10, 26, 72), (10, 26, 72), options=options,
                             target="cuda", dynamic=("B",))
     assert nvcc.compile_check(kernel.cuda_source)
+
+
+def test_halide_pipelines_have_no_dynamic_sizes():
+    hl = pytest.importorskip("halide")
+    inp = hl.ImageParam(hl.Float(32), 1, "inp")
+    x = hl.Var("x")
+    f = hl.Func("f")
+    f[x] = inp[x] * 2
+    with pytest.raises(tc.TCError, match="dynamic= is for TC functions"):
+        tc.compile(tc.from_halide(f, name="double"), (8,), output_shape=(8,),
+                   target="cuda-emulated", dynamic=("x",))
+
+
+def test_describe_and_explain_name_the_dynamic_sizes():
+    kernel = tc.compile(TMM, "tmm", (8, 20), (40, 20), target="cuda-emulated",
+                        options=tc.MappingOptions().tile(4).mapToThreads(8).mapToBlocks(4),
+                        dynamic=("M",))
+    assert "(dynamic: M)" in kernel.describe()
+    assert "M dynamic (now 8)" in kernel.explain()
+    assert "computed at launch from the dynamic sizes M" in kernel.cuda_source
+
+
+def test_cli_show_and_run_take_dynamic(capsys):
+    from pathlib import Path
+
+    from tcstage.cli import main
+    tmm = Path(__file__).parent.parent / "examples" / "tmm.tc"
+    options = "MappingOptions().tile(8, 8).mapToThreads(8, 8).mapToBlocks(4, 4)"
+    assert main(["show", str(tmm), "--cuda", "--options", options, "--sizes", "M=16,K=8,N=12",
+                 "--dynamic", "M"]) == 0
+    assert "computed at launch from the dynamic sizes M" in capsys.readouterr().out
+    assert main(["run", str(tmm), "--target", "cuda-emulated", "--options", options,
+                 "--sizes", "M=5,K=8,N=12", "--dynamic", "M", "--repeat", "1"]) == 0
+    assert main(["run", str(tmm), "--target", "cuda-emulated", "--sizes", "M=5,K=8,N=12",
+                 "--dynamic", "Mx", "--repeat", "1"]) == 1
+    assert "did you mean 'M'?" in capsys.readouterr().err

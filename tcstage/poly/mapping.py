@@ -30,7 +30,9 @@ block reach these barriers: only loops and sequences that do not depend on the t
 above them.
 
 Sizes are tightened to what the iteration space needs: a dimension with 10 tiles gets 10 blocks,
-not 64; a member with 26 values gets 26 threads, not 32.
+not 64; a member with 26 values gets 26 threads, not 32. A loop whose range grows with a dynamic
+size (a size the compiler leaves free) gets the number asked for, and the launch computes the
+grid for the call's sizes (`launch_grid`), so no size of the kernel depends on a dynamic one.
 
 Register tiling (`useRegisterTiling`): in a thread-mapped band that is permutable and not
 mapped to blocks, the members threads do not split (a reduction) move outermost, so that each
@@ -87,6 +89,9 @@ class Mapped:
     unrolled_loops: tuple[tuple[isl.UnionMap, int], ...] = ()  # with their trips per thread
     # the loops where unrolling stopped: (loop, trips per thread, copies of the body already)
     unroll_stops: tuple[tuple[isl.UnionMap, int, int], ...] = ()
+    # per block-mapped band, per grid dimension: (its loop, the n of its filter `v mod n = b`),
+    # from which launch_grid finds the blocks with work at a call's dynamic sizes
+    block_filters: tuple[tuple[tuple[isl.UnionMap, int], ...], ...] = ()
 
 
 @attrs.frozen
@@ -122,7 +127,8 @@ def map_to_gpu(schedule: isl.Schedule, dependences: isl.UnionMap, context: isl.S
     return Mapped(node.get_schedule(), context.intersect_params(ranges).params(),
                   grid, tuple(block), len(blocks.bands), len(decide.bands), insert.syncs,
                   insert.unrolled, notes, blocks.loops, _united(decide.loops),
-                  tuple(insert.barriers), tuple(insert.unrolled_loops), tuple(insert.stops))
+                  tuple(insert.barriers), tuple(insert.unrolled_loops), tuple(insert.stops),
+                  blocks.filters)
 
 
 def _united(per_band: list[list[isl.UnionMap]]) -> tuple[isl.UnionMap, ...]:
@@ -157,6 +163,7 @@ class _Blocks:
     grid: tuple[int, int, int]
     values: isl.UnionMap | None  # instance -> its block-mapped member values
     loops: tuple[isl.UnionMap, ...] = ()  # per grid dimension used, its loop (all bands)
+    filters: tuple = ()  # Mapped.block_filters
 
 
 def _block_bands(schedule, deps) -> list[isl.ScheduleNode]:
@@ -225,7 +232,9 @@ def _map_blocks(schedule, deps, blocks: Sequence[int]) -> tuple[isl.Schedule, _B
             own = part if own is None else own.flat_range_product(part)
         if own is not None:
             values = own if values is None else values.union(own)
-    return schedule, _Blocks(bands, tuple(grid), values, _united(per_band))
+    filters = tuple(tuple(zip(loops, (size for _, size in members)))
+                    for loops, members in zip(per_band, chosen.values()))
+    return schedule, _Blocks(bands, tuple(grid), values, _united(per_band), filters)
 
 
 # -- threads: deciding -------------------------------------------------------------------------
@@ -481,20 +490,22 @@ def sync_graft(node: isl.ScheduleNode, tag: int | None = None) -> isl.ScheduleNo
 def launch_grid(mapped: Mapped, sizes: isl.Set) -> tuple[int, int, int]:
     """The grid for the sizes fixed in `sizes` (a parameter set giving every size left free in
     the kernel, its dynamic sizes, a value). A block-mapped loop's filter is `value mod n =
-    blockIdx`, with n (mapped.grid) fixed at compile time, independent of the dynamic sizes; at
-    these sizes only the blocks that some value reaches have work: max(value mod n) + 1 of
-    them (n when the loop has n values or more, ceil(extent / tile) for a tile loop from 0).
-    Blocks past them would only test their loops and end."""
-    grid = list(mapped.grid)
-    for d, loop in enumerate(mapped.block_loops):
-        n = mapped.grid[d]
-        values = loop.intersect_params(sizes).range()
-        residues = values.apply(isl.UnionMap(f"{{ [v] -> [w] : w = v mod {n} }}"))
-        sets: list[isl.Set] = []
-        residues.foreach_set(sets.append)
-        top = [r.dim_max_val(0) for r in sets if not r.is_empty()]
-        grid[d] = max([1] + [int(t.to_python()) + 1 for t in top if t.is_int()])
-    return tuple(grid)
+    blockIdx`, with n fixed at compile time, independent of the dynamic sizes; at these sizes
+    only the blocks that some value reaches have work: max(value mod n) + 1 of them (n when
+    the loop has n values or more, ceil(extent / tile) for a tile loop from 0), the most over
+    the bands mapped alike. Blocks past them would only test their loops and end."""
+    grid = [1, 1, 1]
+    for band in mapped.block_filters:
+        for d, (loop, n) in enumerate(band):
+            values = loop.intersect_params(sizes).range()
+            residues = values.apply(isl.UnionMap(f"{{ [v] -> [w] : w = v mod {n} }}"))
+            sets: list[isl.Set] = []
+            residues.foreach_set(sets.append)
+            for r in sets:
+                top = r.dim_max_val(0) if not r.is_empty() else None
+                if top is not None:  # (bounded: the sizes are all fixed now)
+                    grid[d] = max(grid[d], int(top.to_python()) + 1)
+    return tuple(min(g, m) for g, m in zip(grid, mapped.grid))
 
 
 def _trips(count: int | float, threads: int) -> int | float:

@@ -18,7 +18,9 @@ largest extent over all prefixes is the size, divided by the stride all elements
 thread's rows t, t + 16, ... are stored densely). An indirect read of a read-only tensor
 through a read-only index tensor is also seen *gathered* (the paper's two-stage promotion):
 its buffer is indexed by the index tensor's elements, `shared_O[i][j][k] = O[1 + Idx[i][j]][k]`;
-the smaller of the two views' tiles is kept. Other non-affine references have no tile.
+the smaller of the two views' tiles is kept. Other non-affine references have no tile, and
+neither has a footprint that grows with a dynamic size (one left free for the kernel to serve
+every value of it): a buffer's size never depends on one.
 
 Shared memory, greedily in order of first reference while the budget lasts, takes a group if
 it has a tile, its elements are used more than once in the block, and some reference is not
