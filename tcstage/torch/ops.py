@@ -189,9 +189,8 @@ class TCOp:
                 dtypes.setdefault(a.dtype, t.name)
             elif _torch_dtype(t.type) != a.dtype:
                 raise TCArgumentError(f"'{fn.name}' expects {t.name} of type {t.type} "
-                                      f"(torch.{_torch_dtype(t.type)}), got {a.dtype}",
-                                      notes=(f"convert with {t.name}.to(torch."
-                                             f"{_torch_dtype(t.type)})",))
+                                      f"({_torch_dtype(t.type)}), got {a.dtype}",
+                                      notes=(f"convert with {t.name}.to({_torch_dtype(t.type)})",))
         if len(devices) > 1:
             raise TCArgumentError(f"the tensors of a call to '{fn.name}' must be on one device; "
                                   + ", ".join(f"{n} is on {d}" for d, n in devices.items()))

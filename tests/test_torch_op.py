@@ -1,0 +1,423 @@
+"""tcstage.torch: TC functions as PyTorch operators, checked against PyTorch's own layers
+(einsum, linear + relu, indexing, max_pool2d, conv2d) and PyTorch's op and gradient checkers."""
+
+import pathlib
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tcstage as tc  # noqa: E402
+import tcstage.torch as tct  # noqa: E402
+from tcstage.halide.solver import evaluate  # noqa: E402
+from tcstage.lang.retype import retype, retype_source  # noqa: E402
+from tcstage.lang.types import FLOAT16, FLOAT64  # noqa: E402
+
+EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+
+
+def _example(name: str) -> str:
+    return (EXAMPLES / name).read_text()
+
+
+TMM_GRAD = """
+def tmm_grad(float(M,K) A, float(N,K) B, float(M,N) C, float(M,N) d_C) -> (d_A, d_B) {
+  d_A(m,k) +=! d_C(m,n) * B(n,k)
+  d_B(n,k) +=! d_C(m,n) * A(m,k)
+}"""
+TBMM_GRAD = """
+def tbmm_grad(float(B,N,M) X, float(B,K,M) Y, float(B,N,K) Z, float(B,N,K) d_Z) -> (d_X, d_Y) {
+  d_X(b,n,m) +=! d_Z(b,n,k) * Y(b,k,m)
+  d_Y(b,k,m) +=! d_Z(b,n,k) * X(b,n,m)
+}"""
+MLP1_GRAD = """
+def MLP1_grad(float(B,M) I, float(N,M) W1, float(N) B1, float(B,N) O1, float(B,N) d_O1)
+    -> (d_I, d_W1, d_B1) {
+  g(b,n) = O1(b,n) > 0 ? d_O1(b,n) : 0
+  d_I(b,m) +=! g(b,n) * W1(n,m)
+  d_W1(n,m) +=! g(b,n) * I(b,m)
+  d_B1(n) +=! g(b,n)
+}"""
+SCALE = "def scale(float(N) X, float a) -> (Y) { Y(i) = a * X(i) }"
+SCALE_GRAD = """
+def scale_grad(float(N) X, float a, float(N) Y, float(N) d_Y) -> (d_X, d_a) {
+  d_X(i) = a * d_Y(i)
+  d_a +=! d_Y(i) * X(i)
+}"""
+
+
+@pytest.fixture(scope="module")
+def tmm():
+    return tct.op(_example("tmm.tc"), "tmm", backward=TMM_GRAD)
+
+
+@pytest.fixture(scope="module")
+def mlp1():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        return tct.op(_example("mlp.tc"), "MLP1", backward=MLP1_GRAD)
+
+
+@pytest.fixture(scope="module")
+def lut2():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        return tct.op(_example("lut.tc"), "2LUT")
+
+
+def _lut_inputs(dtype=torch.float32):
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(10, 4, generator=g, dtype=dtype),
+            torch.randint(0, 10, (3, 5), generator=g, dtype=torch.int32),
+            torch.randn(8, 4, generator=g, dtype=dtype),
+            torch.randint(0, 8, (3, 2), generator=g, dtype=torch.int32))
+
+
+# -- forward against PyTorch --------------------------------------------------------------------
+
+def test_tmm_matches_einsum(tmm):
+    A, B = torch.randn(5, 7), torch.randn(6, 7)
+    C = tmm(A, B)
+    assert isinstance(C, torch.Tensor) and C.shape == (5, 6) and C.dtype == torch.float32
+    torch.testing.assert_close(C, torch.einsum("mk,nk->mn", A, B))
+
+
+def test_non_contiguous_inputs(tmm):
+    A, B = torch.randn(7, 5).T, torch.randn(6, 14)[:, ::2]
+    assert not A.is_contiguous() and not B.is_contiguous()
+    torch.testing.assert_close(tmm(A, B), torch.einsum("mk,nk->mn", A, B))
+
+
+def test_tbmm_matches_einsum():
+    tbmm = tct.op(_example("tbmm.tc"), "tbmm", backward=TBMM_GRAD)
+    X, Y = torch.randn(3, 4, 5), torch.randn(3, 2, 5)
+    torch.testing.assert_close(tbmm(X, Y), torch.einsum("bnm,bkm->bnk", X, Y))
+
+
+def test_mlp1_matches_linear_relu(mlp1):
+    x, W, b = torch.randn(4, 6), torch.randn(3, 6), torch.randn(3)
+    torch.testing.assert_close(mlp1(x, W, b), torch.relu(torch.nn.functional.linear(x, W, b)))
+
+
+def test_several_outputs_and_integer_inputs(lut2):
+    L1, I1, L2, I2 = _lut_inputs()
+    O1, O2 = lut2(L1, I1, L2, I2)
+    torch.testing.assert_close(O1, L1[I1.long()].sum(1))
+    torch.testing.assert_close(O2, L2[I2.long()].sum(1))
+
+
+def test_integer_only_operator():
+    rowsum = tct.op("def rowsum(int64(N,M) X) -> (S) { S(n) +=! X(n,m) }", "rowsum")
+    X = torch.randint(-50, 50, (4, 7), dtype=torch.int64)
+    S = rowsum(X)
+    assert S.dtype == torch.int64
+    assert torch.equal(S, X.sum(1))
+
+
+def test_scalar_inputs_in_subscripts():
+    """sconv2d specialises on its int strides; the output shape follows them (real and fake)."""
+    sconv = tct.op(_example("sconv2d.tc"), "sconv2d")
+    I, Wt, B = torch.randn(2, 3, 9, 8), torch.randn(4, 3, 3, 2), torch.randn(4)
+    want = torch.nn.functional.conv2d(I, Wt, B, stride=(2, 3))
+    torch.testing.assert_close(sconv(2, 3, I, Wt, B), want)
+    assert sconv(2, 3, *(t.to("meta") for t in (I, Wt, B))).shape == want.shape
+
+
+def test_meta_tensors_give_shapes_from_range_inference():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        pool = tct.op(_example("conv.tc"), "maxpool2x2")
+    x = torch.randn(2, 3, 7, 9)
+    torch.testing.assert_close(pool(x), torch.nn.functional.max_pool2d(x, 2))
+    out = pool(torch.empty(2, 3, 7, 9, device="meta"))
+    assert out.device.type == "meta" and out.shape == (2, 3, 3, 4)
+
+
+# -- floating-point genericity ------------------------------------------------------------------
+
+def test_float64_runs_in_double(mlp1):
+    x, W, b = (torch.randn(4, 6, dtype=torch.float64), torch.randn(3, 6, dtype=torch.float64),
+               torch.randn(3, dtype=torch.float64))
+    y = mlp1(x, W, b)
+    assert y.dtype == torch.float64
+    # closer than float32 could get (its rounding alone is ~1e-7 relative)
+    torch.testing.assert_close(y, torch.relu(x @ W.T + b), rtol=1e-13, atol=1e-13)
+
+
+def test_float16(tmm):
+    A, B = torch.randn(4, 8).half(), torch.randn(3, 8).half()
+    C = tmm(A, B)
+    assert C.dtype == torch.float16
+    torch.testing.assert_close(C.float(), A.float() @ B.float().T, rtol=1e-2, atol=1e-2)
+
+
+def test_integer_tensors_keep_their_type_in_float64(lut2):
+    O1, O2 = lut2(*_lut_inputs(torch.float64))
+    L1, I1, _, _ = _lut_inputs(torch.float64)
+    assert O1.dtype == O2.dtype == torch.float64
+    torch.testing.assert_close(O1, L1[I1.long()].sum(1), rtol=1e-14, atol=1e-14)
+
+
+def test_retype_rewrites_declared_floats_and_single_precision_builtins():
+    text = ("def f(float(N) X, int32(N) I, half s) -> (Y) {\n"
+            "  Y(i) = fmaxf(X(i) * s, 0) + expf(X(I(i)))\n}")
+    assert retype_source(text, FLOAT64) == (
+        "def f(double(N) X, int32(N) I, double s) -> (Y) {\n"
+        "  Y(i) = fmax(X(i) * s, 0) + exp(X(I(i)))\n}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        typed = retype(tc.define(text), FLOAT16)
+    fn = typed.f.checked
+    assert str(fn.tensors["X"].type) == "float16" and str(fn.tensors["Y"].type) == "float16"
+    assert str(fn.tensors["I"].type) == "int32"
+
+
+def test_bfloat16_is_a_clear_error(tmm):
+    with pytest.raises(tc.TCArgumentError, match="bfloat16.*half, float, double"):
+        tmm(torch.randn(2, 3).bfloat16(), torch.randn(2, 3).bfloat16())
+
+
+# -- errors -----------------------------------------------------------------------------------------
+
+def test_mixed_float_dtypes_are_refused(tmm):
+    with pytest.raises(tc.TCArgumentError, match="one dtype; A is torch.float32, B is "
+                                                 "torch.float64"):
+        tmm(torch.randn(2, 3), torch.randn(2, 3, dtype=torch.float64))
+
+
+def test_wrong_integer_dtype_rank_and_sizes(lut2, tmm):
+    L1, I1, L2, I2 = _lut_inputs()
+    with pytest.raises(tc.TCArgumentError, match="I1 of type int32 .*got torch.int64"):
+        lut2(L1, I1.long(), L2, I2)
+    with pytest.raises(tc.TCArgumentError, match="LUT1 as a floating-point tensor"):
+        lut2(I1, I1, L2, I2)
+    with pytest.raises(tc.TCArgumentError, match="rank 2"):
+        tmm(torch.randn(2, 3, 1), torch.randn(2, 3))
+    with pytest.raises(tc.TCArgumentError, match="size variable K"):
+        tmm(torch.randn(2, 3), torch.randn(2, 4))
+    with pytest.raises(tc.TCArgumentError, match="size variable K"):
+        tmm(torch.empty(2, 3, device="meta"), torch.empty(2, 4, device="meta"))
+
+
+def test_inout_outputs_cannot_be_operators():
+    with pytest.raises(tc.TCError, match="starts from the caller's values"):
+        tct.op("def acc(float(N) X) -> (Y) { Y(i) += X(i) }", "acc")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("def tmm_grad(float(M,K) A, float(N,K) B, float(M,N) d_C) -> (d_A, d_B) "
+     "{ d_A(m,k) +=! d_C(m,n) * B(n,k)  d_B(n,k) +=! d_C(m,n) * A(m,k) }",
+     "takes 3 parameters; the backward of 'tmm' takes 4"),
+    ("def tmm_grad(float(M,K) A, float(N) B, float(M,N) C, float(M,N) d_C) -> (d_A) "
+     "{ d_A(m,k) +=! d_C(m,n) * A(m,k) }",
+     r"parameter 2 of 'tmm_grad' \(B\) is forward input B, of rank 2"),
+    ("def tmm_grad(float(M,K) A, int32(N,K) B, float(M,N) C, float(M,N) d_C) -> (d_A) "
+     "{ d_A(m,k) +=! d_C(m,n) * A(m,k) }",
+     "of type float32; it is declared int32"),
+    ("def tmm_grad(float(M,K) A, float(N,K) B, float(M,N) C, float(M,N) d_C) -> (d_A) "
+     "{ d_A(m,k) +=! d_C(m,n) * B(n,k) }",
+     "returns 1 tensors; it must return one gradient per floating-point input"),
+    ("def g1(float(M) A) -> (X) { X(i) = A(i) }\ndef g2(float(M) A) -> (X) { X(i) = A(i) }",
+     "name the backward function 'tmm_grad'"),
+])
+def test_bad_backward_text_is_a_clear_error(text, message):
+    with pytest.raises(tc.TCError, match=message) as info:
+        tct.op(_example("tmm.tc"), "tmm", backward=text)
+    if "parameter" in message:
+        assert "def tmm_grad(float32(M, K) A, float32(N, K) B, float32(M, N) C" in str(info.value)
+
+
+def test_backward_text_syntax_error_points_into_it():
+    with pytest.raises(tc.TCSyntaxError, match="<backward>:1"):
+        tct.op(_example("tmm.tc"), "tmm", backward="def tmm_grad(float(M,K) A -> (d_A) {}")
+
+
+def test_no_backward_is_an_error_only_when_differentiating(lut2):
+    L1, I1, L2, I2 = _lut_inputs()
+    O1, O2 = lut2(L1.requires_grad_(), I1, L2, I2)  # the forward works
+    if isinstance(lut2.backward, tc.TCError):
+        with pytest.raises(tc.TCError, match="2LUT"):
+            O1.sum().backward()
+
+
+def test_double_backward_is_a_clear_error(tmm):
+    A = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    B = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
+    (gA,) = torch.autograd.grad(tmm(A, B).sum(), A, create_graph=True)
+    with pytest.raises(tc.TCError, match="double backward"):
+        gA.sum().backward()
+
+
+# -- autograd --------------------------------------------------------------------------------------
+
+def test_gradients_match_pytorch(mlp1):
+    x = torch.randn(4, 6, requires_grad=True)
+    W = torch.randn(3, 6, requires_grad=True)
+    b = torch.randn(3, requires_grad=True)
+    mlp1(x, W, b).square().sum().backward()
+    refs = [t.detach().clone().requires_grad_() for t in (x, W, b)]
+    torch.relu(torch.nn.functional.linear(*refs)).square().sum().backward()
+    for t, r in zip((x, W, b), refs):
+        torch.testing.assert_close(t.grad, r.grad)
+
+
+@pytest.mark.parametrize("which", ["tmm", "tbmm", "MLP1"])
+def test_gradcheck_float64(which, tmm, mlp1):
+    g = torch.Generator().manual_seed(1)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
+    if which == "tmm":
+        layer, args = tmm, (rand(3, 4), rand(2, 4))
+    elif which == "tbmm":
+        layer = tct.op(_example("tbmm.tc"), "tbmm", backward=TBMM_GRAD)
+        args = (rand(2, 3, 4), rand(2, 2, 4))
+    else:
+        # inputs away from the relu's kink, where the finite difference would straddle it
+        layer, args = mlp1, (rand(3, 4), rand(5, 4), rand(5))
+        with torch.no_grad():
+            pre = args[0] @ args[1].T + args[2]
+            args[2].add_(torch.where(pre.abs() < 0.05, 0.1, 0.0).amax(0))
+    assert torch.autograd.gradcheck(layer, args)
+
+
+def test_scalar_inputs_get_no_gradient_but_tensors_do():
+    scale = tct.op(SCALE, "scale", backward=SCALE_GRAD)
+    X = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: scale(x, 2.5), (X,))
+    scale(X, 3.0).sum().backward()
+    torch.testing.assert_close(X.grad, torch.full_like(X, 3.0))
+
+
+def test_gradient_of_the_wrong_shape_is_a_clear_error():
+    # the user's d_A covers only k < 2 of A's K columns
+    short = TMM_GRAD.replace("d_A(m,k) +=! d_C(m,n) * B(n,k)",
+                             "d_A(m,k) +=! d_C(m,n) * B(n,k) where k in 0:2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)  # (B read only for k < 2: known)
+        layer = tct.op(_example("tmm.tc"), "tmm", backward=short)
+    A = torch.randn(3, 4, requires_grad=True)
+    with pytest.raises(tc.TCError, match=r"gives d_A the shape \(3, 2\), but A has shape "
+                                         r"\(3, 4\)"):
+        layer(A, torch.randn(2, 4)).sum().backward()
+
+
+# -- torch.library, torch.compile, torch.export -----------------------------------------------------
+
+def test_operator_identity_and_name(tmm):
+    assert tct.op(_example("tmm.tc"), "tmm", backward=TMM_GRAD) is tmm
+    other = tct.op(_example("tmm.tc"), "tmm", options="MappingOptions().tile(4)",
+                   backward=TMM_GRAD)
+    assert other.op_name != tmm.op_name and other.op_name.startswith("tc_tmm_")
+    assert tmm.op is getattr(torch.ops.tcstage, tmm.op_name).default
+    assert str(tmm.op._schema).endswith("(Tensor A, Tensor B) -> Tensor")
+
+
+def test_op_names_are_valid_identifiers(lut2):
+    assert lut2.op_name.startswith("tc_2LUT_")  # a name that starts with a digit is prefixed
+
+
+def test_opcheck_without_autograd(lut2, tmm):
+    torch.library.opcheck(lut2.custom_op, _lut_inputs(torch.float64))
+    torch.library.opcheck(tmm.custom_op, (torch.randn(3, 4), torch.randn(2, 4)))
+
+
+def test_opcheck_with_autograd(tmm, mlp1):
+    def rand(*shape):
+        return torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    torch.library.opcheck(tmm.custom_op, (rand(3, 4), rand(2, 4)))
+    torch.library.opcheck(mlp1.custom_op, (rand(3, 4), rand(5, 4), rand(5)))
+
+
+def test_symbolic_shapes_follow_halide_arithmetic():
+    """The SymInt evaluator agrees with the solver's integer evaluation (Euclidean division,
+    min, max, select) on ints; on SymInts it is exercised by the compile/export tests."""
+    a, b = ("var", "a"), ("var", "b")
+    trees = [("div", ("sub", a, ("int", 7)), ("int", 2)), ("mod", a, ("int", -3)),
+             ("div", a, ("int", -3)), ("max", ("min", a, b), ("int", 2)),
+             ("select", ("lt", a, b), ("add", a, ("int", 1)), ("mul", b, ("int", 3))),
+             ("div", a, ("int", 0)), ("cast", "int32", ("sub", b, a))]
+    for tree in trees:
+        for values in ({"a": 5, "b": 9}, {"a": -7, "b": 2}, {"a": 13, "b": 13}):
+            assert tct.evaluate_symbolic(tree, values) == evaluate(tree, values), tree
+
+
+def test_compile_fullgraph_with_dynamic_batch(mlp1):
+    """No graph break (fullgraph), one graph for three batch sizes, forward and backward."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    W = torch.randn(3, 6, requires_grad=True)
+    b = torch.randn(3, requires_grad=True)
+
+    def model(x):
+        return mlp1(x, W, b).sum(dim=1) * 2
+    compiled = torch.compile(model, backend=counter, fullgraph=True, dynamic=True)
+    for batch in (2, 5, 7):
+        x = torch.randn(batch, 6, requires_grad=True)
+        y = compiled(x)
+        y.sum().backward()
+        torch.testing.assert_close(y, torch.relu(x @ W.T + b).sum(1) * 2)
+        assert x.grad.shape == x.shape
+    assert counter.frame_count == 1
+    assert torch._dynamo.explain(model)(torch.randn(3, 6)).graph_break_count == 0
+
+
+@pytest.mark.slow
+def test_compile_with_inductor_and_automatic_dynamic_shapes(mlp1):
+    torch._dynamo.reset()
+    W, b = torch.randn(3, 6), torch.randn(3)
+
+    def model(x):
+        return torch.tanh(mlp1(x, W, b))
+    compiled = torch.compile(model, fullgraph=True)
+    for batch in (2, 3, 4, 9):  # the second size makes the batch dimension dynamic
+        x = torch.randn(batch, 6)
+        torch.testing.assert_close(compiled(x), torch.tanh(torch.relu(x @ W.T + b)))
+
+
+def test_export_with_dynamic_sizes():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        pool = tct.op(_example("conv.tc"), "maxpool2x2")
+
+    class Pool(torch.nn.Module):
+        def forward(self, x):
+            return pool(x)
+    batch, height = torch.export.Dim("batch"), torch.export.Dim("height", min=4, max=64)
+    exported = torch.export.export(Pool(), (torch.randn(2, 3, 7, 9),),
+                                   dynamic_shapes={"x": {0: batch, 2: height}})
+    assert f"torch.ops.tcstage.{pool.op_name}" in exported.graph_module.code
+    x = torch.randn(5, 3, 12, 9)  # new batch and height, no re-export
+    torch.testing.assert_close(exported.module()(x), torch.nn.functional.max_pool2d(x, 2))
+
+
+# -- packaging and the GPU --------------------------------------------------------------------------
+
+def test_import_tcstage_does_not_import_torch():
+    code = "import sys, tcstage; assert 'torch' not in sys.modules, 'torch was imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.gpu
+def test_cuda_matches_einsum(tmm):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU for PyTorch here")
+    pytest.importorskip("pycuda")
+    A, B = torch.randn(64, 32, device="cuda"), torch.randn(48, 32, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):  # a non-default current stream: the launch is ordered on it
+        C = tmm(A, B)
+        ref = A @ B.T
+    torch.cuda.synchronize()
+    assert C.device == A.device
+    torch.testing.assert_close(C, ref, rtol=1e-4, atol=1e-4)
+    A64 = A.double().requires_grad_()
+    B64 = B.double().requires_grad_()
+    tmm(A64, B64).sum().backward()
+    torch.testing.assert_close(A64.grad, torch.ones(64, 48, device="cuda", dtype=torch.float64)
+                               @ B64.detach())
