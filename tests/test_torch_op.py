@@ -235,12 +235,15 @@ def test_backward_text_syntax_error_points_into_it():
         tct.op(_example("tmm.tc"), "tmm", backward="def tmm_grad(float(M,K) A -> (d_A) {}")
 
 
-def test_no_backward_is_an_error_only_when_differentiating(lut2):
-    L1, I1, L2, I2 = _lut_inputs()
-    O1, O2 = lut2(L1.requires_grad_(), I1, L2, I2)  # the forward works
-    if isinstance(lut2.backward, tc.TCError):
-        with pytest.raises(tc.TCError, match="2LUT"):
-            O1.sum().backward()
+def test_no_gradient_is_an_error_only_when_differentiating():
+    """tcstage.grad does not differentiate product reductions: the forward operator works, and
+    asking for a gradient raises the generator's TCError naming the statement."""
+    prod = tct.op("def prod(float(N,M) X) -> (P) { P(n) *=! X(n,m) }", "prod")
+    X = torch.rand(3, 4, requires_grad=True)
+    P = prod(X)
+    torch.testing.assert_close(P, X.prod(1))
+    with pytest.raises(tc.TCError, match=r"product reduction \('\*=!'\)"):
+        P.sum().backward()
 
 
 def test_double_backward_is_a_clear_error(tmm):
@@ -282,6 +285,30 @@ def test_gradcheck_float64(which, tmm, mlp1):
             pre = args[0] @ args[1].T + args[2]
             args[2].add_(torch.where(pre.abs() < 0.05, 0.1, 0.0).amax(0))
     assert torch.autograd.gradcheck(layer, args)
+
+
+@pytest.mark.parametrize("file, name, make_args", [
+    ("tmm.tc", "tmm", lambda rand: (rand(3, 4), rand(2, 4))),
+    ("mlp.tc", "MLP3", lambda rand: (rand(2, 3), rand(4, 3), rand(4), rand(3, 4), rand(3),
+                                     rand(2, 3), rand(2))),
+    ("lut.tc", "2LUT", lambda rand: (rand(10, 4), torch.randint(0, 10, (3, 5), dtype=torch.int32),
+                                     rand(8, 4), torch.randint(0, 8, (3, 2), dtype=torch.int32))),
+    ("conv.tc", "maxpool2x2", lambda rand: (rand(2, 2, 6, 5),)),
+    ("sconv2d.tc", "sconv2d", lambda rand: (2, 3, rand(2, 2, 7, 8), rand(3, 2, 3, 2), rand(3))),
+])
+def test_gradcheck_float64_with_the_generated_backward(file, name, make_args):
+    """backward=None: the backward TC tcstage.grad generates, registered as its own operator."""
+    g = torch.Generator().manual_seed(2)
+
+    def rand(*shape):
+        return torch.rand(*shape, generator=g, dtype=torch.float64).add_(0.1).requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        layer = tct.op(_example(file), name)
+    assert layer.backward_op is not None and layer.backward_op.name == f"{name}_grad"
+    args = make_args(rand)
+    assert torch.autograd.gradcheck(layer, args)
+    torch.library.opcheck(layer.custom_op, args)
 
 
 def test_scalar_inputs_get_no_gradient_but_tensors_do():
