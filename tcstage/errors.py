@@ -32,15 +32,20 @@ class Source:
 
 @attrs.frozen
 class Span:
-    """A half-open character range [start, end) in a `Source`."""
+    """A half-open character range [start, end) in a `Source`.
+
+    `context`: notes every error at this span adds, such as the call that inlined the text
+    (a TC function's statements copied into its caller keep spans into the callee's source)."""
 
     source: Source = attrs.field(eq=False, repr=False)
     start: int
     end: int
+    context: tuple[str, ...] = attrs.field(default=(), eq=False, repr=False)
 
     def to(self, other: "Span") -> "Span":
         """The span covering both self and other."""
-        return Span(self.source, min(self.start, other.start), max(self.end, other.end))
+        return Span(self.source, min(self.start, other.start), max(self.end, other.end),
+                    self.context)
 
     @property
     def line(self) -> int:
@@ -92,7 +97,8 @@ class TCError(Exception):
         else:
             s = self.span
             head = f"{s.source.filename}:{s.line}:{s.column}: error: {self.message}\n{s.render()}"
-        return "\n".join([head, *(f"  note: {n}" for n in self.notes)])
+        context = self.span.context if self.span is not None else ()
+        return "\n".join([head, *(f"  note: {n}" for n in (*self.notes, *context))])
 
 
 class TCSyntaxError(TCError):

@@ -276,10 +276,18 @@ def test_paper_dconv_is_rejected():
                   " O(n,o,h,w) = O(n,o,h,w) + B(m)\n}")
 
 
-def test_paper_tc_calling_tc_is_not_supported():
-    with pytest.raises(tc.TCSyntaxError, match="calling a TC function from another TC"):
-        tc.define("def prodModel(float(E1,D) LUT1, int(B,L1) I1) -> (C1, C2) {\n"
-                  "  (C1,C2) = 2LUT(LUT1,I1,LUT1,I1)\n}")
+def test_paper_tc_calling_tc():
+    # the first call of the paper's prodModel (Figure 15), inlined (tests/test_tc_calls.py)
+    prog = tc.define(open_example("lut.tc") + """
+def prodModel(float(E1,D) LUT1, int(B,L1) I1, float(E2,D) LUT2, int(B,L2) I2) -> (C1, C2) {
+  (C1,C2) = 2LUT(LUT1,I1,LUT2,I2)
+}""")
+    rng = np.random.default_rng(0)
+    lut1, lut2 = rng.random((7, 4), dtype=np.float32), rng.random((5, 4), dtype=np.float32)
+    i1, i2 = rng.integers(0, 7, (3, 2), dtype=np.int32), rng.integers(0, 5, (3, 6), dtype=np.int32)
+    c1, c2 = prog.prodModel(lut1, i1, lut2, i2)
+    np.testing.assert_allclose(c1, lut1[i1].sum(axis=1), rtol=1e-5)
+    np.testing.assert_allclose(c2, lut2[i2].sum(axis=1), rtol=1e-5)
 
 
 def test_maxpool_without_where_is_ambiguous():

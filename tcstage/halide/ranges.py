@@ -757,4 +757,4 @@ def _guard_text(g: C.Guard) -> str:
 
 
 def _statement_text(st: C.Statement) -> str:
-    return " ".join(st.span.text().split()) if st.span is not None else st.tensor
+    return C.statement_text(st)

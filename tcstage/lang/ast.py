@@ -114,11 +114,27 @@ class Statement:
     where: tuple[RangeConstraint, ...]
     span: Span
     equivalent: Equivalent | None = None
+    # Set on a statement inlined from another function (whose source its spans point into):
+    # its text in the names of the function it now belongs to.
+    text: str | None = None
 
     @property
     def reduction(self) -> str | None:
         """'+', '*', 'min' or 'max', or None for a plain assignment."""
         return None if self.op == "=" else self.op[:-1]
+
+
+@attrs.frozen
+class TCCall:
+    """`(a, b) = f(x, y)` (also `a, b = f(x, y)`): a call of another TC function of the same
+    source. `sema` inlines it: the callee's statements, renamed, take its place. The form
+    `a = f(x)` parses as a `Statement` whose right-hand side is an `Apply`; sema tells the two
+    apart by whether `f` names a TC function."""
+
+    results: tuple[Ident, ...]
+    callee: Ident
+    args: tuple[Ident, ...]
+    span: Span
 
 
 @attrs.frozen
@@ -140,7 +156,7 @@ class Def:
     name: Ident
     params: tuple[Param, ...]
     returns: tuple[Ident, ...]
-    statements: tuple[Statement, ...]
+    statements: tuple[Statement | TCCall, ...]
     span: Span
 
 

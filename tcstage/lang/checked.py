@@ -161,6 +161,9 @@ class Statement:
     first_definition: bool
     span: Span | None = _span
     var_spans: dict = attrs.field(eq=False, repr=False, factory=dict)  # var -> first use
+    # A statement inlined from a called function: its text in this function's names (its
+    # span points into the callee's source). None for the function's own statements.
+    text: str | None = attrs.field(eq=False, repr=False, default=None)
 
     @property
     def variables(self) -> tuple[str, ...]:
@@ -176,10 +179,19 @@ class Function:
     size_vars: dict  # size variable -> (input tensor, dimension) of its first occurrence
     statements: tuple[Statement, ...]
     span: Span | None = _span
+    # The functions whose calls were inlined into this one (each once): their statements are
+    # among `statements`, their source is not within `span`.
+    callees: tuple = attrs.field(eq=False, repr=False, default=())
 
     @property
     def scalar_inputs(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.inputs if t.rank == 0)
+
+
+def statement_text(st: Statement) -> str:
+    """The statement as TC text, in its function's names, on one line."""
+    text = st.text if st.text is not None else st.span.text() if st.span is not None else None
+    return " ".join(text.split()) if text is not None else st.tensor
 
 
 def children(e: Expr) -> tuple[Expr, ...]:

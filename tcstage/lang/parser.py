@@ -131,11 +131,17 @@ class _Parser:
             return ast.Ident(str(number_value(token.text)), token.span)
         return self.ident("a size variable or a constant size")
 
-    def statement(self) -> ast.Statement:
-        if self.at("("):
-            raise TCSyntaxError(
-                "calling a TC function from another TC ('(A, B) = f(...)') is not supported",
-                self.tok.span, ("call the functions one after the other from Python",))
+    def statement(self) -> ast.Statement | ast.TCCall:
+        if self.at("("):  # `(a, b) = f(x, y)`
+            start = self.advance().span
+            results = self.comma_list(lambda: self.ident("a result name"), ")")
+            self.expect(")")
+            return self.call(start, results)
+        if self.tok.kind == "ident" and self.peek().kind == "op" and self.peek().text == ",":
+            first = self.ident()  # `a, b = f(x, y)`: no other statement has a ',' here
+            self.advance()
+            rest = self.comma_list_open(lambda: self.ident("a result name"))
+            return self.call(first.span, [first, *rest])
         tensor = self.ident("a statement such as 'O(i) = ...'")
         indices, listed = [], self.at("(")  # a rank-0 tensor may omit its empty list
         if listed:
@@ -160,6 +166,24 @@ class _Parser:
         end = where[-1].span if where else equivalent.span if equivalent else _span(rhs)
         return ast.Statement(tensor, tuple(indices), op, op_token.text.endswith("!"), rhs,
                              tuple(where), tensor.span.to(end), equivalent)
+
+    def call(self, start: Span, results: list[ast.Ident]) -> ast.TCCall:
+        """The rest of a call statement after its results: `= f(x, y)`."""
+        self.expect("=", " after the results of a TC function call")
+        callee = self.ident("the name of the TC function to call")
+        self.expect("(", f" after '{callee.name}' to open its argument list")
+        args = [] if self.at(")") else self.comma_list(self.call_argument, ")")
+        close = self.expect(")").span
+        return ast.TCCall(tuple(results), callee, tuple(args), start.to(close))
+
+    def call_argument(self) -> ast.Ident:
+        if self.tok.kind == "ident" and self.peek().kind == "op" and self.peek().text in (",", ")"):
+            return self.ident()
+        expr = self.expr()
+        raise TCSyntaxError(
+            "an argument of a TC function call is the name of a tensor or scalar, "
+            f"not the expression '{_span(expr).text()}'", _span(expr),
+            ("compute it into a tensor first, then pass that tensor",))
 
     def equivalent(self) -> ast.Equivalent:
         """`<=> name(args)` (TC's grammar places it between the right-hand side and `where`)."""

@@ -25,6 +25,7 @@ import attrs
 from tcstage.errors import Span, TCSemanticError
 from tcstage.lang import ast
 from tcstage.lang import checked as C
+from tcstage.lang import inline
 from tcstage.lang.builtins import BUILTINS
 from tcstage.lang.lexer import number_value
 from tcstage.lang.types import (BOOL, FLOAT32, INT32, INT64, SCALAR_TYPES, UINT64, ScalarType,
@@ -38,12 +39,48 @@ MAX_READ_NESTING = 8
 
 
 def check_module(module: ast.Module) -> dict[str, C.Function]:
-    functions: dict[str, C.Function] = {}
+    defs: dict[str, ast.Def] = {}
     for d in module.defs:
-        if d.name.name in functions:
+        if d.name.name in defs:
             raise TCSemanticError(f"redefinition of TC function '{d.name.name}'", d.name.span)
-        functions[d.name.name] = check_def(d)
-    return functions
+        defs[d.name.name] = d
+    callees = _Callees(defs)
+    return {name: callees.check(d).function for name, d in defs.items()}
+
+
+class _Callees:
+    """The functions of one source, checked once each, callees before their callers (a call
+    may name a function defined before or after it); a cycle of calls is an error."""
+
+    def __init__(self, defs: dict[str, ast.Def]):
+        self.defs = defs
+        self.done: dict[str, inline.Callee] = {}
+        self.active: list[str] = []  # the functions being checked, callers first
+
+    def check(self, d: ast.Def) -> inline.Callee:
+        name = d.name.name
+        if name not in self.done:
+            self.active.append(name)
+            try:
+                self.done[name] = _check(d, self)
+            finally:
+                self.active.pop()
+        return self.done[name]
+
+    def resolve(self, call: ast.TCCall) -> inline.Callee:
+        name = call.callee.name
+        if name in self.active:
+            cycle = " -> ".join([*self.active[self.active.index(name):], name])
+            raise TCSemanticError(f"recursive call of TC function '{name}' ({cycle})",
+                                  call.callee.span,
+                                  ("TC functions are inlined into their callers, so no function "
+                                   "may call itself, directly or through others",))
+        d = self.defs.get(name)
+        if d is None:
+            raise TCSemanticError(f"unknown TC function '{name}'{_suggest(name, self.defs)}",
+                                  call.callee.span,
+                                  ("a call names a 'def' of the same source",))
+        return self.check(d)
 
 
 def _suggest(name: str, candidates) -> str:
@@ -52,6 +89,11 @@ def _suggest(name: str, candidates) -> str:
 
 
 def check_def(d: ast.Def) -> C.Function:
+    """The checked function of a lone definition (calls need `check_module`)."""
+    return _check(d, _Callees({d.name.name: d})).function
+
+
+def _check(d: ast.Def, callees: _Callees) -> inline.Callee:
     tensors: dict[str, C.Tensor] = {}
     size_vars: dict[str, tuple[str, int]] = {}
     inputs = []
@@ -103,17 +145,30 @@ def check_def(d: ast.Def) -> C.Function:
     # statement with a typed right-hand side (`C(i) += A(i,k) * x(k)` makes C float): check once
     # to learn those types, then again with them.
     hints: dict[str, ScalarType] = {}
+    names, globals_ = inline.def_names(d)
     while True:
         defined, statements, weak_origin, learned = dict(tensors), [], set(), {}
-        for s in d.statements:
-            checker = _StatementChecker(defined, size_vars, outputs, s, hints)
-            stmt, tensor = checker.check()
-            if checker.weak and stmt.first_definition:
-                weak_origin.add(tensor.name)
-            elif not checker.weak and tensor.name in weak_origin and tensor.name not in hints:
-                learned.setdefault(tensor.name, checker.rhs_type)
-            defined[tensor.name] = tensor
-            statements.append(stmt)
+        expanded, inlined, used = [], {}, set()
+        for written in d.statements:
+            call = _as_call(written, defined, size_vars, callees)
+            if call is None:
+                parts = (written,)
+            else:  # replaced by the callee's statements, checked here like the caller's own
+                callee = callees.resolve(call)
+                inlined[call.callee.name] = callee.function
+                scope = inline.Scope(d.name.name, defined, size_vars, names, globals_, used)
+                parts = inline.inline(call, callee, scope)
+            for s in parts:
+                checker = _StatementChecker(defined, size_vars, outputs, s, hints,
+                                            frozenset(callees.defs))
+                stmt, tensor = checker.check()
+                if checker.weak and stmt.first_definition:
+                    weak_origin.add(tensor.name)
+                elif not checker.weak and tensor.name in weak_origin and tensor.name not in hints:
+                    learned.setdefault(tensor.name, checker.rhs_type)
+                defined[tensor.name] = tensor
+                statements.append(stmt)
+                expanded.append(s)
         if not learned:
             break
         hints.update(learned)
@@ -122,16 +177,44 @@ def check_def(d: ast.Def) -> C.Function:
     for r in d.returns:
         if r.name not in tensors:
             raise TCSemanticError(f"output '{r.name}' is never defined by a statement", r.span)
-    return C.Function(d.name.name, tuple(inputs), tuple(outputs), tensors, size_vars,
-                      tuple(statements), span=d.span)
+    fn = C.Function(d.name.name, tuple(inputs), tuple(outputs), tensors, size_vars,
+                    tuple(statements), span=d.span, callees=tuple(inlined.values()))
+    return inline.Callee(fn, tuple(expanded))
+
+
+def _as_call(s: ast.Statement | ast.TCCall, tensors, size_vars, callees: _Callees
+             ) -> ast.TCCall | None:
+    """The call a statement makes: a `TCCall`, or `a = f(x, y)` where `f` is a TC function of
+    the source and no tensor, size variable or builtin of that name hides it."""
+    if isinstance(s, ast.TCCall):
+        return s
+    rhs = s.rhs
+    if not isinstance(rhs, ast.Apply):
+        return None
+    name = rhs.name.name
+    if name not in callees.defs or name in tensors or name in size_vars or name in BUILTINS:
+        return None
+    if s.indices or s.op != "=" or s.where or s.equivalent is not None:
+        raise TCSemanticError(
+            f"'{name}' is a TC function: a call defines whole tensors, with '=' and no index "
+            "list, 'where' or '<=>'", s.span, (f"write '({s.tensor.name}) = {name}(...)'",))
+    for a in rhs.args:
+        if not isinstance(a, ast.Ident):
+            raise TCSemanticError(
+                "an argument of a TC function call is the name of a tensor or scalar, "
+                f"not the expression '{a.span.text()}'", a.span,
+                ("compute it into a tensor first, then pass that tensor",))
+    return ast.TCCall((s.tensor,), rhs.name, tuple(rhs.args), s.span)
 
 
 class _StatementChecker:
     """Checks one statement against the tensors defined so far."""
 
-    def __init__(self, tensors, size_vars, outputs, s: ast.Statement, hints):
+    def __init__(self, tensors, size_vars, outputs, s: ast.Statement, hints,
+                 functions: frozenset = frozenset()):
         self.tensors, self.size_vars, self.outputs, self.s = tensors, size_vars, outputs, s
         self.hints = hints
+        self.functions = functions  # the TC functions of the source
         self.var_spans: dict[str, Span] = {}
         self.self_reads: list[Span] = []
         self.read_nesting = 0  # tensor reads around the subscript being checked
@@ -215,7 +298,8 @@ class _StatementChecker:
             tensor = existing
         rhs = _convert(_retype_self(rhs, name, tensor.type), tensor.type)
         stmt = C.Statement(name, tuple(self.lhs), tuple(rhs_vars), reduction, s.init, rhs, where,
-                           first_definition=existing is None, span=s.span, var_spans=self.var_spans)
+                           first_definition=existing is None, span=s.span, var_spans=self.var_spans,
+                           text=s.text)
         return stmt, tensor
 
     # -- where clauses: size expressions -------------------------------------------------------
@@ -238,6 +322,11 @@ class _StatementChecker:
         for node in _ast_nodes(e):
             if isinstance(node, ast.Apply) and node.name.name not in BUILTINS:
                 raise self.error("a range bound may not read a tensor; only sizes, constants and "
+                                 "scalar inputs", node.span)
+            t = self.tensors.get(node.name) if isinstance(node, ast.Ident) else None
+            if t is not None and t.kind != "input":
+                raise self.error(f"a range bound may not read tensor '{node.name}' (its values "
+                                 "are known only when it runs); only sizes, constants and "
                                  "scalar inputs", node.span)
             if isinstance(node, ast.Ident) and node.name not in self.size_vars \
                     and node.name not in self.tensors:
@@ -365,6 +454,10 @@ class _StatementChecker:
             self.read_nesting -= 1
             return self.read(n, tuple(args), e.span)
         b = BUILTINS.get(n)
+        if b is None and n in self.functions:
+            raise self.error(f"'{n}' is a TC function; a call is a statement of its own, not "
+                             "part of an expression", e.span,
+                             f"call it first, as in '(T) = {n}(...)', then read T")
         if b is None:
             raise self.error(f"unknown tensor or function '{n}'"
                              f"{_suggest(n, [*self.tensors, *BUILTINS])}", e.name.span)
