@@ -180,7 +180,7 @@ def test_bfloat16_is_a_clear_error(tmm):
         tmm(torch.randn(2, 3).bfloat16(), torch.randn(2, 3).bfloat16())
 
 
-# -- errors -----------------------------------------------------------------------------------------
+# -- errors --------------------------------------------------------------------------------
 
 def test_mixed_float_dtypes_are_refused(tmm):
     with pytest.raises(tc.TCArgumentError, match="one dtype; A is torch.float32, B is "
@@ -227,7 +227,8 @@ def test_bad_backward_text_is_a_clear_error(text, message):
     with pytest.raises(tc.TCError, match=message) as info:
         tct.op(_example("tmm.tc"), "tmm", backward=text)
     if "parameter" in message:
-        assert "def tmm_grad(float32(M, K) A, float32(N, K) B, float32(M, N) C" in str(info.value)
+        assert ("def tmm_grad(float32(M, K) A, float32(N, K) B, float32(M, N) C, "
+                "float32(M, N) d_C) -> (d_A, d_B)") in str(info.value)
 
 
 def test_backward_text_syntax_error_points_into_it():
@@ -332,7 +333,7 @@ def test_gradient_of_the_wrong_shape_is_a_clear_error():
         layer(A, torch.randn(2, 4)).sum().backward()
 
 
-# -- torch.library, torch.compile, torch.export -----------------------------------------------------
+# -- torch.library, torch.compile, torch.export --------------------------------------------
 
 def test_operator_identity_and_name(tmm):
     assert tct.op(_example("tmm.tc"), "tmm", backward=TMM_GRAD) is tmm
@@ -423,7 +424,7 @@ def test_export_with_dynamic_sizes():
     torch.testing.assert_close(exported.module()(x), torch.nn.functional.max_pool2d(x, 2))
 
 
-# -- packaging and the GPU --------------------------------------------------------------------------
+# -- packaging and the GPU -----------------------------------------------------------------
 
 def test_import_tcstage_does_not_import_torch():
     code = "import sys, tcstage; assert 'torch' not in sys.modules, 'torch was imported'"

@@ -56,7 +56,9 @@ def check_backward(forward: C.Function, fn: C.Function, backward: Backward) -> N
     expected = ([(t, f"forward input {t.name}") for t in forward.inputs]
                 + [(t, f"forward output {t.name}") for t in fwd_outputs]
                 + [(t, f"the gradient of output {t.name}") for t in fwd_outputs])
-    signature = (f"def {fn.name}({', '.join(_declare(t, forward) for t, _ in expected)}) -> "
+    names = [t.name for t, _ in expected[:n_in + n_out]] + [f"d_{o}" for o in forward.outputs]
+    params = ", ".join(_declare(t, forward, n) for (t, _), n in zip(expected, names))
+    signature = (f"def {fn.name}({params}) -> "
                  f"({', '.join('d_' + n for n in _differentiable(forward))})")
     note = (f"the backward of '{forward.name}' takes (inputs..., outputs..., d_outputs...) and "
             f"returns one gradient per floating-point input: {signature}",)
@@ -88,11 +90,11 @@ def check_backward(forward: C.Function, fn: C.Function, backward: Backward) -> N
                       fn.span, note)
 
 
-def _declare(t: C.Tensor, forward: C.Function) -> str:
+def _declare(t: C.Tensor, forward: C.Function, name: str) -> str:
     if not t.rank:
-        return f"{t.type} {t.name}"
+        return f"{t.type} {name}"
     dims = t.dims if all(t.dims) else _output_dims(forward, t.name)
-    return f"{t.type}({', '.join(dims)}) {t.name}"
+    return f"{t.type}({', '.join(dims)}) {name}"
 
 
 def _output_dims(forward: C.Function, name: str) -> tuple[str, ...]:
