@@ -385,7 +385,7 @@ def _run_cuda(program: Program, name: str, args, options) -> list[torch.Tensor]:
     from tcstage.compiler import compile as tc_compile
 
     device = _device(args)
-    args = [a.contiguous() if isinstance(a, torch.Tensor) else a for a in args]
+    args = [a.detach().contiguous() if isinstance(a, torch.Tensor) else a for a in args]
     with torch.cuda.device(device):
         kernel = tc_compile(program, name, *args, options=options, target="cuda")
         call = kernel.prepare(*args)  # outputs allocated by PyTorch, on the current stream
