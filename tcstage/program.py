@@ -169,7 +169,7 @@ class TCFunction:
             concrete = {v: r.evaluate(values) for v, r in sr.ranges.items()} \
                 if values is not None else {}
             reports.append(StatementReport(
-                sr.tensor, st.span.text() if st.span else sr.tensor,
+                sr.tensor, C.statement_text(st),
                 {v: r.text(v) for v, r in sr.ranges.items()}, concrete))
         return reports
 
