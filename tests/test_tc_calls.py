@@ -273,3 +273,17 @@ def test_tensor_names_hide_function_names():
 }""")
     a, b = f32(5), f32(5)
     np.testing.assert_allclose(prog.f(a, b), a + b, rtol=1e-6)
+
+
+def test_ranges_cuda_comments_and_tuning_key_show_inlined_statements_in_the_callers_names():
+    prog = tc.define(LAYERS)
+    assert [r.source for r in prog.fcrelu.ranges()] == [
+        "h(i, j) +=! x(i, k) * w(k, j)", "y(i, j) = fmax(h(i, j) + bias(j), 0)"]
+    kernel = tc.compile(prog, "fcrelu", (6, 5), (5, 7), (7,), options=M(),
+                        target="cuda-emulated")
+    assert "// S1: h(i, j) +=! x(i, k) * w(k, j)" in kernel.cuda_source
+    # the tuning cache's key covers the callees: changing one changes the caller's key
+    from tcstage.tune.cache import tc_hash
+    changed = tc.define(LAYERS.replace("fmax(X(i, j) + b(j), 0)", "fmax(X(i, j) - b(j), 0)"))
+    assert tc_hash(changed.fcrelu) != tc_hash(prog.fcrelu)
+    assert tc_hash(tc.define(LAYERS).fcrelu) == tc_hash(prog.fcrelu)

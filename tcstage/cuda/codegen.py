@@ -23,6 +23,7 @@ import islpy as isl
 from tcstage.errors import TCError, warn
 from tcstage.halide.lower import Lowered
 from tcstage.halide.solver import Tree, inline_lets
+from tcstage.lang.checked import statement_text
 from tcstage.lang.types import ScalarType
 from tcstage.poly import budget
 from tcstage.poly.budget import WorkLimitExceeded, bounded
@@ -171,7 +172,7 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
         body = printer.statement(s)
         args = ", ".join(s.iterators)
         tc_statement = fn.statements[s.tc_statement]
-        text = " ".join(tc_statement.span.text().split()) if tc_statement.span else s.tensor
+        text = statement_text(tc_statement)  # (an inlined one in its function's names)
         # `+=!` makes two statements: the reduction's identity first, then the update
         first_of_two = any(o.tc_statement == s.tc_statement and o.definition > s.definition
                            for o in scop.statements)

@@ -72,11 +72,30 @@ def tc_hash(fn) -> str:
     checked = getattr(fn, "checked", fn)
     span = getattr(checked, "span", None)
     if span is not None:
-        tokens = [(t.kind, t.text) for t in tokenize(Source(span.text())) if t.kind != "eof"]
-        text = json.dumps(["tc-tokens-1", tokens], separators=(",", ":"))
+        def tokens(span):
+            return [(t.kind, t.text) for t in tokenize(Source(span.text())) if t.kind != "eof"]
+        key = ["tc-tokens-1", tokens(span)]
+        # the functions its calls inlined (their source is elsewhere): a change there is one here
+        key += [tokens(c.span) for c in _inlined(checked) if c.span is not None]
+        text = json.dumps(key, separators=(",", ":"))
     else:  # built without source (no span): the typed IR's repr, which leaves spans out
         text = json.dumps(["tc-ir-1", repr(checked)])
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _inlined(fn) -> list:
+    """The functions inlined into fn by its calls, directly or not, each once, in call order."""
+    out, seen = [], set()
+
+    def visit(f):
+        for c in getattr(f, "callees", ()):
+            if c.name not in seen:
+                seen.add(c.name)
+                out.append(c)
+                visit(c)
+
+    visit(fn)
+    return out
 
 
 def default_path() -> pathlib.Path:
