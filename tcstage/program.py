@@ -2,13 +2,17 @@
 
 A `TCFunction` checks its arguments against the signature, infers ranges (symbolically once, or
 per value of the scalar inputs it specialises on), lowers to Halide and runs the JIT-compiled
-pipeline, caching one compiled kernel per (shapes, dtypes, specialised scalars, schedule).
+pipeline, caching one compiled kernel per (specialised scalars, schedule): a kernel serves every
+set of sizes, unless it is specialised to shapes (`specialize_shapes=True`), which adds the
+shapes to the key. Tensors are numpy arrays, or CPU PyTorch tensors taken as numpy views; torch
+is imported by the caller, never here.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
+import sys
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -16,7 +20,7 @@ import numpy as np
 
 from tcstage.errors import TCArgumentError, TCError, warn
 from tcstage.halide import ranges as R
-from tcstage.halide.jit import DEFAULT_SCHEDULE, CpuKernel, schedule_name
+from tcstage.halide.jit import DEFAULT_SCHEDULE, CpuKernel, needs_large_buffers, schedule_name
 from tcstage.halide.lower import Lowered, lower
 from tcstage.halide.solver import evaluate
 from tcstage.lang import checked as C
@@ -117,6 +121,10 @@ class TCFunction:
         self.checked = fn
         self.name = fn.name
         self.specialized_scalars = R.needs_specialization(fn)
+        # The default of specialize_shapes: shape-generic kernels, except where a subscript
+        # reads a tensor the function computes (see jit._compile_pipeline: Halide's lowering
+        # of such reads is exponential in their nesting unless the shapes are bounds).
+        self.specializes_shapes = _subscripts_read_computed_tensors(fn)
         self._ranges: dict[tuple, R.FunctionRanges] = {}
         self._kernels: dict[tuple, CpuKernel] = {}
         if not self.specialized_scalars:
@@ -137,8 +145,18 @@ class TCFunction:
             self._ranges[spec] = cached
         return cached
 
+    @property
+    def compile_count(self) -> int:
+        """How many Halide pipelines calling this function has compiled for the CPU (a schedule
+        that fails and falls back to unscheduled code counts both). It stays the same over
+        calls that reuse a kernel: with shape-generic kernels (the default), calls at new
+        sizes compile nothing."""
+        return sum(k.compilations for k in self._kernels.values())
+
     def bind(self, args: Sequence, out=None, shapes_only: bool = False, named=None) -> Binding:
-        """args (positional) and named (by TC name) checked against the signature."""
+        """args (positional) and named (by TC name) checked against the signature (CPU
+        PyTorch tensors are taken as numpy views)."""
+        args, named, out, _ = _numpy_views(self.checked, args, named or {}, out, cuda_ok=True)
         return _bind(self.checked, _positional(self.checked, args, named or {}), out, shapes_only)
 
     # -- user API ------------------------------------------------------------------------------
@@ -182,34 +200,53 @@ class TCFunction:
         spec = b.specialization(self)
         return lower(self.checked, self._infer(spec), dict(spec))
 
-    def __call__(self, *args, out=None, schedule=_DEFAULT, **named):
-        """Runs on the CPU. Tensors are numpy arrays, scalars Python or numpy numbers, given in
-        signature order or by their TC names (`prog.tmm(A=a, B=b)`).
+    def __call__(self, *args, out=None, schedule=_DEFAULT, specialize_shapes: bool | None = None,
+                 **named):
+        """Runs on the CPU. Tensors are numpy arrays or CPU PyTorch tensors (taken without a
+        copy where Halide can read them; the results are then PyTorch tensors too), scalars
+        Python or numpy numbers, given in signature order or by their TC names
+        (`prog.tmm(A=a, B=b)`).
         `out` supplies in/out outputs (those that accumulate into the caller's values), as one
         array or a tuple in output order; they are updated in place. `schedule`: one of
         `jit.AUTOSCHEDULERS`, or None (or 'none') for Halide's unscheduled code.
+        `specialize_shapes`: False compiles one kernel for all sizes (the first call's sizes
+        guide the autoscheduler), True one per set of shapes (Halide knows them as constants);
+        None (the default) is False, except for functions whose subscripts read a tensor they
+        compute (`self.specializes_shapes`).
         Returns an array, or a tuple for several outputs."""
         schedule = DEFAULT_SCHEDULE if schedule is _DEFAULT else schedule_name(schedule)
-        b = self.bind(args, out, named=named)
+        if specialize_shapes is None:
+            specialize_shapes = self.specializes_shapes
+        elif not isinstance(specialize_shapes, (bool, np.bool_)):
+            raise TCArgumentError(f"specialize_shapes takes True, False or None, got "
+                                  f"{_describe(specialize_shapes)}")
+        args, named, out, torch_in = _numpy_views(self.checked, args, named, out, cuda_ok=False)
+        b = _bind(self.checked, _positional(self.checked, args, named), out, False)
         for name, a in (*b.arrays.items(), *b.inout.items()):
             if not isinstance(a, np.ndarray):
                 raise TCArgumentError(
                     f"{name} is a device array ({type(a).__name__}); calling the TC function "
-                    "runs on the CPU and takes numpy arrays",
+                    "runs on the CPU and takes numpy arrays or CPU PyTorch tensors",
                     notes=("for the GPU: tc.compile(source, name, *inputs, target='cuda')",))
         spec = b.specialization(self)
         self._output_layout(b)  # rejects impossible output shapes before compiling
-        key = (spec, tuple(sorted(b.sizes.items())), schedule)
+        large = needs_large_buffers(self.checked, self._infer(spec), b.sizes)
+        shapes = tuple(sorted(b.sizes.items())) if specialize_shapes else None
+        key = (spec, schedule, large, shapes)
         kernel = self._kernels.get(key)
         if kernel is None:
             lowered = lower(self.checked, self._infer(spec), dict(spec))
-            kernel = CpuKernel(lowered, b.sizes, schedule)
+            kernel = CpuKernel(lowered, b.sizes, schedule, specialize_shapes=bool(specialize_shapes),
+                               large_buffers=large)
             self._kernels[key] = kernel
-        results = kernel(b.arrays, b.scalars, b.inout)
+        results = kernel(b.arrays, b.scalars, b.inout, b.sizes)
         for name, res in zip(self.checked.outputs, results):
             if name in b.inout:  # in/out outputs are updated in place, like numpy's out=
                 b.inout[name][...] = res
         final = [b.inout.get(n, r) for n, r in zip(self.checked.outputs, results)]
+        if torch_in is not None:  # the caller's own out= tensors, the others as torch views
+            final = [torch_in.get(n) if n in torch_in else _torch().from_numpy(r)
+                     for n, r in zip(self.checked.outputs, final)]
         return final[0] if len(final) == 1 else tuple(final)
 
     def _check_where_ranges(self, fr: R.FunctionRanges, values: Mapping[str, int]) -> None:
@@ -245,6 +282,82 @@ class TCFunction:
                     f"(inferred as {R.tree_to_str(tb.extents[k])}) for these inputs")
             layout.append((extents, mins))
         return layout
+
+
+def _subscripts_read_computed_tensors(fn: C.Function) -> bool:
+    """Whether a subscript of a read reads a tensor the function computes (`T(T(i))`)."""
+    computed = {n for n, t in fn.tensors.items() if t.kind != "input"}
+    return any(inner.tensor in computed
+               for st in fn.statements
+               for r in C.walk(st.rhs) if isinstance(r, C.Read)
+               for a in r.args
+               for inner in C.walk(a) if isinstance(inner, C.Read))
+
+
+def _torch():
+    """PyTorch if the caller has imported it (a torch tensor can exist only then), else None."""
+    return sys.modules.get("torch")
+
+
+def _numpy_views(fn: C.Function, args: Sequence, named: Mapping, out, cuda_ok: bool):
+    """The arguments with every CPU PyTorch tensor replaced by a numpy view of its memory (no
+    copy; `.detach()`ed first). Returns (args, named, out, torch_out): torch_out is None when
+    no argument was a torch tensor, else the out= tensors by output name (the call returns
+    them, updated in place). CUDA tensors stay as they are where `cuda_ok` (shape-only calls
+    read them through __cuda_array_interface__), else they are a TCArgumentError."""
+    torch = _torch()
+    if torch is None:
+        return args, named, out, None
+    seen = []
+
+    def view(value, what: str, written: bool = False):
+        if not isinstance(value, torch.Tensor):
+            return value
+        seen.append(value)
+        if value.device.type != "cpu":
+            if cuda_ok:
+                return value
+            raise TCArgumentError(
+                f"{what} is a PyTorch tensor on {value.device}; calling the TC function runs on "
+                "the CPU and takes numpy arrays or CPU tensors",
+                notes=(f"move it with {what}.cpu(), or for the GPU: "
+                       "tc.compile(source, name, *inputs, target='cuda')",))
+        if value.layout != torch.strided:
+            raise TCArgumentError(f"{what} is a {value.layout} PyTorch tensor; tcstage takes "
+                                  "dense (strided) tensors", notes=(f"use {what}.to_dense()",))
+        if written and value.requires_grad:
+            raise TCArgumentError(f"out= tensor {what} requires grad; tcstage writes it in "
+                                  "place, which autograd cannot follow",
+                                  notes=(f"pass {what}.detach() to update it anyway",))
+        tensor = value.detach().resolve_conj().resolve_neg()
+        try:
+            return tensor.numpy()
+        except (TypeError, RuntimeError) as e:  # a dtype numpy lacks: bfloat16, float8, ...
+            raise TCArgumentError(f"{what} is a PyTorch tensor of dtype {value.dtype}, which "
+                                  f"numpy cannot view ({str(e).strip()})",
+                                  notes=(f"convert it with {what}.float()",)) from None
+
+    names = [t.name for t in fn.inputs]
+    args = tuple(view(a, names[k] if k < len(names) else f"argument {k + 1}")
+                 for k, a in enumerate(args))
+    named = {n: view(a, n) for n, a in named.items()}
+    inouts = [n for n in fn.outputs if fn.tensors[n].inout]
+    torch_out = {}
+    if isinstance(out, (tuple, list)):
+        views = []
+        for k, a in enumerate(out):
+            name = inouts[k] if k < len(inouts) else f"out[{k}]"
+            views.append(view(a, name, written=True))
+            if views[-1] is not a:
+                torch_out[name] = a
+        out = type(out)(views)
+    elif out is not None:
+        name = inouts[0] if inouts else "out"
+        viewed = view(out, name, written=True)
+        if viewed is not out:
+            torch_out[name] = out
+        out = viewed
+    return args, named, out, (torch_out if seen else None)
 
 
 def _names_in(w: C.RangeConstraint) -> set[str]:

@@ -1,16 +1,22 @@
 """The CPU back end: Halide's JIT, with a real schedule from one of the wheel's autoschedulers.
 
-A `CpuKernel` is compiled for one set of shapes (the autoscheduler plans for them through
-`set_estimates`, and the inputs' bounds are set to them) and run on numpy arrays. The default
-autoscheduler is Mullapudi2016, which needs no trained weights and schedules the TC kernels
-well; Adams2019 and Li2018 are available, and `schedule=None` gives Halide's unscheduled code
-(every tensor computed at the root). A schedule that fails (an autoscheduler that rejects the
-pipeline, or code that touches elements beyond small arrays) falls back to unscheduled code,
-with a `TCWarning`.
+A `CpuKernel` is one TC function compiled by Halide's JIT. By default it is shape-generic: the
+input extents stay symbolic in the pipeline (only the sizes the signature fixes, such as
+`float(N, 3)`, are bounds), the first call's shapes are the autoscheduler's estimates
+(`set_estimates`, which plan the schedule but bake nothing in), and every call allocates its
+outputs for its own shapes, so one kernel serves every set of sizes. A kernel specialised to
+shapes (`specialize_shapes=True`) has its inputs' bounds set to them as well, and serves only
+those. The default autoscheduler is Mullapudi2016, which needs no trained weights and schedules
+the TC kernels well; Adams2019 and Li2018 are available, and `schedule=None` gives Halide's
+unscheduled code (every tensor computed at the root). A schedule that fails (an autoscheduler
+that rejects the pipeline, or code that touches elements beyond small arrays) falls back to
+unscheduled code, with a `TCWarning`: for good when the autoscheduler fails; when the code
+fails at some sizes (a schedule planned for large sizes, run at sizes below its split factors),
+a second schedule planned for small sizes is tried first (see `CpuKernel`).
 
 Arrays go to Halide as they are where it can take them (read-only ones included) and as
 C-ordered, aligned, native-endian copies where it cannot; tensors beyond Halide's int32
-indexing (2**31 - 1 elements) are refused.
+indexing (2**31 - 1 elements) are refused, checked for every call's sizes.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import math
 import os
 from collections.abc import Mapping
 
+import attrs
 import halide as hl
 import numpy as np
 
@@ -68,139 +75,248 @@ def _reversed_estimates(mins, extents) -> list[tuple[int, int]]:
     return [(int(m), max(1, int(e))) for m, e in reversed(list(zip(mins, extents)))]
 
 
-def _tensor_extents(lowered: Lowered, values: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
+def _tensor_extents(fn, ranges, values: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
     """The extents of every tensor of the function, for a call's sizes."""
     return {name: tuple(evaluate(e, values) for e in b.extents)
-            for name, b in lowered.ranges.tensors.items() if lowered.fn.tensors[name].rank}
+            for name, b in ranges.tensors.items() if fn.tensors[name].rank}
+
+
+def needs_large_buffers(fn, ranges, values: Mapping[str, int]) -> bool:
+    """Whether a call at these sizes has a tensor of more than 2**31 - 1 bytes (Halide's JIT
+    then needs the LargeBuffers target feature). A tensor of more than 2**31 - 1 elements,
+    which Halide cannot index, is a TCArgumentError."""
+    large = False
+    for name, shape in _tensor_extents(fn, ranges, values).items():
+        elements = math.prod(max(0, e) for e in shape)
+        if elements > MAX_ELEMENTS:
+            raise TCArgumentError(
+                f"'{fn.name}' would need {fn.tensors[name].kind} {name} of shape {shape} "
+                f"({elements} elements); the CPU back end (Halide) addresses at most "
+                f"2**31 - 1 elements per tensor")
+        large |= elements * fn.tensors[name].type.bits // 8 > MAX_ELEMENTS
+    return large
+
+
+@attrs.frozen(eq=False)
+class _Compiled:
+    """One JIT-compiled pipeline and the Funcs and parameters it was built from."""
+
+    lowered: Lowered
+    pipeline: hl.Pipeline
+    schedule: str | None
+    estimates: dict  # the sizes it was scheduled for
 
 
 class CpuKernel:
-    """A TC function compiled by Halide's JIT for one set of input shapes."""
+    """A TC function compiled by Halide's JIT: for any sizes (the default), or for the shapes
+    of `values` only (`specialize_shapes`).
 
-    def __init__(self, lowered: Lowered, values: Mapping[str, int], schedule: str | None):
-        self.lowered = lowered
-        self.schedule = schedule = schedule_name(schedule)
-        fn, ranges = lowered.fn, lowered.ranges
-        extents = _tensor_extents(lowered, values)
+    `values` (size variable -> int) are the sizes of the call that compiles it: the
+    autoscheduler's estimates, and the bounds of a specialised kernel. `large_buffers`: compile
+    for tensors of more than 2**31 - 1 bytes (`needs_large_buffers`). `compilations` counts the
+    pipelines compiled, fallbacks included.
+
+    A schedule planned for some sizes may not run at smaller ones: the autoschedulers split
+    loops with ShiftInwards by factors up to the estimates (Mullapudi2016 by 16 where it can),
+    and the code then touches
+    elements before the start of a smaller tensor (Halide's run-time bounds check refuses it).
+    Sizes where the schedule fails get a second shape-generic pipeline, scheduled as if the
+    dimensions that shrank had extent 1 (so that it splits none of them and serves every
+    smaller size as well), and unscheduled code only where that fails too, with a
+    `TCWarning`."""
+
+    def __init__(self, lowered: Lowered, values: Mapping[str, int], schedule: str | None, *,
+                 specialize_shapes: bool = False, large_buffers: bool = False):
+        self.fn, self.ranges = lowered.fn, lowered.ranges
+        self.specialize_shapes = specialize_shapes
+        self.values = dict(values)
         target = hl.get_jit_target_from_environment()
-        for name, shape in extents.items():
-            elements = math.prod(max(0, e) for e in shape)
-            if elements > MAX_ELEMENTS:
-                raise TCArgumentError(
-                    f"'{fn.name}' would need {fn.tensors[name].kind} {name} of shape {shape} "
-                    f"({elements} elements); the CPU back end (Halide) addresses at most "
-                    f"2**31 - 1 elements per tensor")
-            if elements * fn.tensors[name].type.bits // 8 > MAX_ELEMENTS:
-                target = target.with_feature(hl.TargetFeature.LargeBuffers)
-        self.output_bounds = []
-        for name in fn.outputs:
-            b = ranges.tensors[name]
-            self.output_bounds.append((tuple(evaluate(m, values) for m in b.mins),
-                                       tuple(evaluate(e, values) for e in b.extents)))
-        self.values, self.target = dict(values), target
+        self.target = target.with_feature(hl.TargetFeature.LargeBuffers) if large_buffers \
+            else target
+        self.compilations = 0
+        self._unscheduled: _Compiled | None = None
+        self._rescheduled: list[_Compiled] = []  # scheduled for sizes where _main failed
+        self._serving: dict[tuple, _Compiled] = {}  # those sizes -> the pipeline that ran
+        schedule = schedule_name(schedule)
         try:
-            self.pipeline = self._compile()
+            self._main = self._compile(lowered, schedule, self.values)
         except HALIDE_FAILURES as e:  # from the autoscheduler (see _compile)
-            self._unscheduled()
-            warn(f"'{fn.name}' runs unscheduled on the CPU: the {schedule} autoscheduler "
+            self._main = self._unscheduled_pipeline()
+            warn(f"'{self.fn.name}' runs unscheduled on the CPU: the {schedule} autoscheduler "
                  f"failed on it ({_halide_message(e)})")
 
-    def _unscheduled(self) -> None:
-        """Falls back to Halide's unscheduled code: a schedule only makes the code fast. The
-        failed attempt may have scheduled some Funcs, so this starts from fresh ones."""
-        fn, ranges = self.lowered.fn, self.lowered.ranges
-        self.schedule = None
-        self.lowered = lower(fn, ranges, dict(ranges.scalars))
-        self.pipeline = self._compile()
+    @property
+    def schedule(self) -> str | None:
+        return self._main.schedule
 
-    def _compile(self) -> hl.Pipeline:
+    def _fresh(self) -> Lowered:
+        """New Funcs (a schedule, even a failed attempt, changes the Funcs it is applied to)."""
+        return lower(self.fn, self.ranges, dict(self.ranges.scalars))
+
+    def _unscheduled_pipeline(self) -> _Compiled:
+        """Halide's unscheduled code (a schedule only makes the code fast), compiled once."""
+        if self._unscheduled is None:
+            self._unscheduled = self._compile(self._fresh(), None, self.values)
+        return self._unscheduled
+
+    def _compile(self, lowered: Lowered, schedule: str | None, estimates: Mapping[str, int]
+                 ) -> _Compiled:
         """The JIT-compiled pipeline. Halide's errors pass through where a schedule was asked
         for (the caller falls back to none); without one they are a TCError."""
+        self.compilations += 1
         try:
-            return self._compile_pipeline()
+            return _Compiled(lowered, self._compile_pipeline(lowered, schedule, estimates),
+                             schedule, dict(estimates))
         except HALIDE_FAILURES as e:
-            if self.schedule is not None:
+            if schedule is not None:
                 raise
-            raise TCError(f"Halide could not compile '{self.lowered.fn.name}' for the CPU: "
+            raise TCError(f"Halide could not compile '{lowered.fn.name}' for the CPU: "
                           f"{_halide_message(e)}", notes=("this is a bug in tcstage",)) from e
 
-    def _compile_pipeline(self) -> hl.Pipeline:
-        lowered, fn, values, target = self.lowered, self.lowered.fn, self.values, self.target
-        params = [(p, [int(d) if d.isdigit() else values[d] for d in fn.tensors[name].dims])
-                  for name, p in (*lowered.params.items(), *lowered.inout_params.items())
-                  if fn.tensors[name].rank]
-        for p, extents in params:
+    def _compile_pipeline(self, lowered: Lowered, schedule: str | None,
+                          estimates: Mapping[str, int]) -> hl.Pipeline:
+        fn, target = lowered.fn, self.target
+        for name, p in (*lowered.params.items(), *lowered.inout_params.items()):
+            dims = fn.tensors[name].dims
+            if not dims:
+                continue
+            extents = [int(d) if d.isdigit() else estimates[d] for d in dims]
             p.set_estimates(_reversed_estimates([0] * len(extents), extents))
-            # The kernel serves only these shapes, so Halide is told them. With symbolic
-            # extents, a temporary that the autoscheduler splits (ShiftInwards) has a realized
-            # region like max(min(N, 8), 1) - 8, and lowering a subscript that reads it
-            # through nested reads, T(T(T(T(T(I(i)))))), took time exponential in the depth
-            # (90 s for 5 levels with Mullapudi2016, unbounded with Li2018). Empty tensors
-            # keep symbolic bounds: Li2018 aborts the process on a constant extent 0.
+            # The estimates only plan the schedule: the code stays correct for every size.
+            # Sizes the signature fixes are bounds, and so are all of them in a kernel
+            # specialised to its shapes. (With symbolic extents, a temporary that the
+            # autoscheduler splits (ShiftInwards) has a realized region like
+            # max(min(N, 8), 1) - 8, and lowering a subscript that reads it through nested
+            # reads, T(T(T(T(T(I(i)))))), took time exponential in the depth: 90 s for 5
+            # levels with Mullapudi2016, unbounded with Li2018; TCFunction specialises such
+            # functions to their shapes by default.) Empty tensors keep symbolic bounds:
+            # Li2018 aborts the process on a constant extent 0.
             if min(extents) > 0:
-                for k, e in enumerate(reversed(extents)):
-                    p.dim(k).set_bounds(0, int(e))
-        for f, (mins, extents) in zip(lowered.outputs, self.output_bounds):
+                for k, (d, e) in enumerate(zip(reversed(dims), reversed(extents))):
+                    if self.specialize_shapes or d.isdigit():
+                        p.dim(k).set_bounds(0, int(e))
+        for f, (mins, extents) in zip(lowered.outputs, self.output_bounds(estimates)):
             if mins:
                 f.set_estimates(_reversed_estimates(mins, extents))
         pipeline = hl.Pipeline(lowered.outputs)
-        if self.schedule is None:
+        if schedule is None:
             final = {f.name() for f in lowered.outputs}
             for versions in lowered.versions.values():
                 for v in versions:
                     if v.func.name() not in final:
                         v.func.compute_root()
         else:
-            _load_autoscheduler(self.schedule)
+            _load_autoscheduler(schedule)
             # All three take 'parallelism' (Adams2019 and Li2018 assume 16 cores otherwise).
             # Never pass a parameter a plugin does not define: Halide aborts the process.
             params = {"parallelism": str(os.cpu_count() or 1)}
-            pipeline.apply_autoscheduler(target, hl.AutoschedulerParams(self.schedule, params))
+            pipeline.apply_autoscheduler(target, hl.AutoschedulerParams(schedule, params))
         pipeline.compile_jit(target)
         return pipeline
 
+    def output_bounds(self, values: Mapping[str, int]) -> list[tuple[tuple, tuple]]:
+        """(mins, extents) of each output for a call's sizes."""
+        tensors = self.ranges.tensors
+        return [(tuple(evaluate(m, values) for m in tensors[name].mins),
+                 tuple(evaluate(e, values) for e in tensors[name].extents))
+                for name in self.fn.outputs]
+
     def __call__(self, arrays: Mapping[str, np.ndarray], scalars: Mapping[str, object],
-                 inout: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        low = self.lowered
-        keep = []  # the buffers' memory must outlive the run: storage views may be copies
-        for name, p in low.params.items():
-            t = low.fn.tensors[name]
-            if t.rank == 0:
-                value = scalars[name]
-                set_scalar(p, value, t.type)
-            else:
-                keep.append(_storage_view(arrays[name], t.type))
-                p.set(hl.Buffer(keep[-1]))
-        for name, p in low.inout_params.items():
-            keep.append(_storage_view(inout[name], low.fn.tensors[name].type))
-            p.set(hl.Buffer(keep[-1]))
-        outs, buffers = [], []
-        for name, (mins, extents) in zip(low.fn.outputs, self.output_bounds):
-            dtype = storage_type(low.fn.tensors[name].type).numpy
-            out = aligned_empty(extents, dtype)
-            buf = hl.Buffer(out)
-            if mins:
-                buf.set_min(list(reversed(mins)))
-            outs.append(out)
-            buffers.append(buf)
+                 inout: Mapping[str, np.ndarray], values: Mapping[str, int] | None = None
+                 ) -> list[np.ndarray]:
+        """Runs on a call's arrays; `values`: its sizes (those it was compiled at if None; a
+        specialised kernel takes no others)."""
+        values = self.values if values is None else dict(values)
+        if self.specialize_shapes and values != self.values:
+            raise TCError(f"a kernel of '{self.fn.name}' specialised to sizes {self.values} "
+                          f"was called with {values}", notes=("this is a bug in tcstage",))
+        sizes = tuple(sorted(values.items()))
+        compiled = self._serving.get(sizes, self._main)
+        run = (arrays, scalars, inout, self.output_bounds(values))
         try:
-            self.pipeline.realize(buffers)
+            return _run(compiled, *run)
         except HALIDE_FAILURES as e:  # a failed runtime check (e.g. a read out of bounds)
-            if self.schedule is None:
-                raise TCArgumentError(f"running '{low.fn.name}' failed: {_halide_message(e)}") \
+            if compiled.schedule is None:
+                raise TCArgumentError(f"running '{self.fn.name}' failed: {_halide_message(e)}") \
                     from None
-            # Autoschedulers may split a loop by more than its extent, so that the code
-            # touches elements beyond the arrays. If the unscheduled code runs, the schedule
-            # was at fault, not the arguments.
-            failed = f"the {self.schedule} schedule failed at run time ({_halide_message(e)})"
-            self._unscheduled()
-            results = self(arrays, scalars, inout)
-            warn(f"'{low.fn.name}' runs unscheduled on the CPU: {failed}")
+            return self._run_elsewhere(sizes, values, run, compiled, e)
+
+    def _run_elsewhere(self, sizes: tuple, values: dict, run: tuple, failed: _Compiled,
+                       error: Exception) -> list[np.ndarray]:
+        """The schedule `failed` did not run at these sizes: a pipeline scheduled for other
+        sizes where it failed, else a new one scheduled for these (a shape-generic kernel), else
+        the unscheduled code, whose failure is the arguments' fault."""
+        if len(self._serving) > 4096:  # a memo of sizes, not a record: keep it small
+            self._serving.clear()
+        for other in self._rescheduled:
+            if other is failed:
+                continue
+            try:
+                results = _run(other, *run)
+            except HALIDE_FAILURES:
+                continue
+            self._serving[sizes] = other
             return results
-        finally:
-            del keep
-        return [o.view(low.fn.tensors[n].type.numpy) if o.dtype != low.fn.tensors[n].type.numpy
-                else o for n, o in zip(low.fn.outputs, outs)]
+        # Planned for extent 1 in the dimensions that shrank, a schedule splits none of them,
+        # so it serves every smaller size too: one more kernel for a loop whose sizes go down.
+        # (A specialised kernel would get the same schedule again.)
+        main = self._main.estimates
+        estimates = {k: 1 if v < main.get(k, v) else v for k, v in values.items()}
+        if not self.specialize_shapes and estimates != failed.estimates:
+            try:
+                other = self._compile(self._fresh(), failed.schedule, estimates)
+                results = _run(other, *run)
+            except HALIDE_FAILURES:
+                pass
+            else:
+                self._rescheduled.append(other)
+                self._serving[sizes] = other
+                return results
+        results = _run(self._unscheduled_pipeline(), *run, name=self.fn.name)
+        self._serving[sizes] = self._unscheduled_pipeline()
+        shown = ", ".join(f"{k}={v}" for k, v in sizes)
+        warn(f"'{self.fn.name}' runs unscheduled on the CPU"
+             + (f" at sizes {shown}" if sizes and not self.specialize_shapes else "")
+             + f": the {failed.schedule} schedule failed at run time ({_halide_message(error)})")
+        return results
+
+
+def _run(compiled: _Compiled, arrays, scalars, inout, output_bounds, name: str | None = None
+         ) -> list[np.ndarray]:
+    """Realizes the pipeline on numpy arrays into fresh outputs of `output_bounds`. `name`:
+    Halide's failures are the arguments' fault (a TCArgumentError naming the function)."""
+    low = compiled.lowered
+    keep = []  # the buffers' memory must outlive the run: storage views may be copies
+    for tname, p in low.params.items():
+        t = low.fn.tensors[tname]
+        if t.rank == 0:
+            value = scalars[tname]
+            set_scalar(p, value, t.type)
+        else:
+            keep.append(_storage_view(arrays[tname], t.type))
+            p.set(hl.Buffer(keep[-1]))
+    for tname, p in low.inout_params.items():
+        keep.append(_storage_view(inout[tname], low.fn.tensors[tname].type))
+        p.set(hl.Buffer(keep[-1]))
+    outs, buffers = [], []
+    for tname, (mins, extents) in zip(low.fn.outputs, output_bounds):
+        dtype = storage_type(low.fn.tensors[tname].type).numpy
+        out = aligned_empty(extents, dtype)
+        buf = hl.Buffer(out)
+        if mins:
+            buf.set_min(list(reversed(mins)))
+        outs.append(out)
+        buffers.append(buf)
+    try:
+        compiled.pipeline.realize(buffers)
+    except HALIDE_FAILURES as e:
+        if name is None:
+            raise
+        raise TCArgumentError(f"running '{name}' failed: {_halide_message(e)}") from None
+    finally:
+        del keep
+    return [o.view(low.fn.tensors[n].type.numpy) if o.dtype != low.fn.tensors[n].type.numpy
+            else o for n, o in zip(low.fn.outputs, outs)]
 
 
 def _halide_message(e: Exception) -> str:
