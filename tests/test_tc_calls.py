@@ -287,3 +287,56 @@ def test_ranges_cuda_comments_and_tuning_key_show_inlined_statements_in_the_call
     changed = tc.define(LAYERS.replace("fmax(X(i, j) + b(j), 0)", "fmax(X(i, j) - b(j), 0)"))
     assert tc_hash(changed.fcrelu) != tc_hash(prog.fcrelu)
     assert tc_hash(tc.define(LAYERS).fcrelu) == tc_hash(prog.fcrelu)
+
+
+def test_literal_typed_results_strided_scalar_subscripts_padding_and_dimension_sizes():
+    # `C(i) = 0` takes float from acc's later `+=` (the caller learns it too, before checking
+    # the call that passes Y on); conv's stride is a scalar input of the caller (specialised);
+    # pad reads its argument padded and uses `P.0` of its own output
+    prog = tc.define("""
+def acc(float(N,K) A) -> (C) {
+  C(i) = 0
+  C(i) += A(i, k)
+}
+def conv(float(W) I, float(KW) F, int32 s) -> (O) {
+  O(x) +=! I(s * x + k) * F(k)
+}
+def pad(float(N) A) -> (P, L) {
+  P(i) = A(i - 1) ?? 0 where i in 0:N+2
+  L(i) = P(i) + P.0
+}
+def f(float(N,K) X, float(W) I, float(KW) F, int32 st) -> (Y, Z, Q, R) {
+  (Y) = acc(X)
+  (Z) = conv(I, F, st)
+  (Q, R) = pad(Y)
+}
+""")
+    X, I, F = f32(3, 4), f32(11), f32(3)
+    Y = X.sum(axis=1)
+    Z = np.array([sum(I[2 * x + k] * F[k] for k in range(3)) for x in range(5)])
+    Q = np.concatenate([[0], Y, [0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        check(prog, "f", (X, I, F, 2), [Y, Z, Q, Q + len(Q)])
+    assert prog.f.checked.tensors["Y"].type == prog.f.checked.tensors["Q"].type
+
+
+def test_an_argument_typed_by_a_literal_must_still_match():
+    with pytest.raises(tc.TCSemanticError, match="argument 'T' for parameter 'A' of 'mm' holds "
+                       "int32, not float32"):
+        tc.define(MM + "def f(float(K,N) B) -> (C) { T(i, k) = 0 where i in 0:2, k in 0:K\n"
+                  " (C) = mm(T, B) }")
+
+
+def test_a_call_after_a_statement_ending_in_a_name():
+    # statements are separated by whitespace only: `... 0:K` then `(C) = mm(T, B)` is not the
+    # read `K(C)`
+    prog = tc.define(MM + """def f(float(K,N) B, float s) -> (C, D) {
+  T(i, k) = s where i in 0:2, k in 0:K
+  (C) = mm(T, B)
+  U(i, j) = C(i, j) * s
+  (D) = mm(U, B)
+}""")
+    B, s = f32(3, 3), np.float32(0.5)
+    T = np.full((2, 3), s, np.float32)
+    check(prog, "f", (B, s), [T @ B, (T @ B * s) @ B])

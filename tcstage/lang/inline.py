@@ -44,6 +44,10 @@ class Scope:
     names: frozenset  # every identifier the caller's source uses
     globals: frozenset  # the caller's tensor and size variable names (all statements)
     used: set  # names given out by earlier calls of this caller (mutable, shared)
+    # Tensors first set to a bare literal, whose type a later statement may still set (see
+    # sema's hints): a type mismatch of theirs goes to `deferred`, an error only if it stays.
+    provisional: frozenset = frozenset()
+    deferred: list = attrs.field(factory=list)
 
 
 def inline(call: ast.TCCall, callee: Callee, scope: Scope) -> tuple[ast.Statement, ...]:
@@ -117,8 +121,12 @@ def _check_shape(call: ast.TCCall, fn: C.Function, scope: Scope) -> None:
             raise TCSemanticError(f"{where} has rank {t.rank}, not {p.rank}", a.span,
                                   (declared,))
         if t.type != p.type:
-            raise TCSemanticError(f"{where} holds {t.type}, not {p.type}", a.span,
-                                  (declared, "a call converts nothing: the types must be the same"))
+            error = TCSemanticError(f"{where} holds {t.type}, not {p.type}", a.span,
+                                    (declared, "a call converts nothing: the types must be the "
+                                     "same"))
+            if a.name not in scope.provisional:
+                raise error
+            scope.deferred.append(error)
     seen = set()
     for r, o in zip(call.results, fn.outputs):
         where = f"result '{r.name}' of the call of '{name}' (its output '{o}')"

@@ -167,6 +167,20 @@ class _Parser:
         return ast.Statement(tensor, tuple(indices), op, op_token.text.endswith("!"), rhs,
                              tuple(where), tensor.span.to(end), equivalent)
 
+    def at_call_results(self) -> bool:
+        """Whether the tokens ahead are `(a, b) =`: the results of a call statement. Statements
+        are separated by whitespace only, so `... * s` followed by `(C) = f(x)` would otherwise
+        read as the call `s(C)`; no expression has `(names) =` in it."""
+        k = self.pos + 1
+        while self.tokens[k].kind == "ident":
+            k += 1
+            if self.tokens[k].kind != "op" or self.tokens[k].text != ",":
+                break
+            k += 1
+        close, after = self.tokens[k], self.tokens[min(k + 1, len(self.tokens) - 1)]
+        return close.kind == "op" and close.text == ")" and after.kind == "op" \
+            and after.text in ASSIGN_OPS
+
     def call(self, start: Span, results: list[ast.Ident]) -> ast.TCCall:
         """The rest of a call statement after its results: `= f(x, y)`."""
         self.expect("=", " after the results of a TC function call")
@@ -261,7 +275,7 @@ class _Parser:
                 return
             elif token.kind == "ident":
                 name = self.ident()
-                if self.at("("):
+                if self.at("(") and not self.at_call_results():
                     open_ = self.advance()
                     if not self.at(")"):
                         pending.append(_Pending("call", open_, name=name, first=len(operands)))

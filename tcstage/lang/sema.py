@@ -148,7 +148,7 @@ def _check(d: ast.Def, callees: _Callees) -> inline.Callee:
     names, globals_ = inline.def_names(d)
     while True:
         defined, statements, weak_origin, learned = dict(tensors), [], set(), {}
-        expanded, inlined, used = [], {}, set()
+        expanded, inlined, used, deferred = [], {}, set(), []
         for written in d.statements:
             call = _as_call(written, defined, size_vars, callees)
             if call is None:
@@ -156,7 +156,9 @@ def _check(d: ast.Def, callees: _Callees) -> inline.Callee:
             else:  # replaced by the callee's statements, checked here like the caller's own
                 callee = callees.resolve(call)
                 inlined[call.callee.name] = callee.function
-                scope = inline.Scope(d.name.name, defined, size_vars, names, globals_, used)
+                provisional = frozenset(weak_origin - hints.keys())
+                scope = inline.Scope(d.name.name, defined, size_vars, names, globals_, used,
+                                     provisional, deferred)
                 parts = inline.inline(call, callee, scope)
             for s in parts:
                 checker = _StatementChecker(defined, size_vars, outputs, s, hints,
@@ -170,6 +172,8 @@ def _check(d: ast.Def, callees: _Callees) -> inline.Callee:
                 statements.append(stmt)
                 expanded.append(s)
         if not learned:
+            if deferred:  # a call's argument whose type no later statement changed
+                raise deferred[0]
             break
         hints.update(learned)
     tensors = defined
