@@ -127,6 +127,7 @@ class TCFunction:
         self.specializes_shapes = _subscripts_read_computed_tensors(fn)
         self._ranges: dict[tuple, R.FunctionRanges] = {}
         self._kernels: dict[tuple, CpuKernel] = {}
+        self._large_buffers: dict[tuple, bool] = {}  # (spec, sizes) -> needs_large_buffers
         if not self.specialized_scalars:
             self._infer(())  # errors and warnings surface at definition time
 
@@ -230,8 +231,14 @@ class TCFunction:
                     notes=("for the GPU: tc.compile(source, name, *inputs, target='cuda')",))
         spec = b.specialization(self)
         self._output_layout(b)  # rejects impossible output shapes before compiling
-        large = needs_large_buffers(self.checked, self._infer(spec), b.sizes)
-        shapes = tuple(sorted(b.sizes.items())) if specialize_shapes else None
+        sizes = tuple(sorted(b.sizes.items()))
+        large = self._large_buffers.get((spec, sizes))
+        if large is None:  # (refuses tensors Halide cannot index; memoised for loops)
+            if len(self._large_buffers) > 4096:
+                self._large_buffers.clear()
+            large = needs_large_buffers(self.checked, self._infer(spec), b.sizes)
+            self._large_buffers[spec, sizes] = large
+        shapes = sizes if specialize_shapes else None
         key = (spec, schedule, large, shapes)
         kernel = self._kernels.get(key)
         if kernel is None:

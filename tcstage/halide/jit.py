@@ -137,6 +137,7 @@ class CpuKernel:
         self._unscheduled: _Compiled | None = None
         self._rescheduled: list[_Compiled] = []  # scheduled for sizes where _main failed
         self._serving: dict[tuple, _Compiled] = {}  # those sizes -> the pipeline that ran
+        self._bounds: dict[tuple, list] = {}  # sizes -> output_bounds (a memo)
         schedule = schedule_name(schedule)
         try:
             self._main = self._compile(lowered, schedule, self.values)
@@ -232,7 +233,12 @@ class CpuKernel:
                           f"was called with {values}", notes=("this is a bug in tcstage",))
         sizes = tuple(sorted(values.items()))
         compiled = self._serving.get(sizes, self._main)
-        run = (arrays, scalars, inout, self.output_bounds(values))
+        bounds = self._bounds.get(sizes)
+        if bounds is None:
+            if len(self._bounds) > 4096:  # a memo for loops over a few sizes: keep it small
+                self._bounds.clear()
+            bounds = self._bounds[sizes] = self.output_bounds(values)
+        run = (arrays, scalars, inout, bounds)
         try:
             return _run(compiled, *run)
         except HALIDE_FAILURES as e:  # a failed runtime check (e.g. a read out of bounds)
