@@ -158,6 +158,16 @@ class TCOp:
     def __repr__(self) -> str:
         return f"<tcstage.torch op {NAMESPACE}::{self.op_name}: {self.schema}>"
 
+    @property
+    def compile_count(self) -> int:
+        """Halide pipelines compiled so far for this operator on the CPU, over every floating
+        type it ran in, its backward operator's included (one per type for all sizes, plus
+        one when a call is smaller than what the first call's schedule was planned for)."""
+        with _ops_lock:
+            programs = [self.program, *self._typed.values()]
+        count = sum(p[self.name].compile_count for p in programs)
+        return count + (self.backward_op.compile_count if self.backward_op is not None else 0)
+
     # -- typing --------------------------------------------------------------------------------
     def float_type(self, args) -> ScalarType | None:
         """The floating-point type of a call (checking its arguments' kinds and ranks): that of
@@ -370,13 +380,11 @@ def _check_equal(a, b, message: str) -> None:
 
 
 def _run_cpu(fn, args) -> list[torch.Tensor]:
-    """Through the Halide JIT: tensors as numpy views (no copy; tcstage copies only what
-    Halide cannot take, such as non-contiguous strides), outputs wrapped without a copy."""
-    arrays = [a.detach().resolve_conj().resolve_neg().numpy() if isinstance(a, torch.Tensor)
-              else a for a in args]
-    results = fn(*arrays)
-    results = results if isinstance(results, tuple) else (results,)
-    return [torch.from_numpy(np.asarray(r)) for r in results]
+    """Through the Halide JIT: the TC function takes CPU tensors as numpy views (no copy, but
+    where Halide cannot take the strides) and compiles once for all sizes the signature
+    allows; its outputs come back as tensors, wrapped without a copy."""
+    results = fn(*[a.detach() if isinstance(a, torch.Tensor) else a for a in args])
+    return list(results) if isinstance(results, tuple) else [results]
 
 
 def _run_cuda(program: Program, name: str, args, options) -> list[torch.Tensor]:
