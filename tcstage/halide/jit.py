@@ -212,6 +212,7 @@ class CpuKernel:
             # Never pass a parameter a plugin does not define: Halide aborts the process.
             params = {"parallelism": str(os.cpu_count() or 1)}
             pipeline.apply_autoscheduler(target, hl.AutoschedulerParams(schedule, params))
+            _quiet_unscheduled_updates(lowered)
         pipeline.compile_jit(target)
         return pipeline
 
@@ -323,6 +324,18 @@ def _run(compiled: _Compiled, arrays, scalars, inout, output_bounds, name: str |
         del keep
     return [o.view(low.fn.tensors[n].type.numpy) if o.dtype != low.fn.tensors[n].type.numpy
             else o for n, o in zip(low.fn.outputs, outs)]
+
+
+def _quiet_unscheduled_updates(lowered: Lowered) -> None:
+    """Marks the updates an autoscheduler left alone (a scatter's, which it cannot make
+    parallel) as meant to be unscheduled: otherwise Halide warns about them on stderr."""
+    for versions in lowered.versions.values():
+        for v in versions:
+            for k in range(v.func.num_update_definitions()):
+                try:
+                    v.func.update(k).unscheduled()
+                except HALIDE_FAILURES:  # it was scheduled
+                    pass
 
 
 def _halide_message(e: Exception) -> str:

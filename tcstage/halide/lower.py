@@ -351,6 +351,13 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
     if dead:
         read_tensors.clear()
         rhs = to_halide(st.rhs, names, read=read, dim=dim, padded=padded)
+    if st.scatter:  # written where its subscripts say: clamped into the tensor (an index
+        # out of range is undefined in TC, and must not make Halide allocate its whole type)
+        b = ranges.tensors[st.tensor]
+        lhs_args = [_clamp(to_halide(a, names, read=read, dim=dim, padded=padded),
+                           b.mins[k], b.extents[k], tree) if C.has_read(a) else
+                    _simplified(to_halide(a, names, read=read, dim=dim, padded=padded), variables)
+                    for k, a in enumerate(st.scatter)]
     lhs = _halide_order(lhs_args)
     pure_lhs = _halide_order(pure)
     if fresh and partial:

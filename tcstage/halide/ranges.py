@@ -97,6 +97,8 @@ def needs_specialization(fn: C.Function) -> frozenset[str]:
     used = set()
     for st in fn.statements:
         exprs = [a for n in C.walk(st.rhs) if isinstance(n, C.Read) for a in n.args]
+        exprs += [x for a in st.scatter for x in (a, *(b for n in C.walk(a)
+                                                       if isinstance(n, C.Read) for b in n.args))]
         exprs += [b for w in st.where for b in (w.lo, w.hi)]
         for e in exprs:
             used |= {n.name for n in C.walk(e) if isinstance(n, C.ScalarParam)} & scalars
@@ -189,7 +191,7 @@ def _reads(st: C.Statement, tensor: str) -> bool:
     that reads its old values)."""
     if st.tensor == tensor and st.reduction is not None and not st.init:
         return True
-    exprs = [st.rhs, *(b for w in st.where for b in (w.lo, w.hi))]
+    exprs = [st.rhs, *st.scatter, *(b for w in st.where for b in (w.lo, w.hi))]
     return any(isinstance(x, (C.Read, C.DimOf)) and x.tensor == tensor
                for e in exprs for x in C.walk(e))
 
@@ -462,11 +464,13 @@ class _StatementInference:
         keeps within their tensor (see `StatementRanges.clamped`)."""
         st = self.st
         # Reads of a tensor still without a shape (the one being shaped) constrain nothing.
-        reads = [(n, g) for n, g in enumerate(C.guarded_reads(st.rhs))
+        guarded = C.guarded_reads(st.rhs)
+        guarded += [g for a in st.scatter for g in C.guarded_reads(a)]  # (after the rhs's)
+        reads = [(n, g) for n, g in enumerate(guarded)
                  if g.read.args and g.read.tensor in self.bounds]
         written = None
         if st.tensor in self.bounds and self.write_constrains:  # the write, given a shape
-            lhs_args = tuple(C.IndexVar(v, span=st.var_spans.get(v)) for v in st.indices)
+            lhs_args = st.lhs_args
             written = C.GuardedRead(
                 C.Read(st.tensor, lhs_args, self.fn.tensors[st.tensor].type, span=st.span), (),
                 False)

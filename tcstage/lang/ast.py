@@ -107,7 +107,7 @@ class Statement:
     """
 
     tensor: Ident
-    indices: tuple[Ident, ...]
+    indices: tuple["Expr", ...]  # index variables; other expressions make a scatter
     op: str
     init: bool
     rhs: Expr

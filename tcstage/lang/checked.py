@@ -164,10 +164,19 @@ class Statement:
     # A statement inlined from a called function: its text in this function's names (its
     # span points into the callee's source). None for the function's own statements.
     text: str | None = attrs.field(eq=False, repr=False, default=None)
+    # A scatter `T(I(i), j) += ...`: the left-hand subscripts, when they are not plain distinct
+    # index variables (then `indices` is empty and every variable is a reduction variable).
+    # Only an accumulating update (+=, *=, min=, max=) of a tensor defined earlier is one.
+    scatter: tuple = ()
 
     @property
     def variables(self) -> tuple[str, ...]:
         return self.indices + self.reduction_vars
+
+    @property
+    def lhs_args(self) -> tuple:
+        """The left-hand subscripts as expressions."""
+        return self.scatter or tuple(IndexVar(v, span=self.var_spans.get(v)) for v in self.indices)
 
 
 @attrs.frozen

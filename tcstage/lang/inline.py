@@ -244,7 +244,8 @@ class _Renamer:
         where = tuple(ast.RangeConstraint(self.index(w.var), self.expr(w.lo), self.expr(w.hi),
                                           self.span(w.span)) for w in s.where)
         out = ast.Statement(self.ident(s.tensor, self.renames[s.tensor.name]),
-                            tuple(self.index(i) for i in s.indices), s.op, s.init,
+                            tuple(self.index(i) if isinstance(i, ast.Ident) else self.expr(i)
+                                  for i in s.indices), s.op, s.init,
                             self.expr(s.rhs), where, self.span(s.span), eq)
         return attrs.evolve(out, text=self.text(s.text or s.span.text()))
 
@@ -326,7 +327,7 @@ def expr_names(e: ast.Expr) -> set[str]:
 def _statement_names(s: ast.Statement | ast.TCCall) -> set[str]:
     if isinstance(s, ast.TCCall):
         return {x.name for x in (*s.results, *s.args)}
-    names = {s.tensor.name, *(i.name for i in s.indices)} | expr_names(s.rhs)
+    names = {s.tensor.name}.union(*(expr_names(i) for i in s.indices)) | expr_names(s.rhs)
     for w in s.where:
         names |= {w.var.name} | expr_names(w.lo) | expr_names(w.hi)
     return names

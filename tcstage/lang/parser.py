@@ -208,14 +208,9 @@ class _Parser:
         close = self.expect(")").span
         return ast.Equivalent(name, tuple(args), start.to(close))
 
-    def lhs_index(self) -> ast.Ident:
-        expr = self.expr()
-        if isinstance(expr, ast.Ident):
-            return expr
-        raise TCSyntaxError(
-            "an index on the left-hand side must be a plain index variable, "
-            f"not the expression '{_span(expr).text()}'", _span(expr),
-            ("write the computed subscript on the right-hand side instead",))
+    def lhs_index(self) -> ast.Expr:
+        """An index variable, or (a scatter, checked by sema) any subscript expression."""
+        return self.expr()
 
     def comma_list_open(self, item) -> list:
         """A comma list with no closing bracket (the where clause)."""

@@ -239,6 +239,11 @@ class _StatementChecker:
         if existing is not None and existing.rank != rank:
             raise self.error(f"'{name}' has rank {existing.rank} but is written with {rank} "
                              f"ind{'ex' if rank == 1 else 'ices'}", s.tensor.span)
+        plain = all(isinstance(i, ast.Ident) for i in s.indices)
+        repeated = plain and len({i.name for i in s.indices}) < rank
+        if not plain or repeated and existing is not None and s.reduction is not None \
+                and not s.init:
+            return self.check_scatter(existing)
         self.lhs = []
         for idx in s.indices:
             if idx.name in self.tensors or idx.name in self.size_vars or idx.name == name:
@@ -254,18 +259,8 @@ class _StatementChecker:
         self.rank = rank
         rhs, weak = self.expr(s.rhs)
         self.weak, self.rhs_type = weak, rhs.type
-        where = tuple(self.range_constraint(w) for w in s.where)
-        seen = set()
-        for w in s.where:
-            if w.var.name in seen:
-                raise self.error(f"'{w.var.name}' is constrained twice in the where clause", w.var.span)
-            seen.add(w.var.name)
+        where = self.where_clause()
         rhs_vars = [v for v in self.var_spans if v not in self.lhs]
-        unused_where = [w for w in s.where if w.var.name not in self.var_spans]
-        if unused_where:
-            w = unused_where[0]
-            raise self.error(f"the where clause constrains '{w.var.name}', which the statement "
-                             "does not use", w.var.span)
         reduction = s.reduction
         if reduction is None and rhs_vars:
             v = rhs_vars[0]
@@ -305,6 +300,65 @@ class _StatementChecker:
                            first_definition=existing is None, span=s.span, var_spans=self.var_spans,
                            text=s.text)
         return stmt, tensor
+
+    def check_scatter(self, existing: C.Tensor | None) -> tuple[C.Statement, C.Tensor]:
+        """`T(I(i), j) += ...`: a statement writing at computed subscripts. Several points may
+        write one element, so it must accumulate (+=, *=, min=, max=, which do not depend on
+        the order) into a tensor an earlier statement defined (which gives its shape)."""
+        s = self.s
+        name = s.tensor.name
+        lhs = f"{name}({', '.join(_span_of(i).text() for i in s.indices)})"
+        computed = [i for i in s.indices if not isinstance(i, ast.Ident)]
+        span = _span_of(computed[0]) if computed else s.tensor.span.to(_span_of(s.indices[-1]))
+        if existing is None:
+            raise self.error(
+                f"'{lhs}' writes at computed subscripts, which only an update of a tensor "
+                "defined by an earlier statement may do (a tensor's shape comes from a statement "
+                "writing plain index variables)", span,
+                f"define it first, such as '{name}({', '.join('ijklmn'[:len(s.indices)])}) = 0 "
+                "where ...', then accumulate into it with '+='")
+        if s.reduction is None or s.init:
+            why = ("with '=', two points writing one element would leave either value"
+                   if s.reduction is None else
+                   f"'{s.op}!' would start from the identity at elements no statement point names")
+            raise self.error(f"'{lhs}' writes at computed subscripts, so it must accumulate into "
+                             f"the values {name} has: {why}", span,
+                             "use '+=', '*=', 'min=' or 'max=' (without '!')")
+        self.lhs = []
+        self.rank = len(s.indices)
+        args = []
+        for idx in s.indices:
+            e, _ = self.expr(idx)
+            if not e.type.is_int:
+                raise self.error(f"a subscript must be an integer, not {e.type}", _span_of(idx))
+            args.append(_index(e, "subscripts"))
+        rhs, weak = self.expr(s.rhs)
+        self.weak, self.rhs_type = weak, rhs.type
+        where = self.where_clause()
+        if self.self_reads:
+            raise self.error(f"'{name}' is read by a statement that writes it at computed "
+                             "subscripts; the result would depend on the order of evaluation",
+                             self.self_reads[0], "compute the values into a new tensor first")
+        rhs = _convert(_retype_self(rhs, name, existing.type), existing.type)
+        stmt = C.Statement(name, (), tuple(self.var_spans), s.reduction, False, rhs, where,
+                           first_definition=False, span=s.span, var_spans=self.var_spans,
+                           text=s.text, scatter=tuple(args))
+        return stmt, existing
+
+    def where_clause(self) -> tuple[C.RangeConstraint, ...]:
+        s = self.s
+        where = tuple(self.range_constraint(w) for w in s.where)
+        seen = set()
+        for w in s.where:
+            if w.var.name in seen:
+                raise self.error(f"'{w.var.name}' is constrained twice in the where clause", w.var.span)
+            seen.add(w.var.name)
+        unused_where = [w for w in s.where if w.var.name not in self.var_spans]
+        if unused_where:
+            w = unused_where[0]
+            raise self.error(f"the where clause constrains '{w.var.name}', which the statement "
+                             "does not use", w.var.span)
+        return where
 
     # -- where clauses: size expressions -------------------------------------------------------
     def range_constraint(self, w: ast.RangeConstraint) -> C.RangeConstraint:

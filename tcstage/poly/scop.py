@@ -188,7 +188,8 @@ def _statement(name, tensor, index, tc_index, d, tensor_bounds, halide_names, is
     rvars = {rv[0]: rv for rv in d["rvars"]}
     # Loop variables: the left-hand ones in TC order (outermost first), then the remaining RDom
     # variables, outermost first (Halide lists them innermost first).
-    lhs_vars = [a[1] for a in reversed(lhs) if a[0] == "var"]
+    # (once each: a scatter such as `O(i, i) += ...` writes one variable twice)
+    lhs_vars = list(dict.fromkeys(a[1] for a in reversed(lhs) if a[0] == "var"))
     iterators = lhs_vars + [v for v in reversed(list(rvars)) if v not in lhs_vars]
     local = unique_isl_names(iterators, taken)
     conds = []
