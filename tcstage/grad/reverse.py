@@ -58,13 +58,15 @@ class _GradStatement:
     rhs: C.Expr
     where: tuple  # (var, lo, hi) with lo, hi checked expressions
     padded: frozenset = frozenset()  # texts of reads printed as `read ?? 0`
+    scatter: tuple = ()  # left-hand subscripts (checked expressions) of a scatter
 
     def text(self) -> str:
         rhs = self.rhs
         if self.padded:
             rhs = S.rebuild(rhs, lambda n: C.Padded(n, S.const(0), n.type)
                             if isinstance(n, C.Read) and S.to_tc(n) in self.padded else None)
-        lhs = f"{self.tensor}({', '.join(self.indices)})" if self.indices else self.tensor
+        indices = [S.to_tc(a) for a in self.scatter] if self.scatter else self.indices
+        lhs = f"{self.tensor}({', '.join(indices)})" if indices else self.tensor
         text = f"{lhs} {self.op} {S.to_tc(rhs)}"
         if self.where:
             text += " where " + ", ".join(f"{v} in {S.to_tc(lo)}:{S.to_tc(hi)}"
@@ -394,9 +396,9 @@ class _Generator:
                 candidates.sort(key=lambda vc: (vc[0] not in st.indices,
                                                 not (S.is_const(vc[1], 1) or S.is_const(vc[1], -1))))
                 choice = candidates[0] if candidates else None
-            if choice is None:
-                guards.append(S.compare("==", S.var(u), arg))
-                continue
+            if choice is None:  # a table index, a repeated index: scatter instead
+                self.scatter_to(n, target, leaf, g)
+                return
             x, c = choice
             coeffs, rest = decomposed
             for v, cv in coeffs.items():
@@ -444,6 +446,21 @@ class _Generator:
         self.emit(_GradStatement(d_target, tuple(lhs), "+=!" if first else "+=", rhs,
                                  tuple(where)))
         self.grad_started.add(d_target)
+
+    def scatter_to(self, n: int, target, leaf: C.Read, g: C.Expr) -> None:
+        """d_target(subscripts of the read) += g over the forward statement's points: the
+        gradient of a read whose subscripts cannot be solved for new indices (a table read
+        `LUT(I(i,k), j)`, a diagonal `X(i, i)`) is a scatter-add."""
+        st = self.fn.statements[n]
+        forward_tensor = target if isinstance(target, str) else target.tensor
+        d_target = self.grad_of(target)
+        if d_target not in self.grad_started:
+            idx = self.index_names(len(leaf.args))
+            self.emit(_GradStatement(d_target, idx, "=", S.const(0), tuple(
+                (i, *self.dim_range(forward_tensor, d)) for d, i in enumerate(idx))))
+            self.grad_started.add(d_target)
+        self.emit(_GradStatement(d_target, (), "+=", g, tuple(
+            (v, *self.var_range(n, v)) for v in st.variables), scatter=leaf.args))
 
     # -- recomputation and the text ------------------------------------------------------------
     def recomputed(self) -> list[int]:
@@ -514,7 +531,8 @@ class _Generator:
         trial = list(body)
         for k in range(start, len(body)):
             st = body[k]
-            plain = {a.name for g in C.guarded_reads(st.rhs) if not g.guards and not g.padded
+            reads = C.guarded_reads(st.rhs) + [g for a in st.scatter for g in C.guarded_reads(a)]
+            plain = {a.name for g in reads if not g.guards and not g.padded
                      and S.to_tc(g.read) not in st.padded
                      for a in g.read.args if isinstance(a, C.IndexVar)}
             trial[k] = attrs.evolve(st, where=tuple(w for w in st.where if w[0] not in plain))
