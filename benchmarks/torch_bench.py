@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""Benchmark (not a test): TC layers as PyTorch operators against the same PyTorch layers.
+
+    python3 benchmarks/torch_bench.py [--device cpu|cuda] [--layers tmm,MLP1] [--runs 7]
+                                      [--no-write]
+
+For each layer, in one process: forward+backward time (median of --runs after two warm-up
+calls) of the tcstage operator (`tcstage.torch.op`, backward = the generated backward TC) and of
+the same layer written with PyTorch's own operators, on the same inputs; ratio = tcstage /
+PyTorch (above 1: tcstage is slower). Outputs and gradients of the two are compared first; a
+mismatch is reported instead of a time. Then a loop over varying batch sizes (an epoch's last
+batch, train vs eval) counts the recompilations after the first call (goal: 0).
+
+Results go to benchmarks/results/torch-<device>-<machine>-<date>.md unless --no-write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import tcstage.torch as tct  # noqa: E402
+
+
+def example(name: str) -> str:
+    return (ROOT / "examples" / f"{name}.tc").read_text()
+
+
+LAYERNORM = """def layernorm(float(N,C) X, float(C) G, float(C) Bt) -> (Y) {
+  mean(n) +=! X(n,c) / C
+  xc(n,c) = X(n,c) - mean(n)
+  var(n) +=! xc(n,c) * xc(n,c) / C
+  Y(n,c) = G(c) * xc(n,c) * rsqrt(var(n) + 1e-5) + Bt(c)
+}"""
+SOFTMAX = """def softmax(float(N,C) X) -> (Y) {
+  M(n) max=! X(n,c)
+  E(n,c) = exp(X(n,c) - M(n))
+  S(n) +=! E(n,c)
+  Y(n,c) = E(n,c) / S(n)
+}"""
+
+
+def embedding_bag(table, index):
+    return F.embedding(index.long(), table).sum(1)
+
+
+# name -> (TC source, function, input maker(device), PyTorch reference)
+LAYERS = {
+    "tmm": (example("tmm"), "tmm", lambda: (r(128, 256), r(256, 256)),
+            lambda a, b: a @ b.T),
+    "tbmm": (example("tbmm"), "tbmm", lambda: (r(128, 26, 72), r(128, 26, 72)),
+             lambda x, y: torch.bmm(x, y.transpose(1, 2))),
+    "MLP1": (example("mlp"), "MLP1", lambda: (r(128, 256), r(256, 256), r(256)),
+             lambda i, w, b: torch.relu(F.linear(i, w, b))),
+    "layernorm": (LAYERNORM, "layernorm", lambda: (r(256, 512), r(512), r(512)),
+                  lambda x, g, b: F.layer_norm(x, (x.shape[1],), g, b, eps=1e-5)),
+    "softmax": (SOFTMAX, "softmax", lambda: (r(256, 512),), lambda x: torch.softmax(x, 1)),
+    "conv2d": (example("conv"), "conv2d", lambda: (r(8, 16, 32, 32), r(16, 16, 3, 3)),
+               lambda x, w: F.conv2d(x, w)),
+    "maxpool": (example("conv"), "maxpool2x2", lambda: (r(8, 16, 32, 32),),
+                lambda x: F.max_pool2d(x, 2)),
+    "1LUT": (example("lut"), "1LUT", lambda: (r(1000, 64), idx(1000, 128, 20)),
+             embedding_bag),
+}
+DEVICE = "cpu"
+
+
+def r(*shape):
+    return torch.randn(*shape, device=DEVICE, requires_grad=True)
+
+
+def idx(rows, *shape):
+    return torch.randint(0, rows, shape, dtype=torch.int32, device=DEVICE)
+
+
+def forward_backward(fn, args, grad_out):
+    outs = fn(*args)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    wants = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    return outs, torch.autograd.grad(outs, wants, grad_out)
+
+
+def timed(fn, args, grad_out, runs: int) -> float:
+    for _ in range(2):
+        forward_backward(fn, args, grad_out)
+    times = []
+    for _ in range(runs):
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        forward_backward(fn, args, grad_out)
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench_layer(name: str, runs: int) -> dict:
+    src, fn_name, make, reference = LAYERS[name]
+    torch.manual_seed(0)
+    args = make()
+    layer = tct.op(src, fn_name)
+    grad_out = _random_like_output(reference, args)
+    outs, grads = forward_backward(layer, args, grad_out)
+    ref_outs, ref_grads = forward_backward(reference, args, grad_out)
+    for a, b in zip((*outs, *grads), (*ref_outs, *ref_grads)):
+        if not torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-3):
+            return {"layer": name, "error": "differs from PyTorch"}
+    t_tc = timed(layer, args, grad_out, runs)
+    t_torch = timed(reference, args, grad_out, runs)
+    return {"layer": name, "tcstage_ms": 1e3 * t_tc, "torch_ms": 1e3 * t_torch,
+            "ratio": t_tc / t_torch,
+            "shapes": ", ".join("x".join(map(str, a.shape)) for a in args)}
+
+
+def _random_like_output(reference, args):
+    with torch.no_grad():
+        out = reference(*args)
+    return tuple(map(torch.randn_like, out)) if isinstance(out, tuple) else torch.randn_like(out)
+
+
+def recompilations(batches=(64, 64, 64, 37, 128, 64, 1, 37)) -> dict:
+    """Compilations of the forward and backward TCs over a loop of varying batch sizes."""
+    layer = tct.op(example("mlp"), "MLP1")
+    torch.manual_seed(0)
+    w, b = r(64, 32), r(64)
+    first = None
+    for n, batch in enumerate(batches):
+        y = layer(r(batch, 32), w, b)
+        y.sum().backward()
+        count = layer.compile_count
+        if n == 0:
+            first = count
+    return {"batches": list(batches), "after_first": first, "total": count,
+            "recompilations": count - first}
+
+
+def machine() -> str:
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        model = re.search(r"Model name:\s*(.+)", out).group(1).strip()
+    except Exception:  # noqa: BLE001 - a description only
+        model = "unknown CPU"
+    return f"{model}, {os.cpu_count()} cores"
+
+
+def main() -> None:
+    global DEVICE
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--layers", default=",".join(LAYERS))
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--no-write", action="store_true")
+    a = ap.parse_args()
+    DEVICE = a.device
+    where = torch.cuda.get_device_name() if DEVICE == "cuda" else machine()
+    rows = []
+    for name in a.layers.split(","):
+        row = bench_layer(name, a.runs)
+        rows.append(row)
+        print(row, flush=True)
+    rec = recompilations()
+    print(rec, flush=True)
+    lines = [f"# tcstage.torch operators vs PyTorch ({DEVICE})", "",
+             f"Machine: {where}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
+             f"{datetime.date.today()}. `python3 benchmarks/torch_bench.py --device {DEVICE}`.",
+             "", "Forward + backward of one call (median of "
+             f"{a.runs} after 2 warm-ups); ratio = tcstage / PyTorch, same run, same inputs; "
+             "outputs and gradients checked against PyTorch's first.", "",
+             "| layer | inputs | tcstage ms | PyTorch ms | ratio |", "|---|---|---|---|---|"]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['layer']} | | {row['error']} | | |")
+        else:
+            lines.append(f"| {row['layer']} | {row['shapes']} | {row['tcstage_ms']:.3f} | "
+                         f"{row['torch_ms']:.3f} | {row['ratio']:.2f} |")
+    lines += ["", f"Recompilations of MLP1 (forward and backward TC) over batch sizes "
+              f"{rec['batches']}: {rec['after_first']} compilations at the first call, "
+              f"{rec['recompilations']} after it.", ""]
+    text = "\n".join(lines)
+    print(text)
+    if not a.no_write:
+        tag = "cpu-" + re.sub(r"[^a-z0-9]+", "-", machine().lower()).strip("-")[:40] \
+            if DEVICE == "cpu" else re.sub(r"[^a-z0-9]+", "-", where.lower())
+        out = ROOT / "benchmarks" / "results" / f"torch-{tag}-{datetime.date.today()}.md"
+        out.write_text(text)
+        print("wrote", out)
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=4)
+    main()
