@@ -40,20 +40,6 @@ def example(name: str) -> str:
     return (ROOT / "examples" / f"{name}.tc").read_text()
 
 
-LAYERNORM = """def layernorm(float(N,C) X, float(C) G, float(C) Bt) -> (Y) {
-  mean(n) +=! X(n,c) / C
-  xc(n,c) = X(n,c) - mean(n)
-  var(n) +=! xc(n,c) * xc(n,c) / C
-  Y(n,c) = G(c) * xc(n,c) * rsqrt(var(n) + 1e-5) + Bt(c)
-}"""
-SOFTMAX = """def softmax(float(N,C) X) -> (Y) {
-  M(n) max=! X(n,c)
-  E(n,c) = exp(X(n,c) - M(n))
-  S(n) +=! E(n,c)
-  Y(n,c) = E(n,c) / S(n)
-}"""
-
-
 def embedding_bag(table, index):
     return F.embedding(index.long(), table).sum(1)
 
@@ -66,9 +52,9 @@ LAYERS = {
              lambda x, y: torch.bmm(x, y.transpose(1, 2))),
     "MLP1": (example("mlp"), "MLP1", lambda: (r(128, 256), r(256, 256), r(256)),
              lambda i, w, b: torch.relu(F.linear(i, w, b))),
-    "layernorm": (LAYERNORM, "layernorm", lambda: (r(256, 512), r(512), r(512)),
+    "layernorm": (example("layers"), "layernorm", lambda: (r(256, 512), r(512), r(512)),
                   lambda x, g, b: F.layer_norm(x, (x.shape[1],), g, b, eps=1e-5)),
-    "softmax": (SOFTMAX, "softmax", lambda: (r(256, 512),), lambda x: torch.softmax(x, 1)),
+    "softmax": (example("layers"), "softmax", lambda: (r(256, 512),), lambda x: torch.softmax(x, 1)),
     "conv2d": (example("conv"), "conv2d", lambda: (r(8, 16, 32, 32), r(16, 16, 3, 3)),
                lambda x, w: F.conv2d(x, w)),
     "maxpool": (example("conv"), "maxpool2x2", lambda: (r(8, 16, 32, 32),),

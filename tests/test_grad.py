@@ -93,21 +93,9 @@ PAPER = {
 }
 
 LAYERS = {
-    "softmax": ("""def softmax(float(N,C) X) -> (Y) {
-  M(n) max=! X(n,c)
-  E(n,c) = exp(X(n,c) - M(n))
-  S(n) +=! E(n,c)
-  Y(n,c) = E(n,c) / S(n)
-}""", "softmax", dict(X=(3, 5))),
-    "layernorm": ("""def layernorm(float(N,C) X, float(C) G, float(C) Bt) -> (Y) {
-  mean(n) +=! X(n,c) / C
-  xc(n,c) = X(n,c) - mean(n)
-  var(n) +=! xc(n,c) * xc(n,c) / C
-  Y(n,c) = G(c) * xc(n,c) * rsqrt(var(n) + 1e-5) + Bt(c)
-}""", "layernorm", dict(X=(3, 6), G=(6,), Bt=(6,))),
-    "padded_conv": ("""def padconv(float(N,C,H,W) I, float(F,C,KH,KW) Wt) -> (O) {
-  O(n,f,h,w) +=! (I(n,c,h+kh-1,w+kw-1) ?? 0) * Wt(f,c,kh,kw) where h in 0:H, w in 0:W
-}""", "padconv", dict(I=(2, 3, 5, 6), Wt=(4, 3, 3, 3))),
+    "softmax": (example("layers"), "softmax", dict(X=(3, 5))),
+    "layernorm": (example("layers"), "layernorm", dict(X=(3, 6), G=(6,), Bt=(6,))),
+    "padded_conv": (example("layers"), "padconv", dict(I=(2, 3, 5, 6), Wt=(4, 3, 3, 3))),
     "guarded_conv": ("""def gconv1(float(N,H) I, float(K) Wt) -> (O) {
   O(n,h) +=! (h + k - 1 >= 0 && h + k - 1 < H ? I(n,h+k-1) : 0) * Wt(k) where h in 0:H
 }""", "gconv1", dict(I=(2, 6), Wt=(3,))),
