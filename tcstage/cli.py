@@ -120,6 +120,8 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--schedule", action="store_true",
                       help="the schedule tree before and after tiling and mapping")
     show.add_argument("--cuda", action="store_true", help="the generated CUDA source")
+    show.add_argument("--gradient", action="store_true",
+                      help="the backward function as TC source (tc.gradient)")
     show.add_argument("--options", metavar="'MappingOptions()...'",
                       help="CUDA mapping options for --schedule and --cuda: a chain or a preset "
                            "name (default: naive)")
@@ -431,6 +433,10 @@ def _show(args) -> int:
     """Shows need shapes, not values: nothing is allocated, whatever the sizes."""
     f = _load(args)
     given = given_sizes(f.checked, args.sizes, f.name)
+    if args.gradient:
+        print(tc.gradient(args.program, f.name), end="")
+        if not (args.ranges or args.halide or args.schedule or args.cuda):
+            return 0
     if not (args.ranges or args.halide or args.schedule or args.cuda):
         args.ranges = True
     call = None
@@ -475,6 +481,9 @@ def _halide_app(args):
     if args.sizes or args.fn:
         raise UsageError("a Halide pipeline module makes its own inputs (inputs(rng, size)): "
                          "choose their size with --input-size, not --sizes or --fn")
+    if getattr(args, "gradient", False):
+        raise UsageError("--gradient: tc.gradient differentiates TC functions, not Halide "
+                         "pipelines")
     if not os.path.isfile(args.file):
         raise OSError(2, "No such file or directory", args.file)
     spec = importlib.util.spec_from_file_location("_tcstage_app", os.path.abspath(args.file))

@@ -59,6 +59,15 @@ def test_show_ranges_and_halide(capsys):
     assert "Func out (output, float32)" in out
 
 
+def test_show_gradient_prints_a_backward_tc(capsys):
+    assert main(["show", str(EXAMPLES / "tmm.tc"), "--gradient"]) == 0
+    out = capsys.readouterr().out
+    assert "d_A(m, kk) +=! d_C(m, n) * B(n, kk)" in out
+    tc.define(out)  # a TC that tcstage accepts
+    assert main(["show", str(EXAMPLES / "halide" / "blur.py"), "--gradient"]) == 2
+    assert "not Halide pipelines" in capsys.readouterr().err
+
+
 def test_errors_are_compiler_messages_not_tracebacks(tmp_path, capsys):
     bad = tmp_path / "bad.tc"
     bad.write_text("def f(float(N) A) -> (B) {\n  B(i) = A(i) + x(i)\n}\n")
