@@ -2,7 +2,8 @@
 
 Checks that the package works as a user gets it from a wheel: the native helper loads, a TC runs
 on the CPU, the same TC compiles to CUDA and runs under emulation (which needs the packaged
-emu_runtime.h), both against numpy, and the `tcstage` command is installed.
+emu_runtime.h), its generated backward TC runs, all against numpy, and the `tcstage` command is
+installed. (The wheel's venv has no torch: tcstage.torch is tested by the README command.)
 """
 
 import os
@@ -30,6 +31,12 @@ def main() -> None:
     options = tc.MappingOptions().tile(4, 4).mapToThreads(4, 2).mapToBlocks(2, 2)
     kernel = tc.compile(prog, "tmm", A, B, options=options, target="cuda-emulated")
     assert np.allclose(kernel(A, B), expected, rtol=1e-5, atol=1e-5), "cuda-emulated result"
+
+    backward = tc.define(tc.gradient(prog, "tmm"))  # tcstage.grad is in the wheel
+    d_c = rng.standard_normal((8, 6)).astype(np.float32)
+    d_a, d_b = backward.tmm_grad(A, B, expected, d_c)
+    assert np.allclose(d_a, d_c @ B, rtol=1e-4, atol=1e-4), "gradient of A"
+    assert np.allclose(d_b, d_c.T @ A, rtol=1e-4, atol=1e-4), "gradient of B"
 
     with tempfile.TemporaryDirectory() as cache:  # the tuner, with its cache, from a wheel
         os.environ["TCSTAGE_CACHE_DIR"] = cache
