@@ -189,6 +189,27 @@ def test_table_gradient_is_a_scatter_add():
     assert set(g) == {"LUT1"}  # the integer index has no gradient
 
 
+def test_gradient_of_a_scatter_is_a_gather():
+    """The backward of `H(I(i)) += V(i)` reads d_H at the scatter's subscripts (it read d_H
+    with no subscript, which is not a TC), also where the scattered tensor is a recomputed
+    temporary (whose recomputation lost its subscripts too)."""
+    rng = np.random.default_rng(5)
+    v = rng.standard_normal(6)
+    index = np.array([0, 3, 3, 1, 0, 3], dtype=np.int32)
+    d_h = rng.standard_normal(4)
+    out = "def f(double(N) V, int32(N) I) -> (H) { H(k) = 0 where k in 0:4\n H(I(i)) += V(i) * V(i) }"
+    _, g, _, _ = gradients(out, "f", [v, index], [d_h])
+    np.testing.assert_allclose(g["V"], 2 * v * d_h[index], rtol=1e-12)
+    tmp = ("def f(double(N) V, int32(N) I) -> (O) { H(k) = 0 where k in 0:4\n"
+           " H(I(i)) += V(i) * V(i)\n O(k) = H(k) * H(k) }")
+    h = np.zeros(4)
+    np.add.at(h, index, v * v)
+    _, g, _, _ = gradients(tmp, "f", [v, index], [d_h])
+    np.testing.assert_allclose(g["V"], 2 * v * (2 * h * d_h)[index], rtol=1e-12)
+    check_directional("def f(float(N) A) -> (O) { O(k) = 0 where k in 0:N\n"
+                      " O(N-1-i) += A(i) * A(i) }", "f", dict(A=(6,)))
+
+
 def test_max_ties_split_the_gradient():
     """Like torch.amax: tied maxima share the gradient equally."""
     src = "def mx(double(N,K) X) -> (O) { O(n) max=! X(n,k) }"

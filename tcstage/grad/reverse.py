@@ -326,7 +326,9 @@ class _Generator:
         d_w = self.grad_names.get(w)
         if d_w is None or d_w not in self.grad_started:
             return  # no gradient reaches what this statement writes
-        lhs = tuple(S.var(i) for i in st.indices)
+        # A scatter's gradient is read at its own subscripts: a gather, d_H(I(i)).
+        lhs = tuple(self.renamed(n, a) for a in st.scatter) if st.scatter \
+            else tuple(S.var(i) for i in st.indices)
         tensor = fn.tensors[st.tensor]
         seed = C.Read(d_w, lhs, tensor.type)
         if w.prev is not None and n == w.statements[0] and w.prev.varied:
@@ -486,7 +488,8 @@ class _Generator:
             op = "=" if st.reduction is None else f"{st.reduction}={'!' if st.init else ''}"
             where = tuple((w.var, self.renamed(n, w.lo), self.renamed(n, w.hi)) for w in st.where)
             body.append(_GradStatement(self.version_of[n].name, st.indices, op,
-                                       self.renamed(n, st.rhs), where))
+                                       self.renamed(n, st.rhs), where,
+                                       scatter=tuple(self.renamed(n, a) for a in st.scatter)))
         body += self.statements
         name = self.fresh(f"{fn.name}_grad")
 
