@@ -130,7 +130,13 @@ def check_dynamic(fn: TCFunction, dynamic) -> tuple[str, ...]:
     pipeline (its sizes are fixed when its regions are inferred)."""
     if dynamic is None:
         return ()
-    names = (dynamic,) if isinstance(dynamic, str) else tuple(dynamic)
+    if isinstance(dynamic, str):
+        names = (dynamic,)
+    elif isinstance(dynamic, (tuple, list, set, frozenset)):
+        names = tuple(dynamic)
+    else:  # (an int would fail in tuple(); a dict would pass its keys unseen)
+        raise TCError(f"dynamic= takes names of size variables (a str or a tuple of them); "
+                      f"got {dynamic!r}")
     if not names:
         return ()
     if not all(isinstance(n, str) for n in names):

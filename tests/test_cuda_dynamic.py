@@ -153,6 +153,7 @@ def test_without_dynamic_sizes_nothing_changes():
     (("N", "Kk"), r"has no size variable Kk; did you mean 'K'\?"),
     (("A",), r"A is a tensor of 'tmm', not a size variable"),
     ((3,), r"dynamic= takes names of size variables"),
+    (3, r"dynamic= takes names of size variables"),  # not iterable: was a raw TypeError
 ])
 def test_dynamic_names_are_checked(dynamic, message):
     with pytest.raises(tc.TCError, match=message):
