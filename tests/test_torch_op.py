@@ -202,6 +202,23 @@ def test_wrong_integer_dtype_rank_and_sizes(lut2, tmm):
         tmm(torch.empty(2, 3, device="meta"), torch.empty(2, 4, device="meta"))
 
 
+def test_wrong_arity_and_argument_kinds_are_tc_errors(tmm):
+    """They were the dispatcher's raw RuntimeErrors, quoting the hashed schema."""
+    A, B = torch.randn(2, 3), torch.randn(4, 3)
+    with pytest.raises(tc.TCArgumentError, match=r"'tmm' takes 2 inputs \(A, B\), got 1; missing B"):
+        tmm(A)
+    with pytest.raises(tc.TCArgumentError, match="takes 2 inputs"):
+        tmm(A, B, B)
+    with pytest.raises(tc.TCArgumentError, match="has no parameter 'C'"):
+        tmm(A, C=B)
+    with pytest.raises(tc.TCArgumentError, match="expects A as a torch.Tensor, got ndarray"):
+        tmm(A.numpy(), B)
+    scaled = tct.op("def s(int32 n, float(N) V) -> (O) { O(i) = V(i) * n }", "s")
+    with pytest.raises(tc.TCArgumentError, match=r"expects n as a Python int \(int32\), got float"):
+        scaled(2.5, B[0])
+    assert torch.equal(scaled(n=2, V=B[0]), B[0] * 2)
+
+
 def test_inout_outputs_cannot_be_operators():
     with pytest.raises(tc.TCError, match="starts from the caller's values"):
         tct.op("def acc(float(N) X) -> (Y) { Y(i) += X(i) }", "acc")

@@ -150,7 +150,35 @@ class TCOp:
         return getattr(getattr(torch.ops, NAMESPACE), self.op_name).default
 
     def __call__(self, *args, **kwargs):
+        self._check_call(args, kwargs)
         return self.custom_op(*args, **kwargs)
+
+    def _check_call(self, args: tuple, kwargs: dict) -> None:
+        """The arity, and a tensor for each ranked input, as TCArgumentErrors naming the TC's
+        parameters (the dispatcher's own errors are raw RuntimeErrors quoting the hashed
+        schema); the operator checks ranks, dtypes and sizes itself."""
+        fn = self.checked
+        names = _param_names(fn)
+        unknown = [k for k in kwargs if k not in names]
+        if unknown:
+            raise TCArgumentError(f"'{fn.name}' has no parameter {unknown[0]!r}; its "
+                                  f"parameters: {', '.join(names)}")
+        bound = dict(zip(names, args)) | kwargs
+        if len(args) > len(names) or len(bound) != len(names):
+            missing = [n for n in names if n not in bound]
+            raise TCArgumentError(f"'{fn.name}' takes {len(names)} inputs ({', '.join(names)}), "
+                                  f"got {len(args) + len(kwargs)}"
+                                  + (f"; missing {', '.join(missing)}" if missing else ""))
+        for t, name in zip(fn.inputs, names):
+            a = bound[name]
+            if t.rank and not isinstance(a, torch.Tensor):
+                raise TCArgumentError(f"'{fn.name}' expects {t.name} as a torch.Tensor, got "
+                                      f"{type(a).__name__}")
+            if not t.rank and (a is None or isinstance(a, (str, bytes))
+                               or (isinstance(a, float) and not t.type.is_float)):
+                raise TCArgumentError(f"'{fn.name}' expects {t.name} as a Python "
+                                      f"{'float' if t.type.is_float else 'int'} ({t.type}), got "
+                                      f"{type(a).__name__}")
 
     def __repr__(self) -> str:
         return f"<tcstage.torch op {NAMESPACE}::{self.op_name}: {self.schema}>"
@@ -333,13 +361,17 @@ def _backward_op(forward: TCOp, backward: Backward) -> TCOp:
 def _schema(fn: C.Function) -> str:
     """The operator schema: tensors for ranked inputs, numbers for scalars, tensors out."""
     kinds = {"float": "float", "int": "int", "uint": "int", "bool": "bool"}
-    params = []
-    for k, t in enumerate(fn.inputs):
-        name = t.name if t.name.isidentifier() and not keyword.iskeyword(t.name) \
-            and t.name not in ("self", "out") else f"arg{k}"
-        params.append(f"{'Tensor' if t.rank else kinds[t.type.kind]} {name}")
+    params = [f"{'Tensor' if t.rank else kinds[t.type.kind]} {name}"
+              for t, name in zip(fn.inputs, _param_names(fn))]
     out = "Tensor" if len(fn.outputs) == 1 else f"({', '.join(['Tensor'] * len(fn.outputs))})"
     return f"({', '.join(params)}) -> {out}"
+
+
+def _param_names(fn: C.Function) -> list[str]:
+    """The schema's parameter names: the TC's, or arg<k> where that is no Python identifier
+    the schema can take."""
+    return [t.name if t.name.isidentifier() and not keyword.iskeyword(t.name)
+            and t.name not in ("self", "out") else f"arg{k}" for k, t in enumerate(fn.inputs)]
 
 
 def _torch_dtype(t: ScalarType) -> torch.dtype:
