@@ -111,8 +111,11 @@ def test_the_write_bounds_the_range_like_a_read():
      "'+=!' would start from the identity"),
     ("def f(float(N) X, float(N) V) -> (H) {\n H(b) = 0 where b in 0:4\n H(X(i)) += V(i)\n}",
      "a subscript must be an integer"),
+    # (this said "read at a different point than it is written (H())")
     ("def f(int(N) I, float(N) V) -> (H) {\n H(b) = 0 where b in 0:4\n H(I(i)) += H(i)\n}",
-     "read at a different point"),
+     "'H' is read by a statement that writes it at computed subscripts"),
+    ("def f(int(N) I, float(N) V) -> (H) {\n H(b) = 0 where b in 0:4\n H(I(i)) += H(I(i))\n}",
+     "'H' is read by a statement that writes it at computed subscripts"),
     ("def f(float(N) V) -> (H) { H(i, i) = V(i) }", "appears twice on the left-hand side"),
 ])
 def test_errors(src, message):

@@ -324,7 +324,7 @@ class _StatementChecker:
             raise self.error(f"'{lhs}' writes at computed subscripts, so it must accumulate into "
                              f"the values {name} has: {why}", span,
                              "use '+=', '*=', 'min=' or 'max=' (without '!')")
-        self.lhs = []
+        self.lhs = None  # no plain written point: any self-read is refused below
         self.rank = len(s.indices)
         args = []
         for idx in s.indices:
@@ -537,7 +537,7 @@ class _StatementChecker:
     def read(self, name: str, args: tuple, span: Span) -> C.Expr:
         t = self.tensors.get(name)
         if name == self.s.tensor.name:
-            if args and tuple(a.name if isinstance(a, C.IndexVar) else None for a in args) \
+            if self.lhs is not None and args and tuple(a.name if isinstance(a, C.IndexVar) else None for a in args) \
                     != tuple(self.lhs):
                 written = ", ".join(self.lhs)
                 raise self.error(
