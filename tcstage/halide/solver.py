@@ -388,77 +388,86 @@ _PY_CALLS = {
 }
 
 
-def evaluate(tree: Tree, values: Mapping[str, Number]) -> Number:
+@attrs.frozen
+class Arithmetic:
+    """The operations `evaluate` computes a tree with, by tag. One walker serves Python
+    numbers (`PYTHON_ARITHMETIC`) and PyTorch's symbolic sizes (`tcstage.torch.shapes`).
+
+    Arguments by tag: "int"/"float" the constant; "cast" (type text, value); "call" (name,
+    argument values); "and"/"or" (a, thunk of b) and "select" (cond, thunk, thunk), so that
+    Python can short-circuit; the rest their operands' values. A tag missing from `ops` raises
+    `unsupported(tree)`, an unbound variable `missing(name)`."""
+
+    ops: Mapping[str, Any]
+    missing: Any  # name -> the exception to raise
+    unsupported: Any  # tree -> the exception to raise
+
+
+def _python_call(name: str, args: list) -> Number:
+    base = name
+    for suffix in _FLOAT_SUFFIXES:
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+            break
+    fn = _PY_CALLS.get(base)
+    if fn is None:
+        raise ValueError(f"evaluate: cannot evaluate call to {name!r}")
+    return fn(*args)
+
+
+PYTHON_ARITHMETIC = Arithmetic(
+    ops={
+        "int": lambda v: v, "float": lambda v: v,
+        "add": operator.add, "sub": operator.sub, "mul": operator.mul,
+        "div": _div, "mod": _mod, "min": min, "max": max,
+        "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le,
+        "gt": operator.gt, "ge": operator.ge,
+        "and": lambda a, b: bool(a) and bool(b()), "or": lambda a, b: bool(a) or bool(b()),
+        "not": operator.not_, "select": lambda c, then, other: then() if c else other(),
+        "cast": _cast, "call": _python_call,
+    },
+    missing=lambda name: ValueError(f"evaluate: no value given for variable {name!r}"),
+    unsupported=lambda tree: ValueError(f"unknown tree tag {tree[0]!r}"),
+)
+
+
+def evaluate(tree: Tree, values: Mapping[str, Any], arithmetic: Arithmetic = PYTHON_ARITHMETIC):
     """Evaluate ``tree`` with ``values`` bound to its variables.
 
-    Integers are unbounded Python ints (no int32 wrap-around except through
+    By default integers are unbounded Python ints (no int32 wrap-around except through
     explicit casts); division and modulo follow Halide (Euclidean, ``x/0 == 0``,
-    ``x % 0 == 0``).  Comparisons and logical operators yield Python bools.
+    ``x % 0 == 0``).  Comparisons and logical operators yield Python bools.  Another
+    `arithmetic` evaluates the same trees on other numbers.
     """
     tag = tree[0]
-    if tag in ("int", "float"):
-        return tree[1]
+    op = arithmetic.ops.get(tag)
+    if tag in BINARY_TAGS and op is not None and tag not in ("and", "or"):  # the common case
+        return op(evaluate(tree[1], values, arithmetic), evaluate(tree[2], values, arithmetic))
     if tag == "var":
         try:
             return values[tree[1]]
         except KeyError:
-            raise ValueError(f"evaluate: no value given for variable {tree[1]!r}") from None
-    if tag == "and":
-        return bool(evaluate(tree[1], values)) and bool(evaluate(tree[2], values))
-    if tag == "or":
-        return bool(evaluate(tree[1], values)) or bool(evaluate(tree[2], values))
-    if tag in BINARY_TAGS:
-        a = evaluate(tree[1], values)
-        b = evaluate(tree[2], values)
-        if tag == "add":
-            return a + b
-        if tag == "sub":
-            return a - b
-        if tag == "mul":
-            return a * b
-        if tag == "div":
-            return _div(a, b)
-        if tag == "mod":
-            return _mod(a, b)
-        if tag == "min":
-            return min(a, b)
-        if tag == "max":
-            return max(a, b)
-        if tag == "eq":
-            return a == b
-        if tag == "ne":
-            return a != b
-        if tag == "lt":
-            return a < b
-        if tag == "le":
-            return a <= b
-        if tag == "gt":
-            return a > b
-        return a >= b  # "ge"
-    if tag == "not":
-        return not evaluate(tree[1], values)
-    if tag == "select":
-        if evaluate(tree[1], values):
-            return evaluate(tree[2], values)
-        return evaluate(tree[3], values)
-    if tag == "cast":
-        return _cast(tree[1], evaluate(tree[2], values))
-    if tag == "call":
-        name = tree[1]
-        base = name
-        for suffix in _FLOAT_SUFFIXES:
-            if base.endswith(suffix):
-                base = base[: -len(suffix)]
-                break
-        fn = _PY_CALLS.get(base)
-        if fn is None:
-            raise ValueError(f"evaluate: cannot evaluate call to {name!r}")
-        return fn(*(evaluate(a, values) for a in tree[2]))
+            raise arithmetic.missing(tree[1]) from None
     if tag == "let":
         inner = dict(values)
-        inner[tree[1]] = evaluate(tree[2], values)
-        return evaluate(tree[3], inner)
-    raise ValueError(f"unknown tree tag {tag!r}")
+        inner[tree[1]] = evaluate(tree[2], values, arithmetic)
+        return evaluate(tree[3], inner, arithmetic)
+    if op is None:
+        raise arithmetic.unsupported(tree)
+    if tag in ("int", "float"):
+        return op(tree[1])
+    if tag == "cast":
+        return op(tree[1], evaluate(tree[2], values, arithmetic))
+    if tag == "call":
+        return op(tree[1], [evaluate(a, values, arithmetic) for a in tree[2]])
+    if tag == "not":
+        return op(evaluate(tree[1], values, arithmetic))
+    if tag == "select":
+        return op(evaluate(tree[1], values, arithmetic),
+                  lambda: evaluate(tree[2], values, arithmetic),
+                  lambda: evaluate(tree[3], values, arithmetic))
+    return op(evaluate(tree[1], values, arithmetic),  # "and", "or"
+              lambda: evaluate(tree[2], values, arithmetic))
 
 
 # ---------------------------------------------------------------------------

@@ -12,58 +12,46 @@ is rewritten into one; a symbolic divisor is taken to be positive (it is a size)
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 
 import torch
 
 from tcstage.errors import TCError
-from tcstage.halide.solver import Tree, tree_to_str
-
-_CMP = {"lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
-        "ge": lambda a, b: a >= b, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b}
+from tcstage.halide.solver import Arithmetic, Tree, evaluate, tree_to_str
 
 
 def evaluate_symbolic(tree: Tree, values: Mapping[str, object]):
     """`tree` with `values` (ints or SymInts) bound to its variables; an int or a SymInt."""
-    tag = tree[0]
-    if tag == "int":
-        return int(tree[1])
-    if tag == "var":
-        try:
-            return values[tree[1]]
-        except KeyError:
-            raise TCError(f"output shape needs a value for '{tree[1]}'") from None
-    if tag == "cast" and tree[1].startswith(("int", "uint")):
-        return evaluate_symbolic(tree[2], values)  # sizes are far from any wrap-around
-    if tag == "select":
-        cond = evaluate_symbolic(tree[1], values)
-        return torch.sym_ite(cond, evaluate_symbolic(tree[2], values),
-                             evaluate_symbolic(tree[3], values))
-    if tag == "not":
-        return torch.sym_not(evaluate_symbolic(tree[1], values))
-    if tag in ("add", "sub", "mul", "div", "mod", "min", "max", "and", "or") or tag in _CMP:
-        a, b = evaluate_symbolic(tree[1], values), evaluate_symbolic(tree[2], values)
-        if tag == "add":
-            return a + b
-        if tag == "sub":
-            return a - b
-        if tag == "mul":
-            return a * b
-        if tag == "div":
-            return _euclid_div(a, b)
-        if tag == "mod":
-            return a - _euclid_div(a, b) * b
-        if tag == "min":
-            return torch.sym_min(a, b)
-        if tag == "max":
-            return torch.sym_max(a, b)
-        if tag == "and":
-            return a & b
-        if tag == "or":
-            return a | b
-        return _CMP[tag](a, b)
-    raise TCError(f"cannot compute the output shape {tree_to_str(tree)} on symbolic sizes "
-                  f"(no symbolic form for '{tag}')")
+    return evaluate(tree, values, SYMBOLIC_ARITHMETIC)
+
+
+def _int_cast(type_text: str, v):
+    if not type_text.startswith(("int", "uint")):
+        raise TCError(f"cannot compute an output shape on symbolic sizes (no symbolic form for "
+                      f"a cast to {type_text})")
+    return v  # sizes are far from any wrap-around
+
+
+def _unsupported(tree: Tree) -> TCError:
+    return TCError(f"cannot compute the output shape {tree_to_str(tree)} on symbolic sizes "
+                   f"(no symbolic form for '{tree[0]}')")
+
+
+SYMBOLIC_ARITHMETIC = Arithmetic(
+    ops={
+        "int": int, "add": operator.add, "sub": operator.sub, "mul": operator.mul,
+        "div": lambda a, b: _euclid_div(a, b), "mod": lambda a, b: a - _euclid_div(a, b) * b,
+        "min": torch.sym_min, "max": torch.sym_max,
+        "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le,
+        "gt": operator.gt, "ge": operator.ge,
+        "and": lambda a, b: a & b(), "or": lambda a, b: a | b(), "not": torch.sym_not,
+        "select": lambda c, then, other: torch.sym_ite(c, then(), other()),
+        "cast": _int_cast,
+    },
+    missing=lambda name: TCError(f"output shape needs a value for '{name}'"),
+    unsupported=_unsupported,
+)
 
 
 def _euclid_div(a, b):
