@@ -5,10 +5,10 @@ differentiable read X(e(v)) in rhs, the update `d_X(e(v)) += d_W(L) * d rhs / d 
 v in D (`derivative.partials`). TC writes only plain indices on the left, so the update is
 *reindexed*: each subscript of the read becomes a fresh index u, and one variable of the
 subscript is solved for u (`h + kh = u` gives `h = u - kh`; a stride gives a division with a
-divisibility guard), with a guard keeping that variable within its forward range; a subscript
-that cannot be solved (a table index `I(i,k)`, a repeated index) keeps every forward variable
-and is guarded by `u == subscript`. So a table read's gradient is a scatter-add written as a
-guarded gather: exact, but it visits the table's rows once per forward point.
+divisibility guard), with a guard keeping that variable within its forward range. A read whose
+subscripts cannot be solved (a table index `I(i,k)`, a constant, a repeated index) gets a
+scatter statement at its own subscripts, `d_LUT(I(i,k), j) += ...`, visiting each forward
+point once; the gradient reaching a forward scatter is read at its subscripts (a gather).
 
 Tensors are taken in versions: a statement that overwrites (`=` after the first definition, or
 `+=!` again) or reads its own tensor starts a new version, whose gradient passes to the previous
