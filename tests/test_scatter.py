@@ -123,6 +123,15 @@ def test_errors(src, message):
         tc.define(src)
 
 
+def test_scalar_input_as_a_subscript():
+    src = """def at(float(N) A, int s) -> (O) {
+  O(b) = 0 where b in 0:4
+  O(s) += A(i)
+}"""
+    out = tc.define(src).at(X1, 2)
+    np.testing.assert_allclose(out, [0, 0, X1.sum(), 0], rtol=1e-5)
+
+
 def test_scatter_in_a_called_function(prog):
     src = SRC + """
 def twice(int(N) I, float(N) V) -> (T) {

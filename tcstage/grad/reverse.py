@@ -402,11 +402,12 @@ class _Generator:
                 self.scatter_to(n, target, leaf, g)
                 return
             x, c = choice
-            coeffs, rest = decomposed
+            coeffs, offset = decomposed
+            rest = S.const(0)  # the other terms, then the constant: `kh - 1`
             for v, cv in coeffs.items():
                 if v != x:
-                    rest = S.add(S.mul(cv, S.var(v)), rest) if S.is_zero(rest) else \
-                        S.add(rest, S.mul(cv, S.var(v)))
+                    rest = S.add(rest, S.mul(cv, S.var(v)))
+            rest = S.add(rest, offset)
             diff = S.sub(S.var(u), rest)
             if S.is_const(c, 1):
                 value = diff

@@ -39,6 +39,10 @@ def add(a: C.Expr, b: C.Expr) -> C.Expr:
         return a
     if isinstance(b, C.Unary) and b.op == "-":
         return sub(a, b.operand)
+    if _negative(b):
+        return sub(a, neg(b))
+    if a == b:  # (the same term twice, as from a read used twice: `x * x`)
+        return mul(const(2), a)
     return C.Binary("+", a, b, a.type)
 
 
@@ -47,7 +51,14 @@ def sub(a: C.Expr, b: C.Expr) -> C.Expr:
         return a
     if is_const(a, 0):
         return neg(b)
+    if _negative(b):
+        return add(a, neg(b))
     return C.Binary("-", a, b, a.type)
+
+
+def _negative(e: C.Expr) -> bool:
+    e = _uncast(e)
+    return isinstance(e, C.Const) and not isinstance(e.value, bool) and e.value < 0
 
 
 def mul(a: C.Expr, b: C.Expr) -> C.Expr:

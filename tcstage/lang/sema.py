@@ -239,7 +239,8 @@ class _StatementChecker:
         if existing is not None and existing.rank != rank:
             raise self.error(f"'{name}' has rank {existing.rank} but is written with {rank} "
                              f"ind{'ex' if rank == 1 else 'ices'}", s.tensor.span)
-        plain = all(isinstance(i, ast.Ident) for i in s.indices)
+        plain = all(isinstance(i, ast.Ident) and not _is_scalar_input(self.tensors.get(i.name))
+                    for i in s.indices)  # (`O(s) += ...` with s a scalar input: a scatter)
         repeated = plain and len({i.name for i in s.indices}) < rank
         if not plain or repeated and existing is not None and s.reduction is not None \
                 and not s.init:
@@ -676,6 +677,10 @@ def _fold(e: ast.Binary, a: C.Expr, b: C.Expr) -> C.Const | None:
     if not all(ints) or e.op not in _FOLD or (e.op in ("/", "%") and b.value == 0):
         return None  # (Halide defines x / 0 and x % 0 as 0)
     return _literal(_FOLD[e.op](a.value, b.value), e.span)
+
+
+def _is_scalar_input(t: C.Tensor | None) -> bool:
+    return t is not None and t.kind == "input" and t.rank == 0
 
 
 def _index(e: C.Expr, what: str) -> C.Expr:
