@@ -3,6 +3,7 @@
 path, so that `compute-sanitizer` (memcheck, racecheck) can watch real launches:
 
     compute-sanitizer --tool memcheck python3 scripts/gpu_examples.py
+    python3 scripts/gpu_examples.py --target cuda-emulated     # the same without a GPU
 
 Kernels: the paper's tmm, tbmm, MLP1, 2LUT (shared and private memory, register tiling, the
 two-stage promotion of indirectly read tables), a convolution, the backward TCs of MLP1 and of a
@@ -11,6 +12,7 @@ table read (a scatter), and one kernel with a dynamic batch size run at two size
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -59,14 +61,17 @@ def cases(rng):
         M().tile(16, 16).mapToThreads(16, 16).mapToBlocks(8, 8).useSharedMemory(True), ("M",)
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", default="cuda", choices=["cuda", "cuda-emulated"])
+    target = ap.parse_args(argv).target
     rng = np.random.default_rng(0)
     failed = 0
     for label, src, name, args, options, dynamic in cases(rng):
         prog = tc.define(src)
         expected = prog[name](*args)
         expected = expected if isinstance(expected, tuple) else (expected,)
-        kernel = tc.compile(prog, name, *args, options=options, target="cuda", dynamic=dynamic)
+        kernel = tc.compile(prog, name, *args, options=options, target=target, dynamic=dynamic)
         got = kernel(*args)
         got = got if isinstance(got, tuple) else (got,)
         ok = all(np.allclose(np.asarray(g), e, rtol=1e-3, atol=1e-3) for g, e in zip(got, expected))
