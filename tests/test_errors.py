@@ -85,6 +85,9 @@ CASES = [
      "ambiguous", (2, 5), "i"),
     ("def f(float(N) A) -> (B) {\n  B(i) = A(i * i)\n}", tc.TCRangeError,
      "cannot solve the subscript 'i * i'", (2, 12), "i * i"),
+    # a parenthesised operand is quoted with its parentheses (it lost the '(')
+    ("def f(float(N) A) -> (B) {\n  B(i) = A((i + 1) % N)\n}", tc.TCRangeError,
+     "cannot solve the subscript '(i + 1) % N'", (2, 12), "(i + 1) % N"),
 ]
 
 

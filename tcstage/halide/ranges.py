@@ -756,8 +756,20 @@ def _clamps(e: C.Expr) -> bool:
 
 
 def _guard_text(g: C.Guard) -> str:
-    text = _text(g.cond)
+    text = _outer_parentheses_off(_text(g.cond))
     return text if g.holds else f"!({text})"
+
+
+def _outer_parentheses_off(text: str) -> str:
+    """`(a && b)` -> `a && b` (a parenthesised expression's span includes its parentheses)."""
+    while text.startswith("(") and text.endswith(")"):
+        depth = 0
+        for k, ch in enumerate(text):
+            depth += (ch == "(") - (ch == ")")
+            if depth == 0 and k < len(text) - 1:
+                return text  # `(a) && (b)`: the first bracket closes early
+        text = text[1:-1].strip()
+    return text
 
 
 def _statement_text(st: C.Statement) -> str:

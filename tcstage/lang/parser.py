@@ -321,6 +321,12 @@ class _Parser:
                 if token.text == ")" and top.kind in ("paren", "call"):
                     close = self.advance()
                     pending.pop()
+                    if top.kind == "paren" and not isinstance(operands[-1][0], ast.Ident):
+                        # no node, but the span takes the parentheses: a caret under
+                        # `(i + 1) % N` quotes it whole, not `i + 1) % N`
+                        node, depth = operands.pop()
+                        operands.append((attrs.evolve(node, span=top.token.span.to(close.span)),
+                                         depth))
                     if top.kind == "call":  # else: parentheses add no node
                         args = operands[top.first:]
                         del operands[top.first:]
