@@ -246,7 +246,8 @@ class TCFunction:
             kernel = CpuKernel(lowered, b.sizes, schedule, specialize_shapes=bool(specialize_shapes),
                                large_buffers=large)
             self._kernels[key] = kernel
-        results = kernel(b.arrays, b.scalars, b.inout, b.sizes)
+        results = kernel(b.arrays, b.scalars, b.inout, b.sizes,
+                         allocate=_torch_aligned_empty if torch_in is not None else None)
         for name, res in zip(self.checked.outputs, results):
             if name in b.inout:  # in/out outputs are updated in place, like numpy's out=
                 b.inout[name][...] = res
@@ -299,6 +300,16 @@ def _subscripts_read_computed_tensors(fn: C.Function) -> bool:
                for r in C.walk(st.rhs) if isinstance(r, C.Read)
                for a in r.args
                for inner in C.walk(a) if isinstance(inner, C.Read))
+
+
+def _torch_aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An output array in memory PyTorch allocates (so a torch caller's outputs are its own
+    tensors), aligned as Halide's outputs must be (jit.aligned_empty)."""
+    torch, alignment = _torch(), 128
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    raw = torch.empty(nbytes + alignment, dtype=torch.uint8)
+    start = (-raw.data_ptr()) % alignment
+    return raw[start:start + nbytes].numpy().view(dtype).reshape(shape)
 
 
 def _torch():

@@ -178,3 +178,22 @@ def test_the_numpy_api_never_imports_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_outputs_are_allocated_by_pytorch(monkeypatch):
+    """A call with torch tensors puts its outputs in memory PyTorch allocated (aligned for
+    Halide), not numpy's."""
+    calls = []
+    real_empty = torch.empty
+
+    def counting_empty(*args, **kwargs):
+        calls.append(kwargs.get("dtype"))
+        return real_empty(*args, **kwargs)
+
+    prog = tc.define("def tmm(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) }")
+    a, b = torch.randn(5, 7), torch.randn(6, 7)
+    monkeypatch.setattr(torch, "empty", counting_empty)
+    c = prog.tmm(a, b)
+    assert calls == [torch.uint8]
+    assert c.data_ptr() % 128 == 0
+    torch.testing.assert_close(c, a @ b.T, rtol=1e-5, atol=1e-5)

@@ -224,10 +224,11 @@ class CpuKernel:
                 for name in self.fn.outputs]
 
     def __call__(self, arrays: Mapping[str, np.ndarray], scalars: Mapping[str, object],
-                 inout: Mapping[str, np.ndarray], values: Mapping[str, int] | None = None
-                 ) -> list[np.ndarray]:
+                 inout: Mapping[str, np.ndarray], values: Mapping[str, int] | None = None,
+                 allocate=None) -> list[np.ndarray]:
         """Runs on a call's arrays; `values`: its sizes (those it was compiled at if None; a
-        specialised kernel takes no others)."""
+        specialised kernel takes no others). `allocate(shape, dtype)` makes the output arrays
+        (aligned_empty by default; a PyTorch caller's allocator, so outputs are its tensors)."""
         values = self.values if values is None else dict(values)
         if self.specialize_shapes and values != self.values:
             raise TCError(f"a kernel of '{self.fn.name}' specialised to sizes {self.values} "
@@ -239,7 +240,7 @@ class CpuKernel:
             if len(self._bounds) > 4096:  # a memo for loops over a few sizes: keep it small
                 self._bounds.clear()
             bounds = self._bounds[sizes] = self.output_bounds(values)
-        run = (arrays, scalars, inout, bounds)
+        run = (arrays, scalars, inout, bounds, allocate or aligned_empty)
         try:
             return _run(compiled, *run)
         except HALIDE_FAILURES as e:  # a failed runtime check (e.g. a read out of bounds)
@@ -288,8 +289,8 @@ class CpuKernel:
         return results
 
 
-def _run(compiled: _Compiled, arrays, scalars, inout, output_bounds, name: str | None = None
-         ) -> list[np.ndarray]:
+def _run(compiled: _Compiled, arrays, scalars, inout, output_bounds, allocate=None,
+         name: str | None = None) -> list[np.ndarray]:
     """Realizes the pipeline on numpy arrays into fresh outputs of `output_bounds`. `name`:
     Halide's failures are the arguments' fault (a TCArgumentError naming the function)."""
     low = compiled.lowered
@@ -308,7 +309,7 @@ def _run(compiled: _Compiled, arrays, scalars, inout, output_bounds, name: str |
     outs, buffers = [], []
     for tname, (mins, extents) in zip(low.fn.outputs, output_bounds):
         dtype = storage_type(low.fn.tensors[tname].type).numpy
-        out = aligned_empty(extents, dtype)
+        out = (allocate or aligned_empty)(extents, dtype)
         buf = hl.Buffer(out)
         if mins:
             buf.set_min(list(reversed(mins)))
