@@ -224,6 +224,16 @@ def test_relu_gradient_is_zero_at_zero():
     np.testing.assert_array_equal(g["X"], [0, 0, 1])
 
 
+def test_reduction_index_absent_from_a_partial_counts_its_range():
+    """`O(i) +=! C(i) + D(i,k)`: C's partial does not mention k, yet the sum over k adds it K
+    times (the backward had a where clause on k, unused, which is not a TC; fuzz seed 11)."""
+    check_directional("def f(float(N) C, float(N,K) D) -> (O) { O(i) +=! C(i) + D(i,k) }", "f",
+                      dict(C=(3,), D=(3, 4)))
+    check_directional("def f(float(N) C, float(K,M) D) -> (O) {\n"
+                      "  O(i) +=! exp(C(i)) - tanh(D(k,m)) where m in 1:M\n}", "f",
+                      dict(C=(3,), D=(4, 5)))
+
+
 def test_text_is_readable_tc():
     text = tc.gradient(example("tmm"), "tmm")
     assert "def tmm_grad(float(M, K) A, float(N, K) B, float(M, N) C, float(M, N) d_C) " \

@@ -445,6 +445,7 @@ class _Generator:
         g = S.rebuild(g, lambda m: at_u if m == leaf else None)
         g = S.substitute(g, subst)
         rhs = S.select(S.conj(guards), g, S.const(0)) if guards else g
+        rhs, where = _count_absent(rhs, set(lhs), where)
         first = d_target not in self.grad_started
         self.emit(_GradStatement(d_target, tuple(lhs), "+=!" if first else "+=", rhs,
                                  tuple(where)))
@@ -462,8 +463,9 @@ class _Generator:
             self.emit(_GradStatement(d_target, idx, "=", S.const(0), tuple(
                 (i, *self.dim_range(forward_tensor, d)) for d, i in enumerate(idx))))
             self.grad_started.add(d_target)
-        self.emit(_GradStatement(d_target, (), "+=", g, tuple(
-            (v, *self.var_range(n, v)) for v in st.variables), scatter=leaf.args))
+        used = {x for a in leaf.args for x in C.free_vars(a)}
+        g, where = _count_absent(g, used, [(v, *self.var_range(n, v)) for v in st.variables])
+        self.emit(_GradStatement(d_target, (), "+=", g, tuple(where), scatter=leaf.args))
 
     # -- recomputation and the text ------------------------------------------------------------
     def recomputed(self) -> list[int]:
@@ -585,6 +587,20 @@ class _Generator:
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
+
+def _count_absent(rhs: C.Expr, lhs: set, where: list) -> tuple[C.Expr, list]:
+    """rhs times the extent of each summed index it no longer mentions, and the where clauses
+    of the rest: the forward sum visits every value of such an index (`O(i) +=! C(i) + D(i,k)`
+    gives d_C(i) K times), and TC takes no where clause on an index a statement does not use."""
+    mentioned = C.free_vars(rhs) | lhs
+    kept = []
+    for v, lo, hi in where:
+        if v in mentioned:
+            kept.append((v, lo, hi))
+        else:
+            rhs = S.mul(rhs, S.sub(hi, lo))
+    return rhs, kept
 
 
 def _leaves(e: C.Expr):
