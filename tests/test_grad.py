@@ -234,6 +234,15 @@ def test_reduction_index_absent_from_a_partial_counts_its_range():
                       dict(C=(3,), D=(4, 5)))
 
 
+def test_overwrite_whose_range_depends_on_a_scalar_input():
+    """A second statement whose range depends on the scalar `s`: the (lo, hi) pairs of the
+    trial values of s are compared pair by pair, and the range is refused as documented (the
+    pairs went whole to the range simplifier, a ValueError; fuzz seed 90)."""
+    with pytest.raises(tc.TCError, match="the range of 'p' depends on the values of scalar"):
+        tc.gradient("def f(float(N, 4) A, int s) -> (O) {\n  O(v) = A(v, v / 2)\n"
+                    "  O(p) = A(p, s * p + 1)\n}", "f")
+
+
 def test_text_is_readable_tc():
     text = tc.gradient(example("tmm"), "tmm")
     assert "def tmm_grad(float(M, K) A, float(N, K) B, float(M, N) C, float(M, N) d_C) " \

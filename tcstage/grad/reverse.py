@@ -624,7 +624,12 @@ def _size(d: str) -> C.Expr:
 
 
 def _equal(a, b) -> bool:
-    return simplify_tree(("sub", a, b)) == R.ZERO if a != b else True
+    """Whether two range trees, or two tuples of them (a (lo, hi) pair), are equal."""
+    if a == b:
+        return True
+    if isinstance(a, tuple) and a and isinstance(a[0], tuple):  # tuples of trees
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    return simplify_tree(("sub", a, b)) == R.ZERO
 
 
 def simplify_tree(tree):
