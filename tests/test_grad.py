@@ -243,6 +243,25 @@ def test_overwrite_whose_range_depends_on_a_scalar_input():
                     "  O(p) = A(p, s * p + 1)\n}", "f")
 
 
+@pytest.mark.xfail(reason="open: the backward's ties test `rhs == O(j, q)` is evaluated by Halide "
+                   "with another association of the product than the forward's min (floats "
+                   "are reassociated without strict_float), so the minimum is missed (fuzz "
+                   "seed 75)", strict=False)
+def test_min_reduction_of_a_product_of_three_reads():
+    check_directional("def f(float(Q) C, float(L) Y) -> (O) {\n"
+                      "  O(j, q) min=! C(q) * C(l) * Y(j)\n}", "f", dict(C=(3,), Y=(4,)))
+
+
+def test_recomputed_version_whose_read_is_padded_keeps_its_ranges():
+    """The earlier value of O0 is recomputed; its read of B gets `?? 0` (its bound is not provable
+    in the backward), which no longer bounds `_v`, so the recomputation states its ranges (the
+    backward was not a TC; fuzz seed 570)."""
+    check_directional("def f(float(K, K) I0, float(K, L, L) B) -> (O0) {\n"
+                      "  O0(i) max=! fmax(B(_v + i, i, 0), 0.25)\n"
+                      "  O0(m) = max(O0(m), fmin(I0(2, m), 1.75))\n}", "f",
+                      dict(I0=(4, 4), B=(4, 4, 4)))
+
+
 def test_text_is_readable_tc():
     text = tc.gradient(example("tmm"), "tmm")
     assert "def tmm_grad(float(M, K) A, float(N, K) B, float(M, N) C, float(M, N) d_C) " \

@@ -523,6 +523,12 @@ class _Generator:
             for line, read in missing:
                 k = line - first_line
                 body[k] = attrs.evolve(body[k], padded=body[k].padded | {read})
+                if k < len(recompute):  # padding stops a read bounding its indices: state them
+                    n = recompute[k]
+                    stated = {w[0] for w in body[k].where}
+                    body[k] = attrs.evolve(body[k], where=body[k].where + tuple(
+                        (v, *self.var_range(n, v)) for v in fn.statements[n].variables
+                        if v not in stated))
         body = self.without_needless_where(body, len(body) - len(self.statements), text_of)
         text = text_of(body)
         inputs = tuple(t.name for t in fn.inputs) + tuple(fn.outputs) + tuple(
