@@ -2,6 +2,7 @@
 
     python3 benchmarks/fuzz_campaign.py frontend --inputs 100000 --timeout 5
     python3 benchmarks/fuzz_campaign.py differential --programs 1000 --options 3 --timeout 300
+    python3 benchmarks/fuzz_campaign.py gradient --programs 1000 --timeout 120
     python3 benchmarks/fuzz_campaign.py minimize --first SEED [--kind race] [--budget 600]
 
 `frontend`: `tc.define` on random text, token soup in TC's shape, syntactically valid TC with
@@ -12,6 +13,12 @@ success or a `TCError`, and every input slower than --timeout seconds, is counte
 (default schedule and schedule=None) and under emulation with --options random MappingOptions
 each, against the explicit-loop reference; mismatches, crashes, rejections of valid programs,
 races and hangs (a program slower than --timeout) are counted.
+
+`gradient`: random well-formed programs retyped to float64 through `tc.gradient`, the backward
+TC's gradients compared with central differences of the forward (tests/fuzz/gradient.py);
+counts documented refusals by reason, inputs skipped at non-smooth points, and bugs: invalid
+backward TCs, crashes, errors running the backward, mismatches, missing gradients. With
+--minimize, each bug's program is shrunk (--budget seconds) before its reproducer is written.
 
 `minimize`: shrinks the program of seed --first (with its --options random options) to a
 smaller one that fails the same way, and writes its reproducer to --out.
@@ -79,6 +86,15 @@ def _differential_task(seed: int, n_options: int, nvcc: bool, send) -> list[dict
     return [attrs.asdict(f) for f in findings]
 
 
+def _gradient_task(seed: int) -> list[dict]:
+    import attrs
+
+    from fuzz import gradient, programs
+
+    outcome = gradient.check(programs.case(seed, gradient.FEATURES))
+    return [attrs.asdict(outcome)]
+
+
 def _worker(conn, mode: str, config: dict) -> None:
     os.environ.setdefault("PYTHONHASHSEED", "0")
     while True:
@@ -90,6 +106,8 @@ def _worker(conn, mode: str, config: dict) -> None:
             if mode == "frontend":
                 result = _frontend_task(*task)
                 result = [result] if result else []
+            elif mode == "gradient":
+                result = _gradient_task(task)
             else:
                 result = _differential_task(task, config["options"], config["nvcc"], conn.send)
         except Exception as e:  # noqa: BLE001 - a failure of the harness itself
@@ -265,6 +283,73 @@ def differential(args) -> dict:
             "seconds": time.monotonic() - start, "interrupted": interrupted}
 
 
+def gradient(args) -> dict:
+    """The gradient campaign: one outcome per program (tests/fuzz/gradient.py)."""
+    from fuzz import gradient as G
+
+    pool = Pool("gradient", {})
+    counts = collections.Counter()
+    refusals = collections.Counter()
+    classes: dict = collections.defaultdict(list)
+    start = time.monotonic()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    interrupted = False
+    try:
+        for seed in range(args.first, args.first + args.programs):
+            status, results, stage = pool.run(seed, args.timeout)
+            counts["programs"] += 1
+            if status != "done":
+                results = [{"seed": seed, "kind": "hang" if status == "hang" else "crash",
+                            "reason": status, "detail": stage, "checked": 0, "skipped": 0}]
+            for r in results:
+                kind = r["kind"]
+                counts[kind] += 1
+                counts["inputs checked"] += r.get("checked", 0)
+                counts["inputs skipped (non-smooth)"] += r.get("skipped", 0)
+                if kind == "refused":
+                    refusals[r["reason"]] += 1
+                elif kind in (*G.BUG_KINDS, "hang", "harness", "forward"):
+                    sig = f"{kind}: {r['reason']}"
+                    classes[sig].append(seed)
+                    if kind != "forward" and len(classes[sig]) <= 3:
+                        _write_gradient_reproducer(out, seed, r, sig, args)
+            if args.progress and counts["programs"] % args.progress == 0:
+                print(f"  {counts['programs']} programs: {counts['ok']} ok, "
+                      f"{counts['refused']} refused, "
+                      f"{sum(counts[k] for k in G.BUG_KINDS)} bugs, "
+                      f"{time.monotonic() - start:.0f} s", flush=True)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        pool.close()
+    return {"counts": dict(counts), "refusals": dict(refusals.most_common()),
+            "classes": dict(classes), "seconds": time.monotonic() - start,
+            "interrupted": interrupted}
+
+
+def _write_gradient_reproducer(out: Path, seed: int, r: dict, sig: str, args) -> None:
+    from fuzz import gradient as G
+    from fuzz import programs
+
+    case = programs.case(seed, G.FEATURES)
+    note = ""
+    if args.minimize and r["kind"] in G.BUG_KINDS:
+        from fuzz.minimize import minimize as shrink
+        outcome = G.Outcome(seed, r["kind"], r["reason"], r["detail"])
+        case = shrink(case, G.fails_like(outcome), args.budget)
+        r = attrs_dict(G.check(case, seed))
+        note = " (minimized)"
+    (out / f"gradient-{r['kind']}-seed{seed}.txt").write_text(
+        f"# {sig}{note}\n# regenerate: programs.case({seed}, gradient.FEATURES) in tests/fuzz\n"
+        f"{case.source}\n{r['detail']}\n")
+
+
+def attrs_dict(outcome) -> dict:
+    import attrs
+    return attrs.asdict(outcome)
+
+
 def _progress(counts, start) -> None:
     print(f"  {counts['programs']} programs: {counts['mismatch']} mismatches, "
           f"{counts['crash']} crashes, {counts['rejected']} rejections, {counts['race']} races, "
@@ -325,7 +410,7 @@ def _interrupt(signum, frame):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=("frontend", "differential", "minimize"))
+    parser.add_argument("mode", choices=("frontend", "differential", "gradient", "minimize"))
     parser.add_argument("--inputs", type=int, default=100_000, help="front-end inputs")
     parser.add_argument("--programs", type=int, default=1000, help="differential programs")
     parser.add_argument("--options", type=int, default=3, help="MappingOptions per program")
@@ -339,6 +424,8 @@ def main(argv=None) -> int:
     parser.add_argument("--progress", type=int, default=0, help="print a line every N inputs")
     parser.add_argument("--kind", help="minimize: the kind of finding to keep (mismatch, ...)")
     parser.add_argument("--budget", type=float, default=600, help="minimize: seconds")
+    parser.add_argument("--minimize", action="store_true",
+                        help="gradient: shrink each bug's program before writing it")
     args = parser.parse_args(argv)
     # Ctrl-C or a plain `kill` stops the campaign early; it still ends its worker and prints
     # the summary of what ran.
@@ -346,14 +433,38 @@ def main(argv=None) -> int:
     if args.mode == "minimize":
         return minimize(args)
     if args.timeout is None:
-        args.timeout = 5.0 if args.mode == "frontend" else 300.0
-    summary = frontend(args) if args.mode == "frontend" else differential(args)
-    _print_summary(args.mode, summary)
+        args.timeout = {"frontend": 5.0, "gradient": 120.0}.get(args.mode, 300.0)
+    if args.mode == "gradient":
+        summary = gradient(args)
+        _print_gradient_summary(summary)
+    else:
+        summary = frontend(args) if args.mode == "frontend" else differential(args)
+        _print_summary(args.mode, summary)
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1, default=str))
     bad = sum(summary["counts"].get(k, 0) for k in
-              ("mismatch", "crash", "hang", "rejected", "race"))
+              ("mismatch", "crash", "hang", "rejected", "race", "invalid", "backward-error",
+               "missing"))
     return 1 if bad else 0
+
+
+def _print_gradient_summary(summary: dict) -> None:
+    c = summary["counts"]
+    stopped = " (interrupted)" if summary.get("interrupted") else ""
+    print(f"\n== gradient campaign: {summary['seconds']:.0f} s{stopped} ==")
+    print(f"programs: {c.get('programs', 0)}; checked: {c.get('ok', 0)} "
+          f"({c.get('inputs checked', 0)} inputs, "
+          f"{c.get('inputs skipped (non-smooth)', 0)} skipped at non-smooth points); "
+          f"refused: {c.get('refused', 0)}; forward failed: {c.get('forward', 0)}")
+    print("bugs: " + ", ".join(f"{k} {c.get(k, 0)}" for k in
+                               ("invalid", "crash", "backward-error", "mismatch", "missing",
+                                "hang")))
+    print("refusals by reason:")
+    for reason, n in summary["refusals"].items():
+        print(f"  {n:5d}  {reason}")
+    print(f"{len(summary['classes'])} classes:")
+    for sig, where in sorted(summary["classes"].items(), key=lambda kv: -len(kv[1])):
+        print(f"  {len(where):5d}  {sig}\n         e.g. {', '.join(map(str, where[:6]))}")
 
 
 def _print_summary(mode: str, summary: dict) -> None:

@@ -39,7 +39,11 @@ from tcstage.lang.retype import retype_source
 from tcstage.lang.types import FLOAT64
 
 from . import nodes as N
-from .programs import Case
+from .programs import CORE_FEATURES, Case
+
+#: The generator's features for gradients: in/out outputs are always refused (documented), so
+#: programs with them would only dilute a campaign.
+FEATURES = CORE_FEATURES - {"inout"}
 
 BUG_KINDS = ("invalid", "crash", "backward-error", "mismatch", "missing")
 EPS = 1e-4  # the larger step; the smaller is EPS / 10
@@ -65,8 +69,8 @@ class Outcome:
 
 def refusal_reason(message: str) -> str:
     """The shape of a refusal's message: quoted names and numbers elided, first line only."""
-    first = message.strip().splitlines()[0]
-    first = first.split(": ", 1)[-1] if first.startswith("<") else first
+    first = message.strip().splitlines()[0].replace("caller's", "caller")
+    first = re.sub(r"^(<[^>]*>:\d+:\d+: )?error: ", "", first)
     first = re.sub(r"the gradient of '[^']*'(, statement '.*?')?: ", "", first)
     first = re.sub(r"'[^']*'", "'_'", first)
     first = re.sub(r"\b\d+\b", "#", first)

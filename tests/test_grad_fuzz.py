@@ -1,0 +1,45 @@
+"""The gradient oracle (tests/fuzz/gradient.py) on a fixed sample of random well-formed TC
+functions: each is retyped to float64, differentiated by tc.gradient, and the backward TC's
+gradients are compared with central differences of the forward along random directions.
+benchmarks/fuzz_campaign.py's `gradient` mode runs the long campaign.
+
+A documented refusal (TCError from tc.gradient) is fine; a generated backward that is not a
+valid TC, an exception other than TCError, or a gradient that disagrees is a failure.
+"""
+
+import attrs
+import pytest
+
+from fuzz import gradient, programs
+
+SEEDS = range(0, 48)
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    return {s: gradient.check(programs.case(s, gradient.FEATURES)) for s in SEEDS}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_gradient_matches_central_differences(outcomes, seed):
+    outcome = outcomes[seed]
+    assert not outcome.bug, f"{outcome}\n{programs.case(seed, gradient.FEATURES).source}"
+
+
+def test_the_sample_checks_gradients(outcomes):
+    """The sample is not all refusals: many programs get their inputs' gradients compared."""
+    ok = [o for o in outcomes.values() if o.kind == "ok" and o.checked]
+    assert len(ok) >= 12, {s: o.kind for s, o in outcomes.items()}
+    assert sum(o.checked for o in ok) >= 20
+
+
+def test_the_oracle_catches_a_wrong_gradient(monkeypatch):
+    """A backward that reads the gradient of an output 1.5 times too large is reported."""
+    real = gradient.backward
+
+    def scaled(program, name):
+        bw = real(program, name)
+        return attrs.evolve(bw, source=bw.source.replace("d_O0(", "1.5 * d_O0("))
+    monkeypatch.setattr(gradient, "backward", scaled)
+    outcome = gradient.check(programs.case(1, gradient.FEATURES))
+    assert outcome.kind == "mismatch", str(outcome)
