@@ -335,12 +335,24 @@ class _Generator:
             self.pass_to_previous(n, w, d_w)
         rhs = self.renamed(n, st.rhs)
         if st.reduction in ("max", "min"):
+            box = tuple((v, *self.var_range(n, v)) for v in st.variables)
+            candidate, value = rhs, C.Read(w.name, lhs, tensor.type)
+            if not _stored(rhs):
+                # A computed value may round differently here than in the forward function
+                # (Halide contracts and reorders float arithmetic per Func), so `rhs == W(L)`
+                # could miss the selected element: the backward stores its own values and
+                # their extremum, and compares stored values only.
+                values = self.fresh(f"{w.name}_values")
+                self.emit(_GradStatement(values, st.variables, "=", rhs, box))
+                candidate = C.Read(values, tuple(S.var(v) for v in st.variables), tensor.type)
+                extremum = self.fresh(f"{w.name}_{st.reduction}")
+                self.emit(_GradStatement(extremum, st.indices, f"{st.reduction}=!", candidate,
+                                         box))
+                value = C.Read(extremum, lhs, tensor.type)
             count = self.fresh(f"{w.name}_ties")
-            value = C.Read(w.name, lhs, tensor.type)
-            hit = S.compare("==", rhs, value)
+            hit = S.compare("==", candidate, value)
             self.emit(_GradStatement(count, st.indices, "+=!",
-                                     S.select(hit, S.const(1), S.const(0)),
-                                     tuple((v, *self.var_range(n, v)) for v in st.variables)))
+                                     S.select(hit, S.const(1), S.const(0)), box))
             seed = S.select(hit, S.div(seed, C.Read(count, lhs, INT32)), S.const(0))
         for leaf, g in partials(rhs, seed, f"{self.where}, statement '{_text(st)}'"):
             if isinstance(leaf, C.ScalarParam):
@@ -607,6 +619,13 @@ def _count_absent(rhs: C.Expr, lhs: set, where: list) -> tuple[C.Expr, list]:
         else:
             rhs = S.mul(rhs, S.sub(hi, lo))
     return rhs, kept
+
+
+def _stored(e: C.Expr) -> bool:
+    """Whether e is a value as stored (a read, a scalar, a padded read), not a computed one."""
+    while isinstance(e, C.Cast):
+        e = e.operand
+    return isinstance(e, (C.Read, C.ScalarParam, C.Padded))
 
 
 def _leaves(e: C.Expr):
