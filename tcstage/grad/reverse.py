@@ -26,6 +26,7 @@ from tcstage.errors import TCError, TCRangeError
 from tcstage.grad import Backward
 from tcstage.grad import source as S
 from tcstage.grad.derivative import differentiable, partials
+from tcstage.grad.text import GradStatement, equal_trees, polish
 from tcstage.halide import ranges as R
 from tcstage.lang import checked as C
 from tcstage.lang.builtins import BUILTINS
@@ -46,32 +47,6 @@ class _Version:
     kind: str  # 'first', 'accumulate' (adds to prev) or 'overwrite' (replaces part of prev)
     final: bool = False
     varied: bool = False
-
-
-@attrs.frozen
-class _GradStatement:
-    """One statement of the backward function, kept as data until it is printed."""
-
-    tensor: str
-    indices: tuple  # left-hand index names
-    op: str  # '=', '+=!', '+='
-    rhs: C.Expr
-    where: tuple  # (var, lo, hi) with lo, hi checked expressions
-    padded: frozenset = frozenset()  # texts of reads printed as `read ?? 0`
-    scatter: tuple = ()  # left-hand subscripts (checked expressions) of a scatter
-
-    def text(self) -> str:
-        rhs = self.rhs
-        if self.padded:
-            rhs = S.rebuild(rhs, lambda n: C.Padded(n, S.const(0), n.type)
-                            if isinstance(n, C.Read) and S.to_tc(n) in self.padded else None)
-        indices = [S.to_tc(a) for a in self.scatter] if self.scatter else self.indices
-        lhs = f"{self.tensor}({', '.join(indices)})" if indices else self.tensor
-        text = f"{lhs} {self.op} {S.to_tc(rhs)}"
-        if self.where:
-            text += " where " + ", ".join(f"{v} in {S.to_tc(lo)}:{S.to_tc(hi)}"
-                                           for v, lo, hi in self.where)
-        return text
 
 
 def backward(source_or_program, name: str) -> Backward:
@@ -120,7 +95,7 @@ class _Generator:
 
     def same_in_trials(self, get) -> bool:
         first = get(self.trials[0])
-        return all(_equal(get(t), first) for t in self.trials[1:])
+        return all(equal_trees(get(t), first) for t in self.trials[1:])
 
     # -- the pass ----------------------------------------------------------------------------
     def run(self) -> Backward:
@@ -128,7 +103,7 @@ class _Generator:
         self.versions_of(fn)
         self.signature()
         self.activity()
-        self.statements: list[_GradStatement] = []
+        self.statements: list[GradStatement] = []
         self.grad_started: set[str] = set()  # gradient tensors with a statement (or inputs)
         self.grad_names: dict = {}
         for v in self.all_versions:
@@ -140,7 +115,7 @@ class _Generator:
                     total = self.fresh(f"{name}_total")
                     idx = self.index_names(fn.tensors[v.tensor].rank)
                     read = C.Read(name, tuple(S.var(i) for i in idx), fn.tensors[v.tensor].type)
-                    self.emit(_GradStatement(total, idx, "=", read, ()))
+                    self.emit(GradStatement(total, idx, "=", read, ()))
                     name = total
                 self.grad_names[v] = name
                 self.grad_started.add(name)
@@ -219,7 +194,7 @@ class _Generator:
         for name in fn.outputs:
             dims = []
             for d in range(fn.tensors[name].rank):
-                if not self.same_in_trials(lambda fr: fr.tensors[name].mins[d]) or not _equal(
+                if not self.same_in_trials(lambda fr: fr.tensors[name].mins[d]) or not equal_trees(
                         self.trials[0].tensors[name].mins[d], R.ZERO):
                     raise TCError(f"{self.where}: output '{name}' does not start at index 0 "
                                   f"in dimension {d}; its gradient is not generated")
@@ -261,7 +236,7 @@ class _Generator:
         if self.same_in_trials(lambda fr: (fr.tensors[tensor].mins[d],
                                             fr.tensors[tensor].extents[d])):
             b = self.trials[0].tensors[tensor]
-            return _tree_expr(b.mins[d]), _tree_expr(simplify_tree(("add", b.mins[d],
+            return _tree_expr(b.mins[d]), _tree_expr(R.simplify_tree(("add", b.mins[d],
                                                                     b.extents[d])))
         raise TCError(f"{self.where}: the shape of temporary '{tensor}' depends on the values "
                       "of scalar inputs; its gradient is not generated")
@@ -277,15 +252,15 @@ class _Generator:
 
             def covers(fr):
                 b, r = fr.tensors[st.tensor], fr.statements[n].ranges[v]
-                return _equal(r.lo, b.mins[d]) and _equal(
-                    simplify_tree(("add", r.hi, R.ONE)), simplify_tree(("add", b.mins[d],
+                return equal_trees(r.lo, b.mins[d]) and equal_trees(
+                    R.simplify_tree(("add", r.hi, R.ONE)), R.simplify_tree(("add", b.mins[d],
                                                                         b.extents[d])))
             if all(covers(fr) for fr in self.trials):
                 return self.dim_range(st.tensor, d)
         if self.same_in_trials(lambda fr: (fr.statements[n].ranges[v].lo,
                                             fr.statements[n].ranges[v].hi)):
             r = self.trials[0].statements[n].ranges[v]
-            return _tree_expr(r.lo), _tree_expr(simplify_tree(("add", r.hi, R.ONE)))
+            return _tree_expr(r.lo), _tree_expr(R.simplify_tree(("add", r.hi, R.ONE)))
         raise TCError(f"{self.where}: the range of '{v}' depends on the values of scalar "
                       "inputs; its gradient is not generated (write a where clause for it)",
                       st.span)
@@ -308,7 +283,7 @@ class _Generator:
     def index_names(self, rank: int) -> tuple[str, ...]:
         return tuple(_INDEX_NAMES[k] if k < len(_INDEX_NAMES) else f"i{k}" for k in range(rank))
 
-    def emit(self, st: _GradStatement) -> None:
+    def emit(self, st: GradStatement) -> None:
         self.statements.append(st)
 
     def grad_of(self, target) -> str:
@@ -343,15 +318,15 @@ class _Generator:
                 # could miss the selected element: the backward stores its own values and
                 # their extremum, and compares stored values only.
                 values = self.fresh(f"{w.name}_values")
-                self.emit(_GradStatement(values, st.variables, "=", rhs, box))
+                self.emit(GradStatement(values, st.variables, "=", rhs, box))
                 candidate = C.Read(values, tuple(S.var(v) for v in st.variables), tensor.type)
                 extremum = self.fresh(f"{w.name}_{st.reduction}")
-                self.emit(_GradStatement(extremum, st.indices, f"{st.reduction}=!", candidate,
+                self.emit(GradStatement(extremum, st.indices, f"{st.reduction}=!", candidate,
                                          box))
                 value = C.Read(extremum, lhs, tensor.type)
             count = self.fresh(f"{w.name}_ties")
             hit = S.compare("==", candidate, value)
-            self.emit(_GradStatement(count, st.indices, "+=!",
+            self.emit(GradStatement(count, st.indices, "+=!",
                                      S.select(hit, S.const(1), S.const(0)), box))
             seed = S.select(hit, S.div(seed, C.Read(count, lhs, INT32)), S.const(0))
         for leaf, g in partials(rhs, seed, f"{self.where}, statement '{_text(st)}'"):
@@ -373,10 +348,10 @@ class _Generator:
             return
         d_prev = self.grad_of(w.prev)
         idx = self.index_names(rank)
-        self.emit(_GradStatement(d_prev, idx, "=", C.Read(d_w, tuple(S.var(i) for i in idx),
+        self.emit(GradStatement(d_prev, idx, "=", C.Read(d_w, tuple(S.var(i) for i in idx),
                                                           self.fn.tensors[st.tensor].type), ()))
         if w.kind == "overwrite":
-            self.emit(_GradStatement(d_prev, st.indices, "=", S.const(0),
+            self.emit(GradStatement(d_prev, st.indices, "=", S.const(0),
                                      tuple((v, *self.var_range(n, v)) for v in st.indices)))
         self.grad_started.add(d_prev)
 
@@ -459,7 +434,7 @@ class _Generator:
         rhs = S.select(S.conj(guards), g, S.const(0)) if guards else g
         rhs, where = _count_absent(rhs, set(lhs), where)
         first = d_target not in self.grad_started
-        self.emit(_GradStatement(d_target, tuple(lhs), "+=!" if first else "+=", rhs,
+        self.emit(GradStatement(d_target, tuple(lhs), "+=!" if first else "+=", rhs,
                                  tuple(where)))
         self.grad_started.add(d_target)
 
@@ -472,12 +447,12 @@ class _Generator:
         d_target = self.grad_of(target)
         if d_target not in self.grad_started:
             idx = self.index_names(len(leaf.args))
-            self.emit(_GradStatement(d_target, idx, "=", S.const(0), tuple(
+            self.emit(GradStatement(d_target, idx, "=", S.const(0), tuple(
                 (i, *self.dim_range(forward_tensor, d)) for d, i in enumerate(idx))))
             self.grad_started.add(d_target)
         used = {x for a in leaf.args for x in C.free_vars(a)}
         g, where = _count_absent(g, used, [(v, *self.var_range(n, v)) for v in st.variables])
-        self.emit(_GradStatement(d_target, (), "+=", g, tuple(where), scatter=leaf.args))
+        self.emit(GradStatement(d_target, (), "+=", g, tuple(where), scatter=leaf.args))
 
     # -- recomputation and the text ------------------------------------------------------------
     def recomputed(self) -> list[int]:
@@ -497,12 +472,13 @@ class _Generator:
 
     def assemble(self, recompute: list[int], d_inputs: dict) -> Backward:
         fn = self.fn
+        self.recompute = recompute
         body = []
         for n in recompute:
             st = fn.statements[n]
             op = "=" if st.reduction is None else f"{st.reduction}={'!' if st.init else ''}"
             where = tuple((w.var, self.renamed(n, w.lo), self.renamed(n, w.hi)) for w in st.where)
-            body.append(_GradStatement(self.version_of[n].name, st.indices, op,
+            body.append(GradStatement(self.version_of[n].name, st.indices, op,
                                        self.renamed(n, st.rhs), where,
                                        scatter=tuple(self.renamed(n, a) for a in st.scatter)))
         body += self.statements
@@ -519,89 +495,18 @@ class _Generator:
         header = [f"# The gradient of '{fn.name}', generated by tcstage (tc.gradient)."]
         header += [f"# {note}" for note in self.dim_notes]
         head = "\n".join(header) + f"\ndef {name}({', '.join(params)}) -> ({', '.join(outs)}) {{\n"
-        first_line = head.count("\n") + 1
-
-        def text_of(body) -> str:
-            return head + "".join(f"  {st.text()}\n" for st in body) + "}\n"
-
-        # Reads that range inference cannot keep within their tensors (the backward signature
-        # does not say how the new output sizes relate to the input sizes) are padded: at the
-        # points visited they are always within, so `?? 0` only tells range inference so.
-        for _ in range(4):
-            text = text_of(body)
-            missing = self.unchecked_reads(text)
-            if not missing:
-                break
-            for line, read in missing:
-                k = line - first_line
-                body[k] = attrs.evolve(body[k], padded=body[k].padded | {read})
-                if k < len(recompute):  # padding stops a read bounding its indices: state them
-                    n = recompute[k]
-                    stated = {w[0] for w in body[k].where}
-                    body[k] = attrs.evolve(body[k], where=body[k].where + tuple(
-                        (v, *self.var_range(n, v)) for v in fn.statements[n].variables
-                        if v not in stated))
-        body = self.without_needless_where(body, len(body) - len(self.statements), text_of)
-        text = text_of(body)
+        text = polish(head, body, len(recompute), self.state_ranges, self.where)
         inputs = tuple(t.name for t in fn.inputs) + tuple(fn.outputs) + tuple(
             self.d_outputs[o] for o in fn.outputs)
         return Backward(text, name, fn.name, inputs, dict(self.d_outputs), d_inputs)
 
-    def without_needless_where(self, body: list, start: int, text_of) -> list:
-        """Drops the where clauses of generated statements that range inference would give
-        anyway (an index read plainly from a tensor of that extent), keeping any whose
-        inferred range would differ: the same statements, easier to read."""
-        full = self.statement_ranges(text_of(body))
-        trial = list(body)
-        for k in range(start, len(body)):
-            st = body[k]
-            reads = C.guarded_reads(st.rhs) + [g for a in st.scatter for g in C.guarded_reads(a)]
-            plain = {a.name for g in reads if not g.guards and not g.padded
-                     and S.to_tc(g.read) not in st.padded
-                     for a in g.read.args if isinstance(a, C.IndexVar)}
-            trial[k] = attrs.evolve(st, where=tuple(w for w in st.where if w[0] not in plain))
-        for _ in range(3):
-            try:
-                ranges = self.statement_ranges(text_of(trial))
-            except TCError:
-                return body
-            changed = False
-            for k in range(start, len(body)):
-                wrong = {v for v, r in full[k].items()
-                         if not (_equal(r.lo, ranges[k][v].lo) and _equal(r.hi, ranges[k][v].hi))}
-                if wrong:
-                    keep = {w[0] for w in trial[k].where} | wrong
-                    trial[k] = attrs.evolve(trial[k], where=tuple(
-                        w for w in body[k].where if w[0] in keep))
-                    changed = True
-            if not changed:
-                return trial
-        return body
-
-    def statement_ranges(self, text: str) -> list[dict]:
-        from tcstage.lang.parser import parse
-        from tcstage.lang.sema import check_module
-        (checked,) = check_module(parse(text, "<gradient>")).values()
-        scalars = {s: 2 for s in R.needs_specialization(checked)}
-        return [sr.ranges for sr in R.infer_ranges(checked, scalars).statements]
-
-    def unchecked_reads(self, text: str) -> set[tuple[int, str]]:
-        """(line, read text) of the reads whose bounds range inference of the backward
-        function cannot prove."""
-        from tcstage.lang.parser import parse
-        from tcstage.lang.sema import check_module
-        try:
-            (checked,) = check_module(parse(text, "<gradient>")).values()
-            scalars = {s: 2 for s in R.needs_specialization(checked)}
-            found = R.infer_ranges(checked, scalars).preconditions
-        except TCError as e:  # a bug of this generator: say so, with the text
-            raise TCError(f"{self.where}: the generated backward function is not a valid TC "
-                          f"({e}); please report this with the forward TC.\n{text}") from None
-        out = set()
-        for p in found:
-            if p.span is not None and "stays within" in p.message:
-                out.add((p.span.line, p.span.text()))
-        return out
+    def state_ranges(self, k: int, st: GradStatement) -> GradStatement:
+        """Recomputed statement k with a where clause for each of its indices."""
+        n = self.recompute[k]
+        stated = {w[0] for w in st.where}
+        return attrs.evolve(st, where=st.where + tuple(
+            (v, *self.var_range(n, v)) for v in self.fn.statements[n].variables
+            if v not in stated))
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -646,19 +551,6 @@ def _text(st: C.Statement) -> str:
 
 def _size(d: str) -> C.Expr:
     return S.const(int(d)) if d.isdigit() else C.SizeVar(d)
-
-
-def _equal(a, b) -> bool:
-    """Whether two range trees, or two tuples of them (a (lo, hi) pair), are equal."""
-    if a == b:
-        return True
-    if isinstance(a, tuple) and a and isinstance(a[0], tuple):  # tuples of trees
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
-    return simplify_tree(("sub", a, b)) == R.ZERO
-
-
-def simplify_tree(tree):
-    return R.simplify_tree(tree)
 
 
 def _tree_expr(tree) -> C.Expr:
