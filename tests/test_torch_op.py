@@ -466,3 +466,14 @@ def test_cuda_matches_einsum(tmm):
     tmm(A64, B64).sum().backward()
     torch.testing.assert_close(A64.grad, torch.ones(64, 48, device="cuda", dtype=torch.float64)
                                @ B64.detach())
+
+
+def test_generated_backward_without_a_gradient_for_some_inputs():
+    """An input used only in a condition gets no gradient from the generated backward (it
+    returns only d_Y); PyTorch sees None for it (its .grad stays None)."""
+    op = tct.op("def f(float(N) X, float(N) Y) -> (O) { O(i) = X(i) > 0 ? Y(i) * 2 : 0 }", "f")
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    op(x, y).sum().backward()
+    assert x.grad is None
+    torch.testing.assert_close(y.grad, (x.detach() > 0).double() * 2)

@@ -39,7 +39,7 @@ def backward_from_text(forward: C.Function, text: str, filename: str = "<backwar
         source=text, name=name, forward=forward.name, inputs=tuple(params),
         d_outputs=dict(zip(forward.outputs, params[n_in + n_out:])),
         d_inputs=dict(zip(_differentiable(forward), fn.outputs)))
-    check_backward(forward, fn, backward)
+    check_backward(forward, fn, backward, every_input=True)
     return backward
 
 
@@ -47,10 +47,13 @@ def _differentiable(forward: C.Function) -> list[str]:
     return [t.name for t in forward.inputs if t.type.is_float]
 
 
-def check_backward(forward: C.Function, fn: C.Function, backward: Backward) -> None:
+def check_backward(forward: C.Function, fn: C.Function, backward: Backward,
+                   every_input: bool = False) -> None:
     """Checks `fn` (the checked backward function of `backward`) against `forward`: parameters
     are the forward's inputs, outputs and one gradient per output, in that order, with the same
-    ranks and type families; outputs are one gradient per floating-point input."""
+    ranks and type families; outputs are one gradient per floating-point input (`every_input`,
+    user text) or per input in `backward.d_inputs` (the generated backward leaves out inputs
+    without a differentiable dependence)."""
     n_in, n_out = len(forward.inputs), len(forward.outputs)
     fwd_outputs = [forward.tensors[o] for o in forward.outputs]
     expected = ([(t, f"forward input {t.name}") for t in forward.inputs]
@@ -74,7 +77,7 @@ def check_backward(forward: C.Function, fn: C.Function, backward: Backward) -> N
                 (not want.type.is_float and param.type != want.type):
             raise TCError(f"parameter {k + 1} of '{fn.name}' ({param.name}) is {role}, of type "
                           f"{want.type}; it is declared {param.type}", param.span, note)
-    wanted = _differentiable(forward)
+    wanted = [x for x in _differentiable(forward) if every_input or x in backward.d_inputs]
     if len(fn.outputs) != len(wanted):
         raise TCError(f"backward '{fn.name}' returns {len(fn.outputs)} tensors; it must return "
                       f"one gradient per floating-point input of '{forward.name}' "
