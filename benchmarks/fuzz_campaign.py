@@ -71,14 +71,21 @@ def _frontend_task(kind: str, seed: int) -> dict | None:
     return None
 
 
-def _differential_task(seed: int, n_options: int, nvcc: bool, send) -> list[dict]:
+def _features(scatter: bool):
+    from fuzz import programs
+
+    return programs.SCATTER_FEATURES if scatter else programs.ALL_FEATURES
+
+
+def _differential_task(seed: int, n_options: int, nvcc: bool, scatter: bool,
+                       send) -> list[dict]:
     import random
 
     import attrs
 
     from fuzz import differential, mapping, programs
 
-    case = programs.case(seed)
+    case = programs.case(seed, _features(scatter))
     rng = random.Random(f"options/{seed}")
     options = [mapping.random_options(rng) for _ in range(n_options)]
     findings = differential.check(case, options, nvcc=nvcc,
@@ -109,7 +116,8 @@ def _worker(conn, mode: str, config: dict) -> None:
             elif mode == "gradient":
                 result = _gradient_task(task)
             else:
-                result = _differential_task(task, config["options"], config["nvcc"], conn.send)
+                result = _differential_task(task, config["options"], config["nvcc"],
+                                            config.get("scatter", False), conn.send)
         except Exception as e:  # noqa: BLE001 - a failure of the harness itself
             result = [{"kind": "harness", "stage": "generate", "error": type(e).__name__,
                        "detail": str(e)[:300], "options": None}]
@@ -247,7 +255,8 @@ def frontend(args) -> dict:
 
 
 def differential(args) -> dict:
-    pool = Pool("differential", {"options": args.options, "nvcc": args.nvcc})
+    pool = Pool("differential", {"options": args.options, "nvcc": args.nvcc,
+                                 "scatter": args.scatter})
     counts = collections.Counter()
     classes: dict = collections.defaultdict(list)
     failing_seeds = set()
@@ -271,7 +280,7 @@ def differential(args) -> dict:
                 sig = _signature(f)
                 classes[sig].append(f)
                 if len(classes[sig]) <= 3:
-                    _write_reproducer(out, seed, f, sig)
+                    _write_reproducer(out, seed, f, sig, args.scatter)
             if args.progress and counts["programs"] % args.progress == 0:
                 _progress(counts, start)
     except KeyboardInterrupt:
@@ -356,13 +365,13 @@ def _progress(counts, start) -> None:
           f"{counts['hang']} hangs, {time.monotonic() - start:.0f} s", flush=True)
 
 
-def _write_reproducer(out: Path, seed: int, f: dict, sig: str) -> None:
+def _write_reproducer(out: Path, seed: int, f: dict, sig: str, scatter: bool = False) -> None:
     from fuzz import differential, programs
 
     stage, _, options = f["stage"].partition(" under ")  # hangs: the stage it was in
     name = f"{f['kind']}-{stage}-seed{seed}.py"
     try:
-        case = programs.case(seed)
+        case = programs.case(seed, _features(scatter))
         finding = differential.Finding(seed, f["kind"], stage, f["options"] or options or None,
                                        f["error"], f["detail"])
         text = f"# {sig}\n" + differential.reproducer(case, finding)
@@ -379,7 +388,7 @@ def minimize(args) -> int:
     from fuzz.minimize import minimize as shrink
 
     seed = args.first
-    case = programs.case(seed)
+    case = programs.case(seed, _features(args.scatter))
     rng = random.Random(f"options/{seed}")
     options = [mapping.random_options(rng) for _ in range(args.options)]
     findings = [f for f in differential.check(case, options)
@@ -419,6 +428,8 @@ def main(argv=None) -> int:
                         help="CPU seconds per input (frontend: 5) or program (differential: "
                         "300) before it counts as a hang")
     parser.add_argument("--nvcc", action="store_true", help="also compile each kernel with nvcc")
+    parser.add_argument("--scatter", action="store_true",
+                        help="differential, minimize: programs with scatter statements")
     parser.add_argument("--out", default="fuzz-findings", help="directory for reproducers")
     parser.add_argument("--json", help="write the summary here too")
     parser.add_argument("--progress", type=int, default=0, help="print a line every N inputs")

@@ -245,10 +245,21 @@ class Statement:
     rhs: Expr
     where: tuple[Where, ...] = ()
     bare_lhs: bool = False  # a rank-0 left-hand side written without '()'
+    # A scatter (docs/language.md, "Scatter statements"): the left-hand subscripts as
+    # expressions, `lhs` is empty and every variable is a reduction variable.
+    scatter: tuple | None = None
+
+    @property
+    def lhs_vars(self) -> set[str]:
+        """Variables of the left-hand side: the plain ones, or those of a scatter's subscripts."""
+        if self.scatter is None:
+            return set(self.lhs)
+        return {v for a in self.scatter for v in index_vars(a)}
 
     @property
     def variables(self) -> tuple[str, ...]:
-        rhs_vars = sorted((index_vars(self.rhs) | {w.var for w in self.where}) - set(self.lhs))
+        rhs_vars = sorted((index_vars(self.rhs) | {w.var for w in self.where} | self.lhs_vars)
+                          - set(self.lhs))
         return self.lhs + tuple(rhs_vars)
 
     @property
@@ -333,7 +344,10 @@ def render(e: Expr) -> str:
 
 def render_statement(s: Statement) -> str:
     op = "=" if s.op == "=" else f"{s.op}={'!' if s.init else ''}"
-    lhs = s.tensor if s.bare_lhs else f"{s.tensor}({', '.join(s.lhs)})"
+    if s.scatter is not None:
+        lhs = f"{s.tensor}({', '.join(render(a) for a in s.scatter)})"
+    else:
+        lhs = s.tensor if s.bare_lhs else f"{s.tensor}({', '.join(s.lhs)})"
     text = f"{lhs} {op} {render(s.rhs)}"
     if s.where:
         parts = [f"{w.var} = [{render(w.lo)}, {render(w.hi)}[" if w.old_syntax

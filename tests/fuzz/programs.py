@@ -7,8 +7,8 @@ no overflow, no NaN). So the generator may write anything the language allows (a
 strided and scalar-strided subscripts, convolution-like sums of indices, integer division,
 indirect reads through integer index tensors, constants, every reduction operator with and
 without '!', `where` clauses in both syntaxes, temporaries, in/out outputs, rank-0 tensors,
-updates after uses, initialise-then-accumulate pairs, mixed float/double/int types) and the
-reference decides what is valid.
+updates after uses, initialise-then-accumulate pairs, mixed float/double/int types; with the
+"scatter" feature, accumulations at computed subscripts) and the reference decides what is valid.
 
 Values: floats are multiples of 1/4 in [-2, 2] and integers small, so that +, -, *, min, max
 and division by powers of two are exact in float32. Each expression's exactness is tracked
@@ -63,11 +63,12 @@ class Case:
         return copies[0] if len(copies) == 1 else copies
 
 
-def make_case(seed: int, p: N.Program, values: dict, inout_values: dict) -> Case:
+def make_case(seed: int, p: N.Program, values: dict, inout_values: dict,
+              refuse_pieces: bool = False) -> Case:
     """Runs the reference on p; raises reference.Invalid if p is not well-formed."""
     values = {i.name: values[i.name] for i in p.inputs}
     inout_values = {o: inout_values[o] for o in p.inout_shapes}
-    expected = R.run(p, values, inout_values)
+    expected = R.run(p, values, inout_values, refuse_pieces=refuse_pieces)
     precisions = exactness(p, expected)
     exact = {o: precisions[o].fits(expected.types[o]) for o in p.outputs}
     return Case(seed, p, values, inout_values, expected, exact)
@@ -272,6 +273,13 @@ class _Generator:
         if "strides" in self.features and rng.random() < 0.12:
             self.stride = "s"
             self.add_input(N.Input("s", "int32", ()))
+        if "scatter" in self.features:  # material for computed subscripts
+            if data_dims and not self.index_inputs and rng.random() < 0.5:
+                dims = tuple(rng.choice(names) for _ in range(rng.choice((1, 1, 2))))
+                self.add_input(N.Input("X", "int32", dims, index_bound=rng.choice(data_dims)))
+            if rng.random() < 0.3:
+                self.inputs.append(N.Input("t", "int32", ()))
+                self.values["t"] = rng.randint(0, 2)
         rng.shuffle(self.inputs)
         # A size variable no input declares is not a size variable: TC would take it for an
         # index variable.
@@ -312,7 +320,8 @@ class _Generator:
 
     def run_reference(self, statements, outputs, inout, inout_values) -> R.Result:
         p = self.program(statements, outputs, inout)
-        return R.run(p, {i.name: self.values[i.name] for i in self.inputs}, inout_values)
+        return R.run(p, {i.name: self.values[i.name] for i in self.inputs}, inout_values,
+                     refuse_pieces="scatter" in self.features)
 
     # -- statements --------------------------------------------------------------------------
     def fresh_vars(self, n: int) -> list[str]:
@@ -492,6 +501,8 @@ class _Generator:
         that is an output and whether an in/out one; or _Retry."""
         rng = self.rng
         defined = list(self.types)
+        if "scatter" in self.features and defined and rng.random() < 0.5:
+            return self.scatter()
         update = defined and rng.random() < 0.35
         if update:
             target = rng.choice(defined)
@@ -586,6 +597,85 @@ class _Generator:
             return [first, st], target, is_output, inout
         return [st], target, is_output, inout
 
+    def scatter(self) -> tuple[list[N.Statement], str, bool, bool]:
+        """An accumulation at computed subscripts into a tensor an earlier statement defined
+        (docs/language.md, "Scatter statements"): affine, constant, repeated-variable, scalar
+        and data-dependent subscripts; the reference rejects what does not stay in the tensor."""
+        rng = self.rng
+        targets = [t for t in self.types if self.shapes[t][1] and self.types[t] != "bool"]
+        if not targets:
+            raise _Retry
+        target = rng.choice(targets)
+        mins, extents = self.shapes[target]
+        vars_ = self.fresh_vars(rng.choice((1, 2, 2, 3)))
+        scalars = [i for i in self.inputs if not i.dims and i.type in N.INT_TYPES]
+        subs = []
+        for lo, ext in zip(mins, extents):
+            indices = [i for i in self.index_inputs
+                       if lo <= 0 and self.size_value(i.index_bound) <= lo + ext]
+            v = rng.choice(vars_)
+            r = rng.random()
+            if r < 0.3:
+                sub = N.Var(v)
+            elif r < 0.5:
+                sub = N.binary(rng.choice("+-"), N.Var(v), _int_literal(rng, rng.randint(1, 2)))
+            elif r < 0.55:
+                sub = N.binary("*", _int_literal(rng, 2), N.Var(v))
+            elif r < 0.6 and len(vars_) > 1:
+                sub = N.binary("+", N.Var(vars_[0]), N.Var(vars_[1]))
+            elif r < 0.7:
+                sub = _int_literal(rng, rng.randrange(ext)) if lo == 0 else N.binary(
+                    "+", _int_literal(rng, rng.randrange(ext)), _int_literal(rng, lo)) \
+                    if lo > 0 else N.binary("-", _int_literal(rng, rng.randrange(ext)),
+                                            _int_literal(rng, -lo))
+            elif r < 0.78 and scalars:
+                s = rng.choice(scalars)
+                sub = N.Scalar(s.name, s.type)
+            elif indices:
+                x = rng.choice(indices)
+                sub = N.Read(x.name, tuple(N.Var(rng.choice(vars_)) for _ in x.dims), "int32")
+            else:
+                sub = N.Var(v)
+            if lo and isinstance(sub, (N.Var, N.Binary)) and N.index_vars(sub) \
+                    and rng.random() < 0.5:
+                sub = N.binary("+", sub, _int_literal(rng, lo)) if lo > 0 else \
+                    N.binary("-", sub, _int_literal(rng, -lo))
+            subs.append(sub)
+        plain = [a.name for a in subs if isinstance(a, N.Var)]
+        if len(plain) == len(subs) and len(set(plain)) == len(plain):
+            raise _Retry  # distinct plain variables: an ordinary update, not a scatter
+        bound = {v for a in subs for v in N.index_vars(a)}
+        where = [self.where(v) for v in vars_ if rng.random() < 0.1]
+        bound |= {w.var for w in where}
+        tensors = self.readable(target)
+        if not tensors:
+            raise _Retry
+        parts = []
+        for v in vars_:
+            if v not in bound or rng.random() < 0.4:
+                read = self.read_of(rng.choice(tensors), v, vars_)
+                bound |= N.index_vars(read)
+                parts.append(read)
+        if not parts:
+            parts.append(self.leaf(vars_, target))
+        rhs = self.combine(parts, vars_, target)
+        if any(r.tensor == target for r in N.reads(rhs)):
+            raise _Retry  # a scatter reads no element of its own tensor
+        op = _weighted(rng, (("+", 45), ("max", 20), ("min", 20), ("*", 15)))
+        if rhs.type == "bool":
+            rhs = N.binary("*", rhs, _float_literal(rng, 1.5))
+        if op == "*":  # small factors near 1
+            rhs = N.binary("+", _float_literal(rng, 1.0), N.binary(
+                "/", rhs, _float_literal(rng, 4.0))) if N.is_float(rhs.type) else \
+                N.select(N.binary(">", rhs, _int_literal(rng, 0)), _int_literal(rng, 2),
+                         _int_literal(rng, 1))
+        if self.types[target] in N.INT_TYPES and N.is_float(rhs.type) and not self.exact(rhs):
+            raise _Retry  # int = trunc(inexact float) could flip
+        used = N.index_vars(rhs) | {v for a in subs for v in N.index_vars(a)}
+        where = [w for w in where if w.var in used]
+        st = N.Statement(target, (), op, False, rhs, tuple(where), scatter=tuple(subs))
+        return [st], target, target in self.outputs, False
+
     def init_rhs(self, lhs, target) -> N.Expr:
         """The right-hand side of an initialisation that bounds only some of lhs (or none)."""
         rng = self.rng
@@ -678,6 +768,9 @@ class _Generator:
 
 ALL_FEATURES = frozenset({"indirect", "strides", "inout", "pairs", "fmod", "odd_names",
                           "bare_rank0"})
+#: With scatter statements (`T(I(i), j) += ...`); not in ALL_FEATURES, so that the programs of
+#: the seeds other tests pin stay as they are.
+SCATTER_FEATURES = ALL_FEATURES | {"scatter"}
 #: Without the language gaps and name classes the issue lists as open (rank-0 outputs written
 #: without '()', function and tensor names that are C/CUDA keywords).
 CORE_FEATURES = ALL_FEATURES - {"odd_names", "bare_rank0"}
@@ -692,5 +785,6 @@ def case(seed: int, features=ALL_FEATURES, max_statements: int = 6) -> Case:
             p = g.build(max_statements)
         except _Retry:
             continue
-        return make_case(seed, p, g.values, g.inout_values)
+        return make_case(seed, p, g.values, g.inout_values,
+                         refuse_pieces="scatter" in g.features)
     raise RuntimeError(f"no well-formed program for seed {seed}")
