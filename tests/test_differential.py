@@ -123,6 +123,42 @@ def test_reference_knows_which_outputs_are_in_out():
             R.run(p, {"A": A}, {} if inout else {"O": np.zeros(3, np.float32)})
 
 
+def test_reference_scatter_accumulates_at_computed_subscripts():
+    # H(b) = 0 where b in 0:4; H(X(i)) += A(i): a histogram (docs/language.md, "Scatter").
+    A = np.array([1, 2, 3, 4, 5], np.float32)
+    X = np.array([3, 0, 3, 1, 3], np.int32)
+    decls = (N.Input("A", "float32", ("N",)), N.Input("X", "int32", ("N",), index_bound="N"))
+    init = N.Statement("H", ("b",), "=", True, N.Num("0", 0, "int32"),
+                       (N.Where("b", _lit(0), _lit(4)),))
+    hist = N.Statement("H", (), "+", False, _read("A", _var("i")),
+                       scatter=(N.Read("X", (_var("i"),), "int32"),))
+    p = N.Program("f", decls, ("H",), (init, hist), {"N": 5})
+    assert N.render_statement(hist) == "H(X(i)) += A(i)"
+    r = R.run(p, {"A": A, "X": X}, {})
+    np.testing.assert_array_equal(r.tensors["H"].values, [2, 4, 0, 9])
+
+
+def test_reference_scatter_write_bounds_its_ranges():
+    # O(i) = A(i); O(i + 1) max= 2.5: the write alone gives -1 <= i < N - 1 (spec 001's
+    # rounds on the write), so every element is visited once. O(i, i) += B(i, j): repeated
+    # variable, the diagonal gets the row sums.
+    A = np.array([1, 3, 2], np.float32)
+    decls = (N.Input("A", "float32", ("N",)),)
+    first = N.Statement("O", ("i",), "=", True, _read("A", _var("i")))
+    shifted = N.Statement("O", (), "max", False, N.Num("2.5", 2.5, "float32"),
+                          scatter=(N.binary("+", _var("i"), _lit(1)),))
+    r = R.run(N.Program("f", decls, ("O",), (first, shifted), {"N": 3}), {"A": A}, {})
+    assert r.ranges[1] == {"i": (-1, 2)}
+    np.testing.assert_array_equal(r.tensors["O"].values, [2.5, 3, 2.5])
+    B = np.arange(9, dtype=np.float32).reshape(3, 3)
+    decls = (N.Input("B", "float32", ("N", "N")),)
+    zero = N.Statement("O", ("i", "j"), "=", True, _read("B", _var("i"), _var("j")))
+    diag = N.Statement("O", (), "+", False, _read("B", _var("i"), _var("j")),
+                       scatter=(_var("i"), _var("i")))
+    r = R.run(N.Program("f", decls, ("O",), (zero, diag), {"N": 3}), {"B": B}, {})
+    np.testing.assert_array_equal(r.tensors["O"].values, B + np.diag(B.sum(1)))
+
+
 def test_generated_programs_are_deterministic_and_well_formed():
     for seed in (0, 1, 2):
         a, b = programs.case(seed), programs.case(seed)
@@ -140,6 +176,21 @@ def test_cpu_matches_reference(seed):
     case = programs.case(seed)
     with time_limit(TIME_LIMIT_S, "the CPU path"):
         findings = differential.check(case, ())
+    assert not findings, _report(case, findings)
+
+
+# Programs with scatter statements (programs.SCATTER_FEATURES): affine, constant, repeated,
+# scalar and data-dependent subscripts under +=, *=, min=, max=.
+SCATTER_SEEDS = (5, 8, 14, 17, 39, 68, 113)
+
+
+@pytest.mark.parametrize("seed", SCATTER_SEEDS)
+def test_scatter_programs_match_reference(seed):
+    case = programs.case(seed, programs.SCATTER_FEATURES)
+    assert any(st.scatter is not None for st in case.program.statements)
+    options = [mapping.random_options(random.Random(f"options/{seed}"))]
+    with time_limit(TIME_LIMIT_S, "the CPU path and emulation"):
+        findings = differential.check(case, options)
     assert not findings, _report(case, findings)
 
 
