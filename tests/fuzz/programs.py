@@ -634,8 +634,10 @@ class _Generator:
             elif indices:
                 x = rng.choice(indices)
                 sub = N.Read(x.name, tuple(N.Var(rng.choice(vars_)) for _ in x.dims), "int32")
-            else:
-                sub = N.Var(v)
+            else:  # non-injective and reversed forms
+                r = rng.random()
+                sub = N.binary("/", N.Var(v), _int_literal(rng, 2)) if r < 0.3 else \
+                    N.binary("-", _int_literal(rng, ext - 1), N.Var(v)) if r < 0.6 else N.Var(v)
             if lo and isinstance(sub, (N.Var, N.Binary)) and N.index_vars(sub) \
                     and rng.random() < 0.5:
                 sub = N.binary("+", sub, _int_literal(rng, lo)) if lo > 0 else \
