@@ -418,3 +418,23 @@ def test_an_update_whose_self_read_simplifies_away_runs_without_halide_warnings(
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["-6"] and "hides earlier definitions" not in done.stderr
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda-emulated"])
+def test_reduction_variable_whose_read_simplifies_away_still_counts(target):
+    """`0 * W(i,i,i)` simplifies away the only read of i; Halide then looped over no i, and
+    `O() +=! 3 + 0 * W(i,i,i)` gave 3 instead of 3 L (fuzz seed 675 of the scatter campaign)."""
+    src = """def f(int(L,L,L) W) -> (O) { O() +=! 3 + 0 * W(i,i,i) }
+def g(int(L,L,L) W) -> (O) { O() *=! 3 + 0 * W(i,i,i) }
+def h(float(N) X, float(M) Y) -> (O) { O(i) +=! X(i) + 0 * Y(k) }
+def m(float(N) X, float(M) Y) -> (O) { O(i) max=! X(i) + 0 * Y(k) }"""
+    prog = tc.define(src)
+    w, x, y = np.ones((4, 4, 4), np.int32), np.arange(3, dtype=np.float32), np.ones(5, np.float32)
+    cases = [("f", (w,), 12), ("g", (w,), 81), ("h", (x, y), 5 * x), ("m", (x, y), x)]
+    for name, args, expected in cases:
+        if target == "cpu":
+            got = prog[name](*args)
+        else:
+            got = tc.compile(prog, name, *args, options=tc.MappingOptions().mapToThreads(3),
+                             target=target)(*args)
+        np.testing.assert_array_equal(got, expected)

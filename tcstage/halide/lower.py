@@ -358,6 +358,8 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
                            b.mins[k], b.extents[k], tree) if C.has_read(a) else
                     _simplified(to_halide(a, names, read=read, dim=dim, padded=padded), variables)
                     for k, a in enumerate(st.scatter)]
+    if full_rdom is not None and st.reduction is not None:
+        rhs = _with_multiplicity(st.reduction, full_rdom, rhs, lhs_args)
     lhs = _halide_order(lhs_args)
     pure_lhs = _halide_order(pure)
     if fresh and partial:
@@ -402,6 +404,26 @@ def _covers(r: Range, lo: Tree, extent: Tree) -> bool:
     hi = ("sub", ("add", lo, extent), ("int", 1))
     return simplify_tree(("sub", r.lo, lo)) == ("int", 0) \
         and simplify_tree(("sub", r.hi, hi)) == ("int", 0)
+
+
+def _with_multiplicity(op: str, rdom: hl.RDom, rhs: hl.Expr, lhs_args) -> hl.Expr:
+    """Halide loops over only the RDom variables a definition mentions. A reduction variable
+    the value no longer mentions (its only read was simplified away: `O() +=! 3 + 0 * W(i)`)
+    still counts its points: a sum takes the value that many times, a product to that power
+    (min and max are unchanged)."""
+    used = set(solver.tree_vars(solver.simplify(rhs)))
+    for x in lhs_args:  # (Vars and RVars as Exprs; Exprs as they are)
+        used |= solver.tree_vars(solver.simplify(x if isinstance(x, hl.Expr) else hl.Expr(x)))
+    missing = [rdom[k] for k in range(rdom.dimensions()) if rdom[k].name() not in used]
+    if not missing or op in ("min", "max"):
+        return rhs
+    count = missing[0].extent()
+    for r in missing[1:]:
+        count = count * r.extent()
+    if op == "+":
+        return rhs * hl.cast(rhs.type(), count)
+    power = hl.pow(hl.cast(hl.Float(64), rhs), hl.cast(hl.Float(64), count))
+    return hl.cast(rhs.type(), power if rhs.type().is_float() else hl.round(power))
 
 
 def _rdom(rs: list[Range], tree, name: str) -> hl.RDom:
