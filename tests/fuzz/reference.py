@@ -170,14 +170,8 @@ class Evaluator:
             return _check(t.values.astype(_storage(t.type)), t.type)
         subs = [self(a) for a in e.args]
         subs = np.broadcast_arrays(*subs)
-        index = []
-        for k, (s, lo, ext) in enumerate(zip(subs, t.mins, t.extents)):
-            if s.size and (s.min() < lo or s.max() >= lo + ext):
-                raise Invalid(f"read of {e.tensor} out of bounds in dimension {k}")
-            index.append(s - lo)
-        index = tuple(index)
-        if not t.defined[index].all():
-            raise Invalid(f"read of an element of {e.tensor} that nothing wrote")
+        index = _element_index(subs, t, f"read of {e.tensor} out of bounds",
+                               f"read of an element of {e.tensor} that nothing wrote")
         return t.values[index].astype(_storage(t.type))
 
     def binary(self, e: N.Binary) -> np.ndarray:
@@ -447,17 +441,25 @@ def _scatter(st: N.Statement, value: np.ndarray, grid: tuple, target: Tensor,
     range inference does not use, a data-dependent one) makes the program not well-formed."""
     if st.op == "=" or st.init:
         raise Invalid("a scatter must accumulate without '!'")
-    index = []
-    for k, (a, m, ext) in enumerate(zip(st.scatter, target.mins, target.extents)):
-        s = np.broadcast_to(convert(ev(a), a.type, "int64"), grid)
-        if s.size and (s.min() < m or s.max() >= m + ext):
-            raise Invalid(f"scatter into {st.tensor} out of its shape in dimension {k}")
-        index.append(s - m)
-    index = tuple(index)
-    if not target.defined[index].all():
-        raise Invalid(f"accumulation into elements of {st.tensor} that nothing wrote")
+    subs = [np.broadcast_to(convert(ev(a), a.type, "int64"), grid) for a in st.scatter]
+    index = _element_index(subs, target, f"scatter into {st.tensor} out of its shape",
+                           f"accumulation into elements of {st.tensor} that nothing wrote")
     work = "float64" if N.is_float(target.type) else target.type
     acc = target.values.astype(_storage(work))
     _AT[st.op].at(acc, index, value.astype(_storage(work)))
     target.values[...] = convert(_check(acc, target.type), target.type, target.type).astype(
         numpy_type(target.type))
+
+
+def _element_index(subs, t, outside: str, unwritten: str) -> tuple:
+    """The storage index of subscripts `subs` into tensor `t`: Invalid (the program is not one
+    tcstage must accept) where one falls outside t or on an element nothing wrote."""
+    index = []
+    for k, (sub, lo, ext) in enumerate(zip(subs, t.mins, t.extents)):
+        if sub.size and (sub.min() < lo or sub.max() >= lo + ext):
+            raise Invalid(f"{outside} in dimension {k}")
+        index.append(sub - lo)
+    index = tuple(index)
+    if not t.defined[index].all():
+        raise Invalid(unwritten)
+    return index
