@@ -263,33 +263,42 @@ def differential(args) -> dict:
     start = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    interrupted = False
-    try:
-        for seed in range(args.first, args.first + args.programs):
-            status, findings, stage = pool.run(seed, args.timeout)
-            counts["programs"] += 1
-            counts["option sets"] += args.options
-            if status != "done":
-                findings = [{"kind": "hang" if status == "hang" else "crash", "stage": stage,
-                             "error": status, "detail": f"no answer within {args.timeout} s"
-                             if status == "hang" else "the worker died", "options": None}]
-            for f in findings:
-                f["seed"] = seed
-                counts[f["kind"]] += 1
-                failing_seeds.add(seed)
-                sig = _signature(f)
-                classes[sig].append(f)
-                if len(classes[sig]) <= 3:
-                    _write_reproducer(out, seed, f, sig, args.scatter)
-            if args.progress and counts["programs"] % args.progress == 0:
-                _progress(counts, start)
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        pool.close()
+
+    def visit(seed, status, findings, stage):
+        counts["programs"] += 1
+        counts["option sets"] += args.options
+        if status != "done":
+            findings = [{"kind": "hang" if status == "hang" else "crash", "stage": stage,
+                         "error": status, "detail": f"no answer within {args.timeout} s"
+                         if status == "hang" else "the worker died", "options": None}]
+        for f in findings:
+            f["seed"] = seed
+            counts[f["kind"]] += 1
+            failing_seeds.add(seed)
+            sig = _signature(f)
+            classes[sig].append(f)
+            if len(classes[sig]) <= 3:
+                _write_reproducer(out, seed, f, sig, args.scatter)
+        if args.progress and counts["programs"] % args.progress == 0:
+            _progress(counts, start)
+
+    interrupted = _over_programs(args, pool, visit)
     return {"counts": dict(counts), "failing programs": len(failing_seeds),
             "classes": {k: sorted({f["seed"] for f in v}) for k, v in classes.items()},
             "seconds": time.monotonic() - start, "interrupted": interrupted}
+
+
+def _over_programs(args, pool, visit) -> bool:
+    """Runs each program of the campaign in the pool and hands its answer to
+    visit(seed, status, results, stage); whether Ctrl-C ended it early (what came in is kept)."""
+    try:
+        for seed in range(args.first, args.first + args.programs):
+            visit(seed, *pool.run(seed, args.timeout))
+    except KeyboardInterrupt:
+        return True
+    finally:
+        pool.close()
+    return False
 
 
 def gradient(args) -> dict:
@@ -303,35 +312,31 @@ def gradient(args) -> dict:
     start = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    interrupted = False
-    try:
-        for seed in range(args.first, args.first + args.programs):
-            status, results, stage = pool.run(seed, args.timeout)
-            counts["programs"] += 1
-            if status != "done":
-                results = [{"seed": seed, "kind": "hang" if status == "hang" else "crash",
-                            "reason": status, "detail": stage, "checked": 0, "skipped": 0}]
-            for r in results:
-                kind = r["kind"]
-                counts[kind] += 1
-                counts["inputs checked"] += r.get("checked", 0)
-                counts["inputs skipped (non-smooth)"] += r.get("skipped", 0)
-                if kind == "refused":
-                    refusals[r["reason"]] += 1
-                elif kind in (*G.BUG_KINDS, "hang", "harness", "forward"):
-                    sig = f"{kind}: {r['reason']}"
-                    classes[sig].append(seed)
-                    if kind != "forward" and len(classes[sig]) <= 3:
-                        _write_gradient_reproducer(out, seed, r, sig, args)
-            if args.progress and counts["programs"] % args.progress == 0:
-                print(f"  {counts['programs']} programs: {counts['ok']} ok, "
-                      f"{counts['refused']} refused, "
-                      f"{sum(counts[k] for k in G.BUG_KINDS)} bugs, "
-                      f"{time.monotonic() - start:.0f} s", flush=True)
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        pool.close()
+
+    def visit(seed, status, results, stage):
+        counts["programs"] += 1
+        if status != "done":
+            results = [{"seed": seed, "kind": "hang" if status == "hang" else "crash",
+                        "reason": status, "detail": stage, "checked": 0, "skipped": 0}]
+        for r in results:
+            kind = r["kind"]
+            counts[kind] += 1
+            counts["inputs checked"] += r.get("checked", 0)
+            counts["inputs skipped (non-smooth)"] += r.get("skipped", 0)
+            if kind == "refused":
+                refusals[r["reason"]] += 1
+            elif kind in (*G.BUG_KINDS, "hang", "harness", "forward"):
+                sig = f"{kind}: {r['reason']}"
+                classes[sig].append(seed)
+                if kind != "forward" and len(classes[sig]) <= 3:
+                    _write_gradient_reproducer(out, seed, r, sig, args)
+        if args.progress and counts["programs"] % args.progress == 0:
+            print(f"  {counts['programs']} programs: {counts['ok']} ok, "
+                  f"{counts['refused']} refused, "
+                  f"{sum(counts[k] for k in G.BUG_KINDS)} bugs, "
+                  f"{time.monotonic() - start:.0f} s", flush=True)
+
+    interrupted = _over_programs(args, pool, visit)
     return {"counts": dict(counts), "refusals": dict(refusals.most_common()),
             "classes": dict(classes), "seconds": time.monotonic() - start,
             "interrupted": interrupted}
