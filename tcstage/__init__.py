@@ -16,6 +16,7 @@
 from tcstage.errors import (TCArgumentError, TCError, TCPartitionError, TCRangeError,
                             TCSemanticError, TCSyntaxError, TCWarning)
 from tcstage.options import FusionStrategy, MappingOptions
+from tcstage.cpu.options import CpuSchedule
 from tcstage.cuda.runtime import Kernel
 from tcstage.compiler import compile
 from tcstage.program import Program, TCFunction, define
@@ -24,6 +25,6 @@ from tcstage.tune.tuner import TuneResult, autotune
 from tcstage.tune.compare import compare
 from tcstage.grad import gradient
 
-__all__ = ["define", "gradient", "from_halide", "HalideFunction", "compile", "autotune", "compare", "TuneResult", "Kernel", "Program", "TCFunction", "TCError", "TCSyntaxError", "TCSemanticError",
+__all__ = ["CpuSchedule", "define", "gradient", "from_halide", "HalideFunction", "compile", "autotune", "compare", "TuneResult", "Kernel", "Program", "TCFunction", "TCError", "TCSyntaxError", "TCSemanticError",
            "TCRangeError", "TCPartitionError", "TCArgumentError", "TCWarning", "MappingOptions", "FusionStrategy"]
 __version__ = "0.1.0"

@@ -30,34 +30,48 @@ import attrs
 import halide as hl
 import numpy as np
 
+from tcstage.cpu.options import CpuSchedule
+from tcstage.cpu.scheduler import NotScheduled, schedule_pipeline
 from tcstage.errors import TCArgumentError, TCError, warn
 from tcstage.halide.lower import HALIDE_FAILURES, Lowered, lower, set_scalar, storage_type
 from tcstage.halide.solver import evaluate
 
 AUTOSCHEDULERS = ("Mullapudi2016", "Adams2019", "Li2018")
-DEFAULT_SCHEDULE = "Mullapudi2016"
+# tcstage's own structure-aware scheduler (tcstage/cpu/): CpuSchedule() with every parameter
+# chosen from the TC's structure; the autoscheduler below takes the pipelines it has no family for.
+STRUCTURED = "tcstage"
+DEFAULT_SCHEDULE = STRUCTURED
+FALLBACK_AUTOSCHEDULER = "Mullapudi2016"
 _loaded_plugins: set[str] = set()
 # Halide addresses a buffer with int32 element indices (and allocates at most 2**31 - 1 bytes
 # unless the target has LargeBuffers).
 MAX_ELEMENTS = 2**31 - 1
 
 
-def schedule_name(schedule) -> str | None:
-    """The autoscheduler a `schedule=` argument names (any case; None or 'none': no
-    schedule)."""
-    if schedule is None:
-        return None
+def schedule_name(schedule) -> str | CpuSchedule | None:
+    """What a `schedule=` argument asks for: a `CpuSchedule` (given as one, as its text, or as
+    'tcstage' for the scheduler's own choices), an autoscheduler's name (any case), or None (None
+    or 'none': no schedule)."""
+    if schedule is None or isinstance(schedule, CpuSchedule):
+        return schedule
     if isinstance(schedule, str):
-        if schedule.lower() == "none":
+        word = schedule.strip()
+        if word.lower() == "none":
             return None
+        if word.lower() == STRUCTURED:
+            return CpuSchedule()
+        if "CpuSchedule" in word or word.startswith("."):
+            return CpuSchedule.parse(word)
         for name in AUTOSCHEDULERS:
-            if schedule.lower() == name.lower():
+            if word.lower() == name.lower():
                 return name
-    near = difflib.get_close_matches(str(schedule), [*AUTOSCHEDULERS, "none"], n=1, cutoff=0.6)
+    names = [STRUCTURED, *AUTOSCHEDULERS, "none"]
+    near = difflib.get_close_matches(str(schedule), names, n=1, cutoff=0.6)
     raise TCError(f"unknown CPU schedule {schedule!r}"
                   + (f"; did you mean '{near[0]}'?" if near else "")
-                  + f" Choose one of {', '.join(AUTOSCHEDULERS)}, or None (or 'none') for no "
-                  "schedule")
+                  + f" Choose '{STRUCTURED}' (the default), a tc.CpuSchedule or its text, one of "
+                  f"Halide's autoschedulers ({', '.join(AUTOSCHEDULERS)}), or None (or 'none') "
+                  "for no schedule")
 
 
 def _load_autoscheduler(name: str) -> None:
@@ -103,8 +117,11 @@ class _Compiled:
 
     lowered: Lowered
     pipeline: hl.Pipeline
-    schedule: str | None
+    schedule: str | CpuSchedule | None  # what was applied (an autoscheduler where the
+    #                                     structured scheduler had no family for a Func)
     estimates: dict  # the sizes it was scheduled for
+    note: str = ""  # why the schedule asked for was not the one applied
+    report: tuple = ()  # the structured scheduler's decisions, one line per Func
 
 
 class CpuKernel:
@@ -160,14 +177,34 @@ class CpuKernel:
             self._unscheduled = self._compile(self._fresh(), None, self.values)
         return self._unscheduled
 
-    def _compile(self, lowered: Lowered, schedule: str | None, estimates: Mapping[str, int]
-                 ) -> _Compiled:
-        """The JIT-compiled pipeline. Halide's errors pass through where a schedule was asked
-        for (the caller falls back to none); without one they are a TCError."""
+    def _compile(self, lowered: Lowered, schedule: str | CpuSchedule | None,
+                 estimates: Mapping[str, int]) -> _Compiled:
+        """The JIT-compiled pipeline. A CpuSchedule the structured scheduler cannot apply (a
+        Func outside its families; a failure, which is a bug) goes to FALLBACK_AUTOSCHEDULER,
+        with the reason in the result's `note`. Halide's errors pass through where an
+        autoscheduler was asked for (the caller falls back to none); without a schedule they are
+        a TCError."""
         self.compilations += 1
+        note = ""
+        if isinstance(schedule, CpuSchedule):
+            try:
+                self._bound_params(lowered, estimates)
+                realized, report = schedule_pipeline(lowered, schedule, self.target,
+                                                     _func_extents(lowered, estimates),
+                                                     os.cpu_count() or 1)
+                pipeline = hl.Pipeline(realized)
+                pipeline.compile_jit(self.target)
+                return _Compiled(lowered, pipeline, schedule, dict(estimates),
+                                 report=tuple(report))
+            except NotScheduled as e:
+                note = f"{e.message}; {FALLBACK_AUTOSCHEDULER} scheduled it"
+            except HALIDE_FAILURES as e:
+                note = (f"the structured schedule failed ({_halide_message(e)}; a bug in "
+                        f"tcstage); {FALLBACK_AUTOSCHEDULER} scheduled it")
+            lowered, schedule = self._fresh(), FALLBACK_AUTOSCHEDULER
         try:
             return _Compiled(lowered, self._compile_pipeline(lowered, schedule, estimates),
-                             schedule, dict(estimates))
+                             schedule, dict(estimates), note)
         except HALIDE_FAILURES as e:
             if schedule is not None:
                 raise
@@ -176,7 +213,27 @@ class CpuKernel:
 
     def _compile_pipeline(self, lowered: Lowered, schedule: str | None,
                           estimates: Mapping[str, int]) -> hl.Pipeline:
-        fn, target = lowered.fn, self.target
+        self._bound_params(lowered, estimates)
+        pipeline = hl.Pipeline(lowered.outputs)
+        if schedule is None:
+            final = {f.name() for f in lowered.outputs}
+            for versions in lowered.versions.values():
+                for v in versions:
+                    if v.func.name() not in final:
+                        v.func.compute_root()
+        else:
+            _load_autoscheduler(schedule)
+            # All three take 'parallelism' (Adams2019 and Li2018 assume 16 cores otherwise).
+            # Never pass a parameter a plugin does not define: Halide aborts the process.
+            params = {"parallelism": str(os.cpu_count() or 1)}
+            pipeline.apply_autoscheduler(self.target, hl.AutoschedulerParams(schedule, params))
+            _quiet_unscheduled_updates(lowered)
+        pipeline.compile_jit(self.target)
+        return pipeline
+
+    def _bound_params(self, lowered: Lowered, estimates: Mapping[str, int]) -> None:
+        """The autoschedulers' estimates, and the bounds Halide may rely on."""
+        fn = lowered.fn
         for name, p in (*lowered.params.items(), *lowered.inout_params.items()):
             dims = fn.tensors[name].dims
             if not dims:
@@ -199,22 +256,6 @@ class CpuKernel:
         for f, (mins, extents) in zip(lowered.outputs, self.output_bounds(estimates)):
             if mins:
                 f.set_estimates(_reversed_estimates(mins, extents))
-        pipeline = hl.Pipeline(lowered.outputs)
-        if schedule is None:
-            final = {f.name() for f in lowered.outputs}
-            for versions in lowered.versions.values():
-                for v in versions:
-                    if v.func.name() not in final:
-                        v.func.compute_root()
-        else:
-            _load_autoscheduler(schedule)
-            # All three take 'parallelism' (Adams2019 and Li2018 assume 16 cores otherwise).
-            # Never pass a parameter a plugin does not define: Halide aborts the process.
-            params = {"parallelism": str(os.cpu_count() or 1)}
-            pipeline.apply_autoscheduler(target, hl.AutoschedulerParams(schedule, params))
-            _quiet_unscheduled_updates(lowered)
-        pipeline.compile_jit(target)
-        return pipeline
 
     def output_bounds(self, values: Mapping[str, int]) -> list[tuple[tuple, tuple]]:
         """(mins, extents) of each output for a call's sizes."""
@@ -287,6 +328,18 @@ class CpuKernel:
              + (f" at sizes {shown}" if sizes and not self.specialize_shapes else "")
              + f": the {failed.schedule} schedule failed at run time ({_halide_message(error)})")
         return results
+
+
+def _func_extents(lowered: Lowered, values: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
+    """The extents of every Func lowering defined (innermost first), for these sizes."""
+    tensors = _tensor_extents(lowered.fn, lowered.ranges, values)
+    extents = {}
+    for name, versions in lowered.versions.items():
+        for v in versions:
+            extents[v.func.name()] = tuple(reversed(tensors.get(name, ())))
+    for name, f in zip(lowered.fn.outputs, lowered.outputs):
+        extents.setdefault(f.name(), tuple(reversed(tensors.get(name, ()))))
+    return extents
 
 
 def _run(compiled: _Compiled, arrays, scalars, inout, output_bounds, allocate=None,

@@ -1,0 +1,234 @@
+"""The structure-aware CPU scheduler: a Halide schedule for each Func from what it computes.
+
+`schedule_pipeline` takes a lowered TC function (fresh, unscheduled Funcs), a `CpuSchedule` and
+the sizes to plan for, schedules every Func with Halide's scheduling API, and returns the Funcs
+the pipeline should realize (an output that is a reduction is realized through a copy, so the
+reduction itself can be computed tile by tile). It refuses (`NotScheduled`) a pipeline with a
+Func outside its families; the caller then uses an autoscheduler.
+
+The schedule of a reduction `R(p0, p1, ...) op= f(reads)` (p0 innermost, all sizes from the
+plan):
+
+- an *anchor* Func computes R's values tile by tile: the output copy, or a wrapper (`R.in_()`)
+  where other Funcs read R. Its tiles are `V*vectors` wide in p0 and `rows` high in p1,
+  split with ShiftInwards (the last tile overlaps the one before it, so no tile reaches
+  beyond the tensor);
+- R is computed per tile, with the tile's accumulators held in vector registers: p0 vectorised,
+  the rest of the tile unrolled, the reduction loops outside them. Its epilogue (bias, relu)
+  runs on the tile while it is still in registers;
+- a read whose p0 subscript is not its innermost one (`B(n, k)` when n is vectorised) would
+  need a gather per vector; it is packed instead: copied, transposed, into a contiguous panel
+  per column of tiles (`Func.in_()` with its storage reordered), which every row of tiles then
+  reuses;
+- the outermost loop runs in parallel.
+
+Pointwise Funcs that are outputs, or that reductions read, are computed once (vectorised,
+parallel); the others are inlined into their readers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import halide as hl
+
+from tcstage.cpu.options import CpuSchedule
+from tcstage.cpu.structure import FuncInfo, analyse
+from tcstage.errors import TCError
+
+
+class NotScheduled(TCError):
+    """The pipeline has a Func the structure-aware scheduler has no family for."""
+
+
+def schedule_pipeline(lowered, schedule: CpuSchedule, target: hl.Target,
+                      extents: Mapping[str, tuple[int, ...]], threads: int
+                      ) -> tuple[list[hl.Func], list[str]]:
+    """Schedules the Funcs of `lowered` (fresh ones). Returns the Funcs to realize, in output
+    order, and one line per Func saying what it got. `extents`: Func name -> its extents
+    (innermost first) at the planned sizes."""
+    funcs = _funcs_by_name(lowered)
+    structure = analyse(lowered.outputs, set(funcs))
+    others = [f.name for f in structure.funcs if f.family == "other"]
+    if others:
+        raise NotScheduled(f"no CPU schedule family for {', '.join(others)} (partial writes, "
+                           "scatters and several reductions into one tensor have none)")
+    params = {p.name(): p for p in (*lowered.params.values(), *lowered.inout_params.values())
+              if isinstance(p, hl.ImageParam)}
+    inputs = {f: params[n] for f, n in structure.inputs.items() if n in params}
+    output_names = [f.name() for f in lowered.outputs]
+    realized = list(lowered.outputs)
+    plan = _Plan(schedule, target, extents, threads)
+    report = []
+    for info in structure.funcs:
+        f = funcs[info.name]
+        readers = structure.readers.get(info.name, frozenset())
+        is_output = info.name in output_names
+        if info.family == "pointwise":
+            read_by_reduction = any(structure.info(r).family == "reduction" for r in readers)
+            if is_output or read_by_reduction or info.epilogue or not schedule.inline_pointwise:
+                report.append(f"{info.name}: pointwise, {_pointwise(f, info, plan)}")
+            else:
+                report.append(f"{info.name}: pointwise, inlined into its readers")
+            continue
+        # A wrapper computes the reduction's values tile by tile, and every reader reads the
+        # wrapper instead (an output is realized through it).
+        anchor = f.in_()
+        if is_output:
+            realized[output_names.index(info.name)] = anchor
+        report.append(f"{info.name}: reduction ({info.operator}) over "
+                      f"{', '.join(info.rvars)}, {_reduction(f, anchor, info, plan, funcs, inputs)}")
+    return realized, report
+
+
+class _Plan:
+    def __init__(self, schedule: CpuSchedule, target: hl.Target, extents, threads: int):
+        self.schedule, self.target, self.extents, self.threads = \
+            schedule, target, dict(extents), threads
+
+    def lanes(self, t: hl.Type) -> int:
+        return self.schedule.vector_lanes or self.target.natural_vector_size(t)
+
+    def accumulators(self) -> int:
+        """Vector registers a register tile may hold (a few stay free for operands)."""
+        return (32 if self.target.has_feature(hl.TargetFeature.AVX512) else 16) - 4
+
+
+def _funcs_by_name(lowered) -> dict[str, hl.Func]:
+    found = {v.func.name(): v.func for vs in lowered.versions.values() for v in vs}
+    found.update({f.name(): f for f in lowered.outputs})
+    return found
+
+
+def _vars(names) -> list[hl.Var]:
+    return [hl.Var(n) for n in names]
+
+
+def _pointwise(f: hl.Func, info: FuncInfo, plan: _Plan) -> str:
+    """Computed once, the innermost dimension vectorised, the outermost in parallel."""
+    extents = plan.extents.get(info.name, ())
+    f.compute_root()
+    if not info.args:
+        return "computed once"
+    lanes = plan.lanes(f.type())
+    vectorize = bool(extents) and extents[0] >= lanes
+    parallel = plan.schedule.parallel_outer and len(info.args) > 1
+    for k, stage in enumerate([f] + [f.update(j) for j in range(info.epilogue)]):
+        if vectorize:  # (an update may not recompute points: it guards its last vector)
+            stage.vectorize(hl.Var(info.args[0]), lanes, hl.TailStrategy.ShiftInwards if k == 0
+                            else hl.TailStrategy.GuardWithIf)
+        if parallel:
+            stage.parallel(hl.Var(info.args[-1]))
+    return ("computed once" + (f", {info.args[0]} in vectors of {lanes}" if vectorize else "")
+            + (f", {info.args[-1]} in parallel" if parallel else ""))
+
+
+def _tile(extent: int, lanes: int, vectors: int) -> tuple[int, int]:
+    """(lanes, vectors) for the register tile of a dimension of this extent: no wider than the
+    extent, with the least work beyond it (the last tile overlaps the one before it, whose
+    points are computed twice), counting a half-width vector as half the work of a full one
+    (as on AVX-512 and AVX2 machines); the widest of near ties."""
+    best = None
+    for v in (lanes, lanes // 2):
+        for n in range(1, vectors + 1):
+            width = v * n
+            if width > extent or v < 1:
+                continue
+            work = math.ceil(extent / width) * n * max(v, lanes // 2) / extent
+            key = (round(work / 0.05), -width)
+            if best is None or key < best[0]:
+                best = (key, (v, n))
+    return best[1] if best else (1, 1)
+
+
+def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, inputs) -> str:
+    """The register-tiled schedule of the module's docstring. Returns what it did."""
+    s = plan.schedule
+    anchor.compute_root()
+    if not info.args:  # a single value: nothing to tile
+        f.compute_at(anchor, hl.LoopLevel.root())
+        return "computed once"
+    p0, p1, outer = info.args[0], (info.args[1] if len(info.args) > 1 else None), info.args[2:]
+    extents = plan.extents.get(info.name) or (1,) * len(info.args)
+    want_vectors, want_rows = s.register_tile
+    if not want_vectors:
+        want_vectors = max(1, min(4, plan.accumulators() // 6))
+    lanes, vectors = _tile(extents[0], plan.lanes(f.type()), want_vectors)
+    width = lanes * vectors
+    rows = 1
+    if p1 is not None:
+        rows = max(1, min(want_rows or plan.accumulators() // vectors, extents[1]))
+    vectorized = lanes > 1
+
+    # Reads strided in p0 that do not depend on p1: packed per column of tiles.
+    packs = []
+    if s.pack_operands and vectorized:
+        for r in info.reads:
+            dims = r.dims_using(p0)
+            if len(dims) == 1 and dims[0] > 0 and r.args[dims[0]] == ("var", p0) \
+                    and (p1 is None or not r.dims_using(p1)) and (r.func in funcs or r.func in inputs):
+                packs.append((r, dims[0]))
+
+    x, xo, xi = hl.Var(p0), hl.Var(f"{p0}_o"), hl.Var(f"{p0}_i")
+    shift = hl.TailStrategy.ShiftInwards  # the last tile overlaps: no tile leaves the tensor
+    anchor.split(x, xo, xi, width, shift)
+    if p1 is not None:
+        y, yo, yi = hl.Var(p1), hl.Var(f"{p1}_o"), hl.Var(f"{p1}_i")
+        anchor.split(y, yo, yi, rows, hl.TailStrategy.GuardWithIf)
+        # with packed panels, all the rows of tiles of one column reuse its panel
+        tile_loops = [yo, xo] if packs else [xo, yo]
+        anchor.reorder(xi, yi, *tile_loops, *_vars(outer))
+    else:
+        tile_loops = [xo]
+        anchor.reorder(xi, xo, *_vars(outer))
+    if vectorized:
+        anchor.vectorize(xi, lanes)
+    loops = [*tile_loops, *_vars(outer)]
+    if s.parallel_outer:
+        anchor.parallel(loops[-1])
+
+    f.compute_at(anchor, tile_loops[0])
+    inner = [hl.Var(p0)] + ([hl.Var(p1)] if p1 is not None else [])
+    stages = [f, f.update(0)] + [f.update(1 + k) for k in range(info.epilogue)]
+    for k, stage in enumerate(stages):
+        if k == 1:  # the reduction: the tile's points innermost, the reduction loops outside
+            stage.reorder(*inner, *[hl.RVar(r) for r in info.rvars], *_vars(outer))
+        if vectorized:
+            stage.vectorize(inner[0], lanes)
+            if vectors > 1:
+                stage.unroll(inner[0])
+        if rows > 1:
+            stage.unroll(inner[1])
+        if k == 1 and s.unroll_reduction > 1:
+            stage.unroll(hl.RVar(info.rvars[0]), s.unroll_reduction, hl.TailStrategy.GuardWithIf)
+    for r, dim in packs:
+        _pack((funcs.get(r.func) or inputs[r.func]).in_(f), dim, anchor, xo)
+
+    text = (f"tiles of {width} x {rows} ({vectors} vector{'s' * (vectors > 1)} of {lanes} lanes"
+            f" x {rows} row{'s' * (rows > 1)}) held in registers" if vectorized else
+            f"tiles of 1 x {rows} (not vectorised: {p0} has extent {extents[0]})")
+    if packs:
+        text += "; packed " + ", ".join(f"{inputs[r.func].name() if r.func in inputs else r.func}"
+                                        for r, _ in packs) + f" per column of tiles"
+    if s.unroll_reduction > 1:
+        text += f"; {info.rvars[0]} unrolled by {s.unroll_reduction}"
+    if s.parallel_outer:
+        text += f"; {loops[-1].name()} in parallel"
+    return text
+
+
+def _pack(panel: hl.Func, dim: int, anchor: hl.Func, level: hl.Var) -> None:
+    """A read across the vectorised dimension (subscript `dim`), copied per tile column into a
+    panel whose storage has that dimension innermost. The copy is a transpose: 8x8 blocks,
+    one dimension vectorised and the other unrolled, which LLVM turns into shuffles (five
+    times faster than gathers here)."""
+    args = [a.name() for a in panel.args()]
+    inner, source_inner = hl.Var(args[dim]), hl.Var(args[0])
+    rest = [hl.Var(a) for k, a in enumerate(args) if k not in (0, dim)]
+    panel.compute_at(anchor, level)
+    panel.reorder_storage(inner, source_inner, *rest)
+    io, ii, so, si = (hl.Var(f"{a}_{k}") for k, a in enumerate(("pi", "pi", "ps", "ps")))
+    guard = hl.TailStrategy.GuardWithIf
+    panel.split(inner, io, ii, 8, guard).split(source_inner, so, si, 8, guard)
+    panel.reorder(ii, si, io, so, *rest).vectorize(ii).unroll(si)

@@ -1,0 +1,135 @@
+"""What each Func of a lowered TC computes, as the CPU scheduler needs to know it.
+
+One pass over the pipeline's Funcs (Halide's own definitions, exported as trees by the native
+helper) sorts each into a family:
+
+- `pointwise`: a pure definition, perhaps followed by updates that rewrite every point in place
+  (`O(i) = fmaxf(O(i), 0)` after a first statement);
+- `reduction`: a pure initial value, one update that folds a reduction domain into every point
+  (a `+=!`, `*=!`, `max=!` or `min=!` over the whole tensor: contractions, convolutions, table
+  sums, pooling, row statistics), then pointwise updates (an epilogue such as a bias and relu);
+- `other`: anything else (partial writes, scatters, several reductions into one tensor), which
+  the structure-aware scheduler leaves to an autoscheduler.
+
+For a reduction it also records how every read depends on the two innermost output dimensions,
+which is what decides vectorisation and packing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from tcstage.halide import _native
+
+
+@attrs.frozen
+class Read:
+    """One read in a definition: the Func (or input, `NAME_im`) and its subscripts as trees,
+    innermost first."""
+
+    func: str
+    args: tuple
+
+    def dims_using(self, var: str) -> tuple[int, ...]:
+        """The subscripts (innermost first) that mention variable `var`."""
+        return tuple(k for k, a in enumerate(self.args) if var in _variables(a))
+
+
+@attrs.frozen
+class FuncInfo:
+    name: str
+    args: tuple[str, ...]  # pure variables, innermost first
+    family: str  # "pointwise" | "reduction" | "other"
+    rvars: tuple[str, ...] = ()  # the reduction's variables, innermost first
+    reads: tuple[Read, ...] = ()  # what the reduction update reads (the Func itself excluded)
+    epilogue: int = 0  # pointwise updates after the reduction
+    operator: str = ""  # the reduction's combining node: 'add', 'mul', 'max', 'min'
+
+
+@attrs.frozen
+class Structure:
+    """Every Func of a pipeline, producers first; `readers`: Func name -> names of the Funcs
+    that read it; `inputs`: the name of each input's Func (Halide's `NAME_im`) -> the
+    input's name."""
+
+    funcs: tuple[FuncInfo, ...]
+    readers: Mapping[str, frozenset]
+    inputs: Mapping[str, str]
+
+    def info(self, name: str) -> FuncInfo:
+        return next(f for f in self.funcs if f.name == name)
+
+
+def analyse(outputs, defined) -> Structure:
+    """The structure of the pipeline computing the Funcs `outputs`; `defined`: the names of
+    the Funcs lowering defined (the others are its inputs' Funcs)."""
+    inputs, funcs, readers = {}, [], {}
+    for d in _native.pipeline_functions(outputs):
+        if d["name"] not in defined:
+            inputs[d["name"]] = d["definitions"][0]["values"][0][1]
+            continue
+        for definition in d["definitions"]:
+            for r in _reads(definition):
+                if r.func != d["name"]:
+                    readers.setdefault(r.func, set()).add(d["name"])
+        funcs.append(_classify(d))
+    return Structure(tuple(funcs), {k: frozenset(v) for k, v in readers.items()}, inputs)
+
+
+def _classify(d: dict) -> FuncInfo:
+    name, args = d["name"], tuple(d["args"])
+    defs = d["definitions"]
+    pure_args = tuple(("var", a) for a in args)
+    if d["extern"] or defs[0]["kind"] != "pure":
+        return FuncInfo(name, args, "other")
+
+    def in_place(u) -> bool:  # an update that rewrites each point from itself
+        return not u["rvars"] and tuple(u["args"]) == pure_args and u["predicate"] == ("int", True)
+
+    updates = defs[1:]
+    if all(in_place(u) for u in updates):
+        return FuncInfo(name, args, "pointwise", epilogue=len(updates))
+    first, rest = updates[0], updates[1:]
+    if (first["rvars"] and tuple(first["args"]) == pure_args
+            and first["predicate"] == ("int", True) and all(in_place(u) for u in rest)
+            and len(first["values"]) == 1):
+        value = first["values"][0]
+        operator = value[0] if isinstance(value, tuple) else ""
+        reads = tuple(r for r in _reads(first) if r.func != name)
+        return FuncInfo(name, args, "reduction", tuple(rv[0] for rv in first["rvars"]), reads,
+                        len(rest), operator)
+    return FuncInfo(name, args, "other")
+
+
+def _reads(definition: dict) -> list[Read]:
+    found: list[Read] = []
+
+    def walk(t):
+        if not isinstance(t, tuple) or not t:
+            return
+        if t[0] == "read":
+            found.append(Read(t[1], tuple(t[2])))
+            for a in t[2]:
+                walk(a)
+            return
+        for x in t[1:]:
+            walk(x)
+
+    for t in (*definition["values"], *definition["args"]):
+        walk(t)
+    return found
+
+
+def _variables(t) -> set[str]:
+    """The variables a tree (or a tuple of trees) mentions."""
+    if not isinstance(t, tuple) or not t:
+        return set()
+    if t[0] == "var":
+        return {t[1]}
+    out: set[str] = set()
+    for x in (t[1:] if isinstance(t[0], str) else t):
+        if isinstance(x, tuple):
+            out |= _variables(x)
+    return out
