@@ -11,11 +11,13 @@ is imported by the caller, never here.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import sys
 from collections.abc import Mapping, Sequence
 
 import attrs
+
 import numpy as np
 
 from tcstage.errors import TCArgumentError, TCError, warn
@@ -128,6 +130,7 @@ class TCFunction:
         self._ranges: dict[tuple, R.FunctionRanges] = {}
         self._kernels: dict[tuple, CpuKernel] = {}
         self._large_buffers: dict[tuple, bool] = {}  # (spec, sizes) -> needs_large_buffers
+        self._layouts: dict[tuple, list] = {}  # (spec, sizes and scalars) -> _output_layout
         if not self.specialized_scalars:
             self._infer(())  # errors and warnings surface at definition time
 
@@ -201,20 +204,9 @@ class TCFunction:
         spec = b.specialization(self)
         return lower(self.checked, self._infer(spec), dict(spec))
 
-    def __call__(self, *args, out=None, schedule=_DEFAULT, specialize_shapes: bool | None = None,
-                 **named):
-        """Runs on the CPU. Tensors are numpy arrays or CPU PyTorch tensors (taken without a
-        copy where Halide can read them; the results are then PyTorch tensors too), scalars
-        Python or numpy numbers, given in signature order or by their TC names
-        (`prog.tmm(A=a, B=b)`).
-        `out` supplies in/out outputs (those that accumulate into the caller's values), as one
-        array or a tuple in output order; they are updated in place. `schedule`: one of
-        `jit.AUTOSCHEDULERS`, or None (or 'none') for Halide's unscheduled code.
-        `specialize_shapes`: False compiles one kernel for all sizes (the first call's sizes
-        guide the autoscheduler), True one per set of shapes (Halide knows them as constants);
-        None (the default) is False, except for functions whose subscripts read a tensor they
-        compute (`self.specializes_shapes`).
-        Returns an array, or a tuple for several outputs."""
+    def _cpu_kernel(self, args, named, out, schedule, specialize_shapes):
+        """The CpuKernel serving a call (compiled on first use), its Binding, and the
+        caller's PyTorch tensors (None for numpy arguments)."""
         schedule = DEFAULT_SCHEDULE if schedule is _DEFAULT else schedule_name(schedule)
         if specialize_shapes is None:
             specialize_shapes = self.specializes_shapes
@@ -246,6 +238,31 @@ class TCFunction:
             kernel = CpuKernel(lowered, b.sizes, schedule, specialize_shapes=bool(specialize_shapes),
                                large_buffers=large)
             self._kernels[key] = kernel
+        return kernel, b, torch_in
+
+    def explain(self, *args, out=None, schedule=_DEFAULT, specialize_shapes: bool | None = None,
+                **named) -> str:
+        """What the CPU schedule of a call with these arguments does: the schedule applied
+        (and why, where it is not the one asked for), then one line per Func from the
+        structured scheduler (its family, tiles, packed operands, parallel loop)."""
+        kernel, _, _ = self._cpu_kernel(args, named, out, schedule, specialize_shapes)
+        return kernel.explain()
+
+    def __call__(self, *args, out=None, schedule=_DEFAULT, specialize_shapes: bool | None = None,
+                 **named):
+        """Runs on the CPU. Tensors are numpy arrays or CPU PyTorch tensors (taken without a
+        copy where Halide can read them; the results are then PyTorch tensors too), scalars
+        Python or numpy numbers, given in signature order or by their TC names
+        (`prog.tmm(A=a, B=b)`).
+        `out` supplies in/out outputs (those that accumulate into the caller's values), as one
+        array or a tuple in output order; they are updated in place. `schedule`: one of
+        `jit.AUTOSCHEDULERS`, or None (or 'none') for Halide's unscheduled code.
+        `specialize_shapes`: False compiles one kernel for all sizes (the first call's sizes
+        guide the autoscheduler), True one per set of shapes (Halide knows them as constants);
+        None (the default) is False, except for functions whose subscripts read a tensor they
+        compute (`self.specializes_shapes`).
+        Returns an array, or a tuple for several outputs."""
+        kernel, b, torch_in = self._cpu_kernel(args, named, out, schedule, specialize_shapes)
         results = kernel(b.arrays, b.scalars, b.inout, b.sizes,
                          allocate=_torch_aligned_empty if torch_in is not None else None)
         for name, res in zip(self.checked.outputs, results):
@@ -274,8 +291,18 @@ class TCFunction:
                          f"'{w.var} in {begin}:{begin}'",))
 
     def _output_layout(self, b: Binding) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-        fr = self._infer(b.specialization(self))
+        spec = b.specialization(self)
         values = {**b.sizes, **_int_scalars(b)}
+        key = (spec, tuple(sorted(values.items())))
+        layout = self._layouts.get(key)
+        if layout is None:  # (a memo for calls in a loop: it costs as much as a small kernel)
+            if len(self._layouts) > 4096:
+                self._layouts.clear()
+            layout = self._layouts[key] = self._compute_output_layout(spec, values)
+        return layout
+
+    def _compute_output_layout(self, spec, values) -> list:
+        fr = self._infer(spec)
         self._check_where_ranges(fr, values)
         layout = []
         for name in self.checked.outputs:
@@ -306,7 +333,7 @@ def _torch_aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An output array in memory PyTorch allocates (so a torch caller's outputs are its own
     tensors), aligned as Halide's outputs must be (jit.aligned_empty)."""
     torch, alignment = _torch(), 128
-    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
     raw = torch.empty(nbytes + alignment, dtype=torch.uint8)
     start = (-raw.data_ptr()) % alignment
     return raw[start:start + nbytes].numpy().view(dtype).reshape(shape)

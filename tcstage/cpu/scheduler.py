@@ -147,7 +147,7 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
     s = plan.schedule
     anchor.compute_root()
     if not info.args:  # a single value: nothing to tile
-        f.compute_at(anchor, hl.LoopLevel.root())
+        f.compute_root()
         return "computed once"
     p0, p1, outer = info.args[0], (info.args[1] if len(info.args) > 1 else None), info.args[2:]
     extents = plan.extents.get(info.name) or (1,) * len(info.args)
@@ -189,6 +189,12 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
         anchor.parallel(loops[-1])
 
     f.compute_at(anchor, tile_loops[0])
+    # A fixed-size tile (the last row of tiles may compute fewer rows): it lives on the stack,
+    # where LLVM keeps it in registers, not in a heap allocation per tile.
+    f.bound_storage(x, width)
+    if p1 is not None:
+        f.bound_storage(hl.Var(p1), rows)
+    f.store_in(hl.MemoryType.Stack)
     inner = [hl.Var(p0)] + ([hl.Var(p1)] if p1 is not None else [])
     stages = [f, f.update(0)] + [f.update(1 + k) for k in range(info.epilogue)]
     for k, stage in enumerate(stages):

@@ -33,7 +33,7 @@ import numpy as np
 from tcstage.cpu.options import CpuSchedule
 from tcstage.cpu.scheduler import NotScheduled, schedule_pipeline
 from tcstage.errors import TCArgumentError, TCError, warn
-from tcstage.halide.lower import HALIDE_FAILURES, Lowered, lower, set_scalar, storage_type
+from tcstage.halide.lower import HALIDE_FAILURES, Lowered, lower, scalar_argument, storage_type
 from tcstage.halide.solver import evaluate
 
 AUTOSCHEDULERS = ("Mullapudi2016", "Adams2019", "Li2018")
@@ -69,7 +69,7 @@ def schedule_name(schedule) -> str | CpuSchedule | None:
     near = difflib.get_close_matches(str(schedule), names, n=1, cutoff=0.6)
     raise TCError(f"unknown CPU schedule {schedule!r}"
                   + (f"; did you mean '{near[0]}'?" if near else "")
-                  + f" Choose '{STRUCTURED}' (the default), a tc.CpuSchedule or its text, one of "
+                  + f". Choose '{STRUCTURED}' (the default), a tc.CpuSchedule or its text, one of "
                   f"Halide's autoschedulers ({', '.join(AUTOSCHEDULERS)}), or None (or 'none') "
                   "for no schedule")
 
@@ -116,7 +116,7 @@ class _Compiled:
     """One JIT-compiled pipeline and the Funcs and parameters it was built from."""
 
     lowered: Lowered
-    pipeline: hl.Pipeline
+    call: hl.Callable  # the JIT-compiled pipeline: inputs, in/out values, then outputs
     schedule: str | CpuSchedule | None  # what was applied (an autoscheduler where the
     #                                     structured scheduler had no family for a Func)
     estimates: dict  # the sizes it was scheduled for
@@ -164,8 +164,22 @@ class CpuKernel:
                  f"failed on it ({_halide_message(e)})")
 
     @property
-    def schedule(self) -> str | None:
+    def schedule(self) -> str | CpuSchedule | None:
+        """The schedule applied: a CpuSchedule, an autoscheduler's name, or None."""
         return self._main.schedule
+
+    def explain(self) -> str:
+        main = self._main
+        if isinstance(main.schedule, CpuSchedule):
+            head = f"CPU schedule: {STRUCTURED} {main.schedule}"
+        else:
+            head = f"CPU schedule: {main.schedule or 'none (Halide unscheduled code)'}"
+        planned = ", ".join(f"{k}={v}" for k, v in sorted(main.estimates.items()))
+        lines = [head + (f" (planned for {planned})" if planned else "")]
+        if main.note:
+            lines.append(f"  note: {main.note}")
+        lines += [f"  {line}" for line in main.report]
+        return "\n".join(lines)
 
     def _fresh(self) -> Lowered:
         """New Funcs (a schedule, even a failed attempt, changes the Funcs it is applied to)."""
@@ -192,10 +206,8 @@ class CpuKernel:
                 realized, report = schedule_pipeline(lowered, schedule, self.target,
                                                      _func_extents(lowered, estimates),
                                                      os.cpu_count() or 1)
-                pipeline = hl.Pipeline(realized)
-                pipeline.compile_jit(self.target)
-                return _Compiled(lowered, pipeline, schedule, dict(estimates),
-                                 report=tuple(report))
+                return _Compiled(lowered, _jit(hl.Pipeline(realized), lowered, self.target),
+                                 schedule, dict(estimates), report=tuple(report))
             except NotScheduled as e:
                 note = f"{e.message}; {FALLBACK_AUTOSCHEDULER} scheduled it"
             except HALIDE_FAILURES as e:
@@ -212,7 +224,7 @@ class CpuKernel:
                           f"{_halide_message(e)}", notes=("this is a bug in tcstage",)) from e
 
     def _compile_pipeline(self, lowered: Lowered, schedule: str | None,
-                          estimates: Mapping[str, int]) -> hl.Pipeline:
+                          estimates: Mapping[str, int]) -> hl.Callable:
         self._bound_params(lowered, estimates)
         pipeline = hl.Pipeline(lowered.outputs)
         if schedule is None:
@@ -228,8 +240,7 @@ class CpuKernel:
             params = {"parallelism": str(os.cpu_count() or 1)}
             pipeline.apply_autoscheduler(self.target, hl.AutoschedulerParams(schedule, params))
             _quiet_unscheduled_updates(lowered)
-        pipeline.compile_jit(self.target)
-        return pipeline
+        return _jit(pipeline, lowered, self.target)
 
     def _bound_params(self, lowered: Lowered, estimates: Mapping[str, int]) -> None:
         """The autoschedulers' estimates, and the bounds Halide may rely on."""
@@ -342,24 +353,33 @@ def _func_extents(lowered: Lowered, values: Mapping[str, int]) -> dict[str, tupl
     return extents
 
 
+def _jit(pipeline: hl.Pipeline, lowered: Lowered, target: hl.Target) -> hl.Callable:
+    """The pipeline compiled to a Callable taking the inputs in signature order, then the
+    in/out outputs' values, then the output buffers. (A Callable costs a few microseconds per
+    call where Pipeline.realize costs tens, and it keeps no argument values between calls, so
+    concurrent calls of one kernel do not share its Params.)"""
+    arguments = [lowered.params[t.name] for t in lowered.fn.inputs]
+    arguments += [lowered.inout_params[name] for name in lowered.inout_params]
+    return pipeline.compile_to_callable(arguments, target)
+
+
 def _run(compiled: _Compiled, arrays, scalars, inout, output_bounds, allocate=None,
          name: str | None = None) -> list[np.ndarray]:
-    """Realizes the pipeline on numpy arrays into fresh outputs of `output_bounds`. `name`:
+    """Runs the pipeline on numpy arrays into fresh outputs of `output_bounds`. `name`:
     Halide's failures are the arguments' fault (a TCArgumentError naming the function)."""
     low = compiled.lowered
     keep = []  # the buffers' memory must outlive the run: storage views may be copies
-    for tname, p in low.params.items():
-        t = low.fn.tensors[tname]
+    arguments = []
+    for t in low.fn.inputs:
         if t.rank == 0:
-            value = scalars[tname]
-            set_scalar(p, value, t.type)
+            arguments.append(scalar_argument(scalars[t.name], t.type))
         else:
-            keep.append(_storage_view(arrays[tname], t.type))
-            p.set(hl.Buffer(keep[-1]))
-    for tname, p in low.inout_params.items():
+            keep.append(_storage_view(arrays[t.name], t.type))
+            arguments.append(hl.Buffer(keep[-1]))
+    for tname in low.inout_params:
         keep.append(_storage_view(inout[tname], low.fn.tensors[tname].type))
-        p.set(hl.Buffer(keep[-1]))
-    outs, buffers = [], []
+        arguments.append(hl.Buffer(keep[-1]))
+    outs = []
     for tname, (mins, extents) in zip(low.fn.outputs, output_bounds):
         dtype = storage_type(low.fn.tensors[tname].type).numpy
         out = (allocate or aligned_empty)(extents, dtype)
@@ -367,9 +387,9 @@ def _run(compiled: _Compiled, arrays, scalars, inout, output_bounds, allocate=No
         if mins:
             buf.set_min(list(reversed(mins)))
         outs.append(out)
-        buffers.append(buf)
+        arguments.append(buf)
     try:
-        compiled.pipeline.realize(buffers)
+        compiled.call(*arguments)
     except HALIDE_FAILURES as e:
         if name is None:
             raise
@@ -405,7 +425,7 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, alignment: int = 128)
     vmovaps on AVX-512 and AVX2 hosts), so every output buffer is allocated aligned.
     """
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     raw = np.empty(nbytes + alignment, dtype=np.uint8)
     start = (-raw.ctypes.data) % alignment
     return raw[start:start + nbytes].view(dtype).reshape(shape)

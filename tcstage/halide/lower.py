@@ -236,12 +236,17 @@ def _load(value: hl.Expr | hl.Param, t: ScalarType) -> hl.Expr:
 
 def set_scalar(param: hl.Param, value, t: ScalarType) -> None:
     """Gives a scalar input's Param its value, exactly (see `lower`)."""
+    param.set(scalar_argument(value, t))
+
+
+def scalar_argument(value, t: ScalarType):
+    """A scalar input's value as its Param carries it (see `lower`): a double as its int64 bit
+    pattern, a uint64 as the int64 of the same bits, others as Python numbers."""
     if t == FLOAT64:
-        param.set(int(np.float64(value).view(np.int64)))
-    elif t.name == "uint64":
-        param.set(int(np.int64(np.uint64(value))))
-    else:
-        param.set(value)
+        return int(np.float64(value).view(np.int64))
+    if t.name == "uint64":
+        return int(np.int64(np.uint64(value)))
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _identity(op: str, t: ScalarType) -> hl.Expr:

@@ -8,6 +8,8 @@ them, so `0.5 * X(i)` stays `half` when X is half, and `X(i) + 1` stays `uint8` 
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import numpy as np
 
@@ -59,6 +61,7 @@ SCALAR_TYPES: dict[str, ScalarType] = {
 }
 
 
+@functools.lru_cache(maxsize=64)
 def from_numpy(dtype: np.dtype) -> ScalarType | None:
     dtype = np.dtype(dtype)
     if dtype == np.bool_:
