@@ -26,7 +26,7 @@ import numpy as np
 
 import tcstage as tc
 from tcstage.errors import TCError
-from tcstage.halide.jit import AUTOSCHEDULERS, DEFAULT_SCHEDULE
+from tcstage.halide.jit import AUTOSCHEDULERS, DEFAULT_SCHEDULE, schedule_name
 from tcstage.inputs import as_out, call_shapes, random_inputs
 from tcstage.lang import checked as C
 
@@ -109,8 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=_natural, default=0, help="seed of the random inputs")
     run.add_argument("--repeat", type=_natural, default=10, help="timed runs after the first")
     run.add_argument("--schedule", type=_schedule, metavar="NAME",
-                     help=f"CPU autoscheduler of --target cpu: {', '.join(AUTOSCHEDULERS)} or "
-                          f"none (default: {DEFAULT_SCHEDULE})")
+                     help=f"CPU schedule of --target cpu: {DEFAULT_SCHEDULE} (the default: "
+                          "tcstage's structured scheduler), a 'CpuSchedule()...' chain, one of "
+                          f"Halide's autoschedulers ({', '.join(AUTOSCHEDULERS)}), or none")
     for p in (run, show):
         p.add_argument("--dynamic", type=_names, default=(), metavar="B,N",
                        help="CUDA: size variables the kernel leaves symbolic (tc.compile's "
@@ -171,13 +172,14 @@ def _natural(text: str) -> int:
     return value
 
 
-def _schedule(text: str) -> str:
-    """An autoscheduler's name in any case, or 'none'."""
-    by_lower = {s.lower(): s for s in (*AUTOSCHEDULERS, "none")}
-    if text.lower() not in by_lower:
-        raise argparse.ArgumentTypeError(
-            f"unknown CPU schedule '{text}'; choose one of {', '.join(by_lower.values())}")
-    return by_lower[text.lower()]
+def _schedule(text: str):
+    """The CPU schedule `--schedule` names: 'tcstage', a CpuSchedule chain, an autoscheduler's
+    name in any case, or 'none'."""
+    try:
+        schedule = schedule_name(text)
+    except tc.TCError as e:
+        raise argparse.ArgumentTypeError(e.message) from None
+    return "none" if schedule is None else schedule
 
 
 def _names(text: str) -> tuple[str, ...]:

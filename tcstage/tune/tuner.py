@@ -119,13 +119,18 @@ def autotune(source, name: str | None = None, *inputs, target: str = "cuda",
     A Halide pipeline (`tc.from_halide`) is tuned as `tc.autotune(f, *inputs,
     output_shape=...)`, with local workers (its Funcs cannot travel to a Ray cluster).
     """
-    if target == "cpu":
-        raise TCError("target='cpu' cannot be tuned yet: the CPU back end takes Halide's "
-                      "autoschedulers (schedule=...), not MappingOptions",
-                      notes=("tune the CUDA kernel with target='cuda'",))
+    if target == "cpu":  # a measured search over CpuSchedule (tcstage/cpu/tune.py)
+        if measure not in (None, "cpu"):
+            raise TCError(f"target='cpu' measures on this CPU; measure={measure!r} is for "
+                          "target='cuda'")
+        from tcstage.compiler import function_of
+        from tcstage.cpu.tune import autotune_cpu
+        program, fn, inputs = function_of(source, name, inputs, output_shape)
+        return autotune_cpu(program, fn, inputs, budget=budget, seed=seed,
+                            start_from=start_from, progress=progress, out=out)
     if target not in ("cuda", "cuda-emulated"):
-        raise TCError(f"unknown target {target!r}; autotune takes 'cuda' (or 'cpu' once CPU "
-                      "schedules are tunable)")
+        raise TCError(f"unknown target {target!r}; autotune takes 'cuda', 'cuda-emulated' or "
+                      "'cpu'")
     strategy = strategy or DEFAULT_STRATEGY
     if strategy not in STRATEGIES:
         raise TCError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
