@@ -95,6 +95,7 @@ class Case:
     torch_prep: Callable[..., tuple] | None = None  # numpy inputs -> torch inputs (untimed)
     torch_fn: Callable[..., tuple] | None = None  # torch baseline; returns a tuple of tensors
     notes: list[str] = field(default_factory=list)
+    flops: float | None = None  # multiply-adds x 2 of a contraction (for GFLOP/s)
 
 
 def _f32(rng, *shape, scale=1.0):
@@ -112,6 +113,7 @@ def _tmm_case(M, K, N):
         lambda A, B: (A @ B.T,),
         _t,
         lambda A, B: (torch.matmul(A, B.t()),),
+        flops=2.0 * M * K * N,
     )
 
 
@@ -122,6 +124,7 @@ def _gemm_case(M, K, N):
         lambda A, B: (A @ B,),
         _t,
         lambda A, B: (torch.matmul(A, B),),
+        flops=2.0 * M * K * N,
     )
 
 
@@ -132,6 +135,7 @@ def _tbmm_case(B, N, M, K):
         lambda X, Y: (np.matmul(X, Y.transpose(0, 2, 1)),),
         _t,
         lambda X, Y: (torch.bmm(X, Y.transpose(1, 2)),),
+        flops=2.0 * B * N * M * K,
     )
 
 
@@ -155,6 +159,7 @@ def _gconv_case(N, G, F_, C, H, W, KH=3, KW=3):
         lambda r: (_f32(r, N, G, C, H, W), _f32(r, G, F_, C, KH, KW, scale=0.1)),
         ref, prep,
         lambda I, W1: (F.conv2d(I, W1, groups=G).view(N, G, F_, OH, OW),),
+        flops=2.0 * N * G * F_ * C * OH * OW * KH * KW,
     )
 
 
@@ -195,6 +200,7 @@ def _mlp1_case(B, M, N):
         lambda I, W1, B1: (np.maximum(I @ W1.T + B1, 0),),
         _t,
         lambda I, W1, B1: (torch.relu(F.linear(I, W1, B1)),),
+        flops=2.0 * B * M * N,
     )
 
 
@@ -216,7 +222,8 @@ def _mlp3_case(B, N, O, P, Q):
         O4 = torch.relu(F.linear(O3, W4, B4))
         return O2, O3, O4
 
-    return Case("mlp3", f"B={B} N={N} O={O} P={P} Q={Q}", inputs, ref, _t, tref)
+    return Case("mlp3", f"B={B} N={N} O={O} P={P} Q={Q}", inputs, ref, _t, tref,
+                flops=2.0 * B * (N * O + O * P + P * Q))
 
 
 def _maxpool_case(B, C, H, W):
@@ -402,18 +409,21 @@ class Row:
     foreign_load: float | None = None  # CPU share used by other processes while timing
     retries: int = 0  # timings redone because other processes loaded the machine
     max_rel_err: float | None = None
+    alt_ms: float | None = None  # the compared schedule (--compare), median and best
+    alt_min_ms: float | None = None
+    flops: float | None = None
     error: str = ""
     notes: list[str] = field(default_factory=list)
 
 
 def run_case(case: Case, schedule, budget_s: float, min_reps: int, max_reps: int,
              fe_runs: int, max_load: float = 1.0, retries: int = 0, quiet_wait_s: float = 0.0,
-             max_spread: float = 2.0, seed: int = 0) -> Row:
+             max_spread: float = 2.0, seed: int = 0, compare=None) -> Row:
     """One table row.  With `max_load` < 1 the timings wait (up to `quiet_wait_s`) for the other
     processes' CPU share to drop to `max_load`, and are redone up to `retries` times when that
     share was higher while they ran, or when some implementation's median was more than
     `max_spread` times its best time."""
-    row = Row(case.kernel, case.sizes)
+    row = Row(case.kernel, case.sizes, flops=case.flops)
     rng = np.random.default_rng(seed)
     args = case.make_inputs(rng)
     kw = {} if schedule == "default" else {"schedule": schedule}
@@ -443,6 +453,12 @@ def run_case(case: Case, schedule, budget_s: float, min_reps: int, max_reps: int
 
     # 3. timings: blocks of calls per implementation, in rounds (see time_phased)
     fns = {"tc": lambda: f(*args, **kw), "np": lambda: case.numpy_fn(*args)}
+    if compare is not None:  # another tcstage schedule, checked and timed beside the default
+        alt_ok, _, alt_msg = check(str(compare), _as_tuple(f(*args, schedule=compare)), ref)
+        if alt_ok:
+            fns["alt"] = lambda: f(*args, schedule=compare)
+        else:
+            row.notes.append(f"schedule {compare} disagrees with numpy ({alt_msg}); not timed")
     if torch is not None and case.torch_fn is not None:
         targs = case.torch_prep(*args)
         with torch.inference_mode():
@@ -481,6 +497,8 @@ def run_case(case: Case, schedule, budget_s: float, min_reps: int, max_reps: int
     row.np_ms, row.np_min_ms = res["np"][0] * 1e3, res["np"][1] * 1e3
     if "torch" in res:
         row.torch_ms, row.torch_min_ms = res["torch"][0] * 1e3, res["torch"][1] * 1e3
+    if "alt" in res:
+        row.alt_ms, row.alt_min_ms = res["alt"][0] * 1e3, res["alt"][1] * 1e3
     return row
 
 
@@ -547,7 +565,7 @@ def _ratio(a, b):
     return "-" if a is None or b is None or b == 0 else f"{a / b:.2f}"
 
 
-def render(rows: list[Row], header: list[str], schedule_label: str) -> str:
+def render(rows: list[Row], header: list[str], schedule_label: str, compare=None) -> str:
     out = list(header)
     out.append("")
     out.append(f"tcstage schedule: {schedule_label}. Times are medians, in milliseconds. "
@@ -585,6 +603,28 @@ def render(rows: list[Row], header: list[str], schedule_label: str) -> str:
         out.append(f"| {r.kernel} | {r.sizes} | {_fmt(r.tc_min_ms)} | {_fmt(r.np_min_ms)} | "
                    f"{_fmt(r.torch_min_ms)} | {_ratio(r.tc_min_ms, r.np_min_ms)} | "
                    f"{_ratio(r.tc_min_ms, r.torch_min_ms)} | {load} | {r.tc_calls} | {err} |")
+    if compare is not None:
+        out.append("")
+        out.append(f"The default schedule against tcstage's {compare} schedule, timed in the same "
+                   "blocks (medians, ms; < 1: the default is faster):")
+        out.append("")
+        out.append(f"| kernel | sizes | default ms | {compare} ms | default/{compare} |")
+        out.append("|---|---|---|---|---|")
+        for r in rows:
+            if not r.error:
+                out.append(f"| {r.kernel} | {r.sizes} | {_fmt(r.tc_ms)} | {_fmt(r.alt_ms)} | "
+                           f"{_ratio(r.tc_ms, r.alt_ms)} |")
+    flops = [r for r in rows if r.flops and not r.error]
+    if flops:
+        out.append("")
+        out.append("Arithmetic rate of the contractions (2 x multiply-adds / best time):")
+        out.append("")
+        out.append("| kernel | sizes | tcstage GFLOP/s | torch GFLOP/s |")
+        out.append("|---|---|---|---|")
+        for r in flops:
+            rate = ["-" if t is None else f"{r.flops / (t * 1e-3) / 1e9:.0f}"
+                    for t in (r.tc_min_ms, r.torch_min_ms)]
+            out.append(f"| {r.kernel} | {r.sizes} | {rate[0]} | {rate[1]} |")
     problems = [r for r in rows if r.error or r.notes]
     if problems:
         out.append("")
@@ -626,8 +666,11 @@ def main(argv=None) -> int:
                     help="short time budget per measurement and fewer front-end runs")
     ap.add_argument("--out", metavar="FILE", help="also write the markdown table to FILE")
     ap.add_argument("--schedule", default="default",
-                    help="tcstage CPU schedule: default (the library's default), "
-                         "Mullapudi2016, Adams2019, Li2018 or none")
+                    help="tcstage CPU schedule: default (the library's default), tcstage, a "
+                         "'CpuSchedule()...' chain, Mullapudi2016, Adams2019, Li2018 or none")
+    ap.add_argument("--compare", metavar="SCHEDULE", default=None,
+                    help="also time tcstage with this schedule (e.g. Mullapudi2016) in the same "
+                         "blocks, in its own table")
     ap.add_argument("--only", metavar="K1,K2",
                     help="run only these kernels (comma-separated TC function names)")
     ap.add_argument("--budget", type=float, default=None,
@@ -677,7 +720,7 @@ def main(argv=None) -> int:
         print(f"[{time.perf_counter() - start:7.1f}s] {case.kernel} {case.sizes} ...",
               file=sys.stderr, flush=True)
         row = run_case(case, schedule, budget, min_reps, max_reps, fe_runs,
-                       opts.max_load, opts.retries, opts.quiet_wait)
+                       opts.max_load, opts.retries, opts.quiet_wait, compare=opts.compare)
         rows.append(row)
         status = row.error or (f"tcstage {_fmt(row.tc_ms)} ms, numpy {_fmt(row.np_ms)} ms, "
                                f"torch {_fmt(row.torch_ms)} ms")
@@ -687,7 +730,7 @@ def main(argv=None) -> int:
             print("          " + n.replace("\n", "\n          "), file=sys.stderr)
     header.append(f"- total benchmark time: {time.perf_counter() - start:.0f} s")
 
-    text = render(rows, header, label)
+    text = render(rows, header, label, opts.compare)
     print(text)
     if opts.out:
         os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
