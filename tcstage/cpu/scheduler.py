@@ -176,11 +176,15 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
     if p1 is not None:
         y, yo, yi = hl.Var(p1), hl.Var(f"{p1}_o"), hl.Var(f"{p1}_i")
         anchor.split(y, yo, yi, rows, hl.TailStrategy.GuardWithIf)
-        # with packed panels, all the rows of tiles of one column reuse its panel
-        tile_loops = [yo, xo] if packs else [xo, yo]
+        # With packed panels, all the rows of tiles of one column reuse its panel. Where
+        # there are too few columns (and no batch dimension) to keep every core busy, the
+        # operands are packed once, whole, and the rows of tiles run in parallel instead.
+        columns = math.ceil(extents[0] / width) * math.prod(extents[2:])
+        packed_whole = bool(packs) and columns < 2 * plan.threads
+        tile_loops = [yo, xo] if packs and not packed_whole else [xo, yo]
         anchor.reorder(xi, yi, *tile_loops, *_vars(outer))
     else:
-        tile_loops = [xo]
+        tile_loops, packed_whole = [xo], False
         anchor.reorder(xi, xo, *_vars(outer))
     if vectorized:
         anchor.vectorize(xi, lanes)
@@ -189,12 +193,12 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
         anchor.parallel(loops[-1])
 
     f.compute_at(anchor, tile_loops[0])
-    # A fixed-size tile (the last row of tiles may compute fewer rows): it lives on the stack,
-    # where LLVM keeps it in registers, not in a heap allocation per tile.
+    # A fixed-size tile (the last row of tiles may compute fewer rows): Halide then puts it on
+    # the stack, where LLVM keeps it in registers, not in a heap allocation per tile. (Forcing
+    # MemoryType.Stack as well made the MLP layers 1.5x slower.)
     f.bound_storage(x, width)
     if p1 is not None:
         f.bound_storage(hl.Var(p1), rows)
-    f.store_in(hl.MemoryType.Stack)
     inner = [hl.Var(p0)] + ([hl.Var(p1)] if p1 is not None else [])
     stages = [f, f.update(0)] + [f.update(1 + k) for k in range(info.epilogue)]
     for k, stage in enumerate(stages):
@@ -209,14 +213,17 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
         if k == 1 and s.unroll_reduction > 1:
             stage.unroll(hl.RVar(info.rvars[0]), s.unroll_reduction, hl.TailStrategy.GuardWithIf)
     for r, dim in packs:
-        _pack((funcs.get(r.func) or inputs[r.func]).in_(f), dim, anchor, xo)
+        _pack((funcs.get(r.func) or inputs[r.func]).in_(f), dim, anchor,
+              None if packed_whole else xo, s.parallel_outer)
 
     text = (f"tiles of {width} x {rows} ({vectors} vector{'s' * (vectors > 1)} of {lanes} lanes"
             f" x {rows} row{'s' * (rows > 1)}) held in registers" if vectorized else
             f"tiles of 1 x {rows} (not vectorised: {p0} has extent {extents[0]})")
     if packs:
         text += "; packed " + ", ".join(f"{inputs[r.func].name() if r.func in inputs else r.func}"
-                                        for r, _ in packs) + f" per column of tiles"
+                                        for r, _ in packs) \
+            + (" once, whole (too few columns of tiles to share among the cores)" if packed_whole
+               else " per column of tiles")
     if s.unroll_reduction > 1:
         text += f"; {info.rvars[0]} unrolled by {s.unroll_reduction}"
     if s.parallel_outer:
@@ -224,17 +231,24 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
     return text
 
 
-def _pack(panel: hl.Func, dim: int, anchor: hl.Func, level: hl.Var) -> None:
-    """A read across the vectorised dimension (subscript `dim`), copied per tile column into a
-    panel whose storage has that dimension innermost. The copy is a transpose: 8x8 blocks,
-    one dimension vectorised and the other unrolled, which LLVM turns into shuffles (five
-    times faster than gathers here)."""
+def _pack(panel: hl.Func, dim: int, anchor: hl.Func, level: hl.Var | None,
+          parallel: bool) -> None:
+    """A read across the vectorised dimension (subscript `dim`), copied into a panel whose
+    storage has that dimension innermost: per column of tiles (at `level` of the anchor), or
+    once, whole (`level` None). The copy is a transpose: 8x8 blocks, one dimension vectorised
+    and the other unrolled, which LLVM turns into shuffles (five times faster than gathers
+    here)."""
     args = [a.name() for a in panel.args()]
     inner, source_inner = hl.Var(args[dim]), hl.Var(args[0])
     rest = [hl.Var(a) for k, a in enumerate(args) if k not in (0, dim)]
-    panel.compute_at(anchor, level)
+    if level is None:
+        panel.compute_root()
+    else:
+        panel.compute_at(anchor, level)
     panel.reorder_storage(inner, source_inner, *rest)
     io, ii, so, si = (hl.Var(f"{a}_{k}") for k, a in enumerate(("pi", "pi", "ps", "ps")))
     guard = hl.TailStrategy.GuardWithIf
     panel.split(inner, io, ii, 8, guard).split(source_inner, so, si, 8, guard)
     panel.reorder(ii, si, io, so, *rest).vectorize(ii).unroll(si)
+    if level is None and parallel:
+        panel.parallel(rest[-1] if rest else so)
