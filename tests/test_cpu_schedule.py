@@ -9,7 +9,6 @@ about n * eps * sum(|terms|) of the exact value, whatever the order of the addit
 use that bound (with eps rounded up to 1e-6), so a wrong term or a lost point fails them.
 """
 
-import re
 import warnings
 
 import numpy as np
