@@ -207,7 +207,8 @@ class TCFunction:
     def _cpu_kernel(self, args, named, out, schedule, specialize_shapes):
         """The CpuKernel serving a call (compiled on first use), its Binding, and the
         caller's PyTorch tensors (None for numpy arguments)."""
-        schedule = DEFAULT_SCHEDULE if schedule is _DEFAULT else schedule_name(schedule)
+        # (as a CpuSchedule or a name: the default and the same schedule given share a kernel)
+        schedule = schedule_name(DEFAULT_SCHEDULE if schedule is _DEFAULT else schedule)
         if specialize_shapes is None:
             specialize_shapes = self.specializes_shapes
         elif not isinstance(specialize_shapes, (bool, np.bool_)):

@@ -152,12 +152,20 @@ class CpuSchedule:
                                       + (f" (did you mean {near[0]!r}?)" if near else "")
                                       + f"; options: {', '.join(methods)}")
             args = [_value(a, name) for a in raw.split(",")] if raw.strip() else []
+            wanted = _ARITY.get(name, 1)
+            if len(args) != wanted and not (wanted == 1 and not args and name in _FLAGS):
+                raise TCScheduleError(f"CpuSchedule.{name} takes {wanted} argument"
+                                      f"{'s' * (wanted > 1)}, got {len(args)} in {text!r}")
             result = getattr(result, name)(*args)
         return result
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: list(v) if isinstance(v, tuple) else v
                 for f in attrs.fields(CpuSchedule) for v in [getattr(self, f.name)]}
+
+
+_ARITY = {"registerTile": 2}  # the others take one argument
+_FLAGS = {"pack", "parallel", "inlinePointwise"}  # which may also be called bare: .pack()
 
 
 def _value(raw: str, method: str):

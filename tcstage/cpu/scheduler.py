@@ -115,6 +115,8 @@ def _pointwise(f: hl.Func, info: FuncInfo, plan: _Plan) -> str:
     vectorize = bool(extents) and extents[0] >= lanes
     parallel = plan.schedule.parallel_outer and len(info.args) > 1
     for k, stage in enumerate([f] + [f.update(j) for j in range(info.epilogue)]):
+        if k:  # (an explicit loop order: Halide warns about updates left unscheduled)
+            stage.reorder(*_vars(info.args))
         if vectorize:  # (an update may not recompute points: it guards its last vector)
             stage.vectorize(hl.Var(info.args[0]), lanes, hl.TailStrategy.ShiftInwards if k == 0
                             else hl.TailStrategy.GuardWithIf)
@@ -204,6 +206,8 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
     for k, stage in enumerate(stages):
         if k == 1:  # the reduction: the tile's points innermost, the reduction loops outside
             stage.reorder(*inner, *[hl.RVar(r) for r in info.rvars], *_vars(outer))
+        elif k > 1:  # an epilogue: in the order of the tile (which also tells Halide that it
+            stage.reorder(*inner, *_vars(outer))  # is scheduled, where nothing else is)
         if vectorized:
             stage.vectorize(inner[0], lanes)
             if vectors > 1:

@@ -156,12 +156,17 @@ class CpuKernel:
         self._serving: dict[tuple, _Compiled] = {}  # those sizes -> the pipeline that ran
         self._bounds: dict[tuple, list] = {}  # sizes -> output_bounds (a memo)
         schedule = schedule_name(schedule)
+        self._fallback_note = ""  # why the structured scheduler handed over (see _compile)
         try:
             self._main = self._compile(lowered, schedule, self.values)
         except HALIDE_FAILURES as e:  # from the autoscheduler (see _compile)
-            self._main = self._unscheduled_pipeline()
-            warn(f"'{self.fn.name}' runs unscheduled on the CPU: the {schedule} autoscheduler "
-                 f"failed on it ({_halide_message(e)})")
+            failed = f"the {schedule} autoscheduler"
+            if isinstance(schedule, CpuSchedule):
+                failed = (f"the {FALLBACK_AUTOSCHEDULER} autoscheduler (which took over: "
+                          f"{self._fallback_note})")
+            note = f"{failed} failed on it ({_halide_message(e)})"
+            self._main = attrs.evolve(self._unscheduled_pipeline(), note=note)
+            warn(f"'{self.fn.name}' runs unscheduled on the CPU: {note}")
 
     @property
     def schedule(self) -> str | CpuSchedule | None:
@@ -209,10 +214,11 @@ class CpuKernel:
                 return _Compiled(lowered, _jit(hl.Pipeline(realized), lowered, self.target),
                                  schedule, dict(estimates), report=tuple(report))
             except NotScheduled as e:
-                note = f"{e.message}; {FALLBACK_AUTOSCHEDULER} scheduled it"
+                reason = e.message
             except HALIDE_FAILURES as e:
-                note = (f"the structured schedule failed ({_halide_message(e)}; a bug in "
-                        f"tcstage); {FALLBACK_AUTOSCHEDULER} scheduled it")
+                reason = f"the structured schedule failed ({_halide_message(e)}; a bug in tcstage)"
+            self._fallback_note = reason
+            note = f"{reason}; {FALLBACK_AUTOSCHEDULER} scheduled it"
             lowered, schedule = self._fresh(), FALLBACK_AUTOSCHEDULER
         try:
             return _Compiled(lowered, self._compile_pipeline(lowered, schedule, estimates),
