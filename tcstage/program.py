@@ -131,6 +131,7 @@ class TCFunction:
         self._kernels: dict[tuple, CpuKernel] = {}
         self._large_buffers: dict[tuple, bool] = {}  # (spec, sizes) -> needs_large_buffers
         self._layouts: dict[tuple, list] = {}  # (spec, sizes and scalars) -> _output_layout
+        self._fast_calls: dict[tuple, _FastCall] = {}  # see _fast_key
         if not self.specialized_scalars:
             self._infer(())  # errors and warnings surface at definition time
 
@@ -263,7 +264,17 @@ class TCFunction:
         None (the default) is False, except for functions whose subscripts read a tensor they
         compute (`self.specializes_shapes`).
         Returns an array, or a tuple for several outputs."""
+        plain = out is None and not named and schedule is _DEFAULT and specialize_shapes is None
+        key = _fast_key(args) if plain else None
+        if key is not None:
+            fast = self._fast_calls.get(key)
+            if fast is not None:
+                return fast(args)
         kernel, b, torch_in = self._cpu_kernel(args, named, out, schedule, specialize_shapes)
+        if key is not None and torch_in is None and not b.inout:
+            if len(self._fast_calls) > 1024:  # a memo for loops over a few shapes
+                self._fast_calls.clear()
+            self._fast_calls[key] = _FastCall(kernel, self.checked, b.sizes)
         results = kernel(b.arrays, b.scalars, b.inout, b.sizes,
                          allocate=_torch_aligned_empty if torch_in is not None else None)
         for name, res in zip(self.checked.outputs, results):
@@ -318,6 +329,40 @@ class TCFunction:
                     f"(inferred as {R.tree_to_str(tb.extents[k])}) for these inputs")
             layout.append((extents, mins))
         return layout
+
+
+def _fast_key(args) -> tuple | None:
+    """What a call's checks, specialisation and compiled kernel depend on, for plain calls
+    (numpy arrays and Python or numpy scalars in signature order): each array's shape, dtype,
+    strides and flags, each scalar's type and value. None for anything else (PyTorch tensors,
+    lists), which takes the full path."""
+    key = []
+    for a in args:
+        if type(a) is np.ndarray:
+            key.append((a.shape, a.dtype.str, a.strides, a.flags.writeable, a.flags.aligned))
+        elif type(a) in (int, float, bool) or isinstance(a, np.generic):
+            key.append((type(a), a))
+        else:
+            return None
+    return tuple(key)
+
+
+@attrs.frozen(eq=False)
+class _FastCall:
+    """A call whose arguments have the key (`_fast_key`) of one that was checked and bound
+    already: it goes straight to the kernel, with the sizes that call found. (The full path
+    costs about 20 us per call, as much as a small kernel.)"""
+
+    kernel: CpuKernel
+    fn: C.Function
+    sizes: dict
+
+    def __call__(self, args):
+        arrays, scalars = {}, {}
+        for t, a in zip(self.fn.inputs, args):
+            (arrays if t.rank else scalars)[t.name] = a
+        results = self.kernel(arrays, scalars, {}, self.sizes)
+        return results[0] if len(results) == 1 else tuple(results)
 
 
 def _subscripts_read_computed_tensors(fn: C.Function) -> bool:

@@ -42,6 +42,7 @@ AUTOSCHEDULERS = ("Mullapudi2016", "Adams2019", "Li2018")
 STRUCTURED = "tcstage"
 DEFAULT_SCHEDULE = STRUCTURED
 FALLBACK_AUTOSCHEDULER = "Mullapudi2016"
+_STRUCTURED_DEFAULT = CpuSchedule()
 _loaded_plugins: set[str] = set()
 # Halide addresses a buffer with int32 element indices (and allocates at most 2**31 - 1 bytes
 # unless the target has LargeBuffers).
@@ -59,7 +60,7 @@ def schedule_name(schedule) -> str | CpuSchedule | None:
         if word.lower() == "none":
             return None
         if word.lower() == STRUCTURED:
-            return CpuSchedule()
+            return _STRUCTURED_DEFAULT
         if "CpuSchedule" in word or word.startswith("."):
             return CpuSchedule.parse(word)
         for name in AUTOSCHEDULERS:
