@@ -175,9 +175,9 @@ def compare(source, name: str, *inputs, options=(), schedules_dir="schedules", t
         bar.step("baseline")
         base = _baseline(fn, args, out, reference)
         cpu = []
-        from tcstage.halide.jit import AUTOSCHEDULERS
-        for schedule in AUTOSCHEDULERS:
-            bar.step(f"Halide CPU {schedule}")
+        from tcstage.halide.jit import AUTOSCHEDULERS, STRUCTURED
+        for schedule in (STRUCTURED, *AUTOSCHEDULERS):
+            bar.step(f"CPU {schedule}")
             cpu.append(_cpu_row(fn, args, out, reference, schedule))
     rows.append(base)
     rows += cpu
@@ -275,7 +275,9 @@ def _cuda_row(fn, args, out, reference, label, kind, options, where, measure) ->
 
 
 def _cpu_row(fn, args, out, reference, schedule) -> Row:
-    label = f"Halide CPU {schedule}"
+    from tcstage.halide.jit import STRUCTURED
+    label = "CPU tcstage schedule (the default)" if schedule == STRUCTURED else \
+        f"Halide CPU {schedule}"
     try:
         t, result = _timed(lambda: fn(*args, out=_fresh(out), schedule=schedule))
     except TCError as e:
