@@ -567,6 +567,9 @@ def _call_shapes(args):
 
 
 def _tune(args) -> int:
+    if args.save and args.target == "cpu":
+        raise UsageError("--save stores MappingOptions for the CUDA path in schedules/; a tuned "
+                         "CpuSchedule is printed: pass its text to `tcstage run --schedule`")
     f, sizes, inputs, out = _call_shapes(args)
     result = tc.autotune(args.program, f.name, *inputs,
                          out=out, target=args.target, measure=args.measure, budget=args.budget,

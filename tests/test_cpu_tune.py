@@ -65,3 +65,29 @@ def test_a_candidate_that_gives_a_wrong_result_cannot_win(monkeypatch):
 def test_bad_arguments_are_clear_errors(kwargs, message):
     with pytest.raises(tc.TCError, match=message):
         tc.autotune(TMM, "tmm", (8, 8), (8, 8), target="cpu", progress=False, **kwargs)
+
+
+def test_cli_tunes_the_cpu_schedule_and_its_text_runs(capsys):
+    from pathlib import Path
+
+    from tcstage.cli import main
+    tmm = str(Path(__file__).parent.parent / "examples" / "tmm.tc")
+    assert main(["tune", tmm, "--sizes", "M=16,K=8,N=24", "--target", "cpu", "--budget", "3",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "measured on cpu: " in out
+    chain = next(line.strip() for line in out.splitlines() if "CpuSchedule()" in line)
+    assert main(["run", tmm, "--sizes", "M=16,K=8,N=24", "--schedule", chain,
+                 "--repeat", "1"]) == 0
+    assert f"schedule: {chain}" in capsys.readouterr().out
+
+
+def test_cli_refuses_to_save_a_cpu_schedule_into_schedules(tmp_path, capsys):
+    from pathlib import Path
+
+    from tcstage.cli import main
+    tmm = str(Path(__file__).parent.parent / "examples" / "tmm.tc")
+    assert main(["tune", tmm, "--sizes", "M=4,K=4,N=4", "--target", "cpu", "--save",
+                 str(tmp_path / "x.txt")]) != 0
+    assert "--save stores MappingOptions" in capsys.readouterr().err
+    assert not (tmp_path / "x.txt").exists()
