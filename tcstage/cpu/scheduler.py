@@ -154,8 +154,15 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
     p0, p1, outer = info.args[0], (info.args[1] if len(info.args) > 1 else None), info.args[2:]
     extents = plan.extents.get(info.name) or (1,) * len(info.args)
     want_vectors, want_rows = s.register_tile
+    # A small window (pooling's 2x2) reuses a tile's accumulators only a few times: the time
+    # goes into reading the input, and a small tile of 2 x 4 vectors runs twice as fast as a
+    # full register file of them (max pooling, 32x64x56x56).
+    window = math.prod(e or 1 << 20 for e in info.rvar_extents)
+    small_window = window <= 16
     if not want_vectors:
-        want_vectors = max(1, min(4, plan.accumulators() // 6))
+        want_vectors = 2 if small_window else max(1, min(4, plan.accumulators() // 6))
+    if not want_rows and small_window:
+        want_rows = 4
     lanes, vectors = _tile(extents[0], plan.lanes(f.type()), want_vectors)
     width = lanes * vectors
     rows = 1

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 import attrs
 
 from tcstage.halide import _native
+from tcstage.halide.solver import evaluate
 
 
 @attrs.frozen
@@ -43,6 +44,7 @@ class FuncInfo:
     args: tuple[str, ...]  # pure variables, innermost first
     family: str  # "pointwise" | "reduction" | "other"
     rvars: tuple[str, ...] = ()  # the reduction's variables, innermost first
+    rvar_extents: tuple = ()  # their extents where constant (a pooling window), else None
     reads: tuple[Read, ...] = ()  # what the reduction update reads (the Func itself excluded)
     epilogue: int = 0  # pointwise updates after the reduction
     operator: str = ""  # the reduction's combining node: 'add', 'mul', 'max', 'min'
@@ -98,9 +100,21 @@ def _classify(d: dict) -> FuncInfo:
         value = first["values"][0]
         operator = value[0] if isinstance(value, tuple) else ""
         reads = tuple(r for r in _reads(first) if r.func != name)
-        return FuncInfo(name, args, "reduction", tuple(rv[0] for rv in first["rvars"]), reads,
-                        len(rest), operator)
+        extents = tuple(_constant(rv[2]) for rv in first["rvars"])
+        return FuncInfo(name, args, "reduction", tuple(rv[0] for rv in first["rvars"]),
+                        extents, reads, len(rest), operator)
     return FuncInfo(name, args, "other")
+
+
+def _constant(tree) -> int | None:
+    """The value of a tree without variables (an RDom's extent written as 1 - 0 + 1), else
+    None."""
+    if _variables(tree):
+        return None
+    try:
+        return int(evaluate(tree, {}))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _reads(definition: dict) -> list[Read]:
