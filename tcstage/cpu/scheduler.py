@@ -153,6 +153,8 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
         return "computed once"
     p0, p1, outer = info.args[0], (info.args[1] if len(info.args) > 1 else None), info.args[2:]
     extents = plan.extents.get(info.name) or (1,) * len(info.args)
+    if _along_rows(info, p0, p1):
+        return _row_reduction(f, anchor, info, plan)
     want_vectors, want_rows = s.register_tile
     # A small window (pooling's 2x2) reuses a tile's accumulators only a few times: the time
     # goes into reading the input, and a small tile of 2 x 4 vectors runs twice as fast as a
@@ -240,6 +242,40 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
     if s.parallel_outer:
         text += f"; {loops[-1].name()} in parallel"
     return text
+
+
+def _along_rows(info: FuncInfo, p0: str, p1: str | None) -> bool:
+    """Whether the reduction runs along rows of its input: a read contiguous in the innermost
+    reduction variable and strided in p0, with no second output dimension that would reuse it
+    (a row sum, softmax's statistics, a matrix-vector product). Vectorising p0 would pack
+    (transpose) the whole input for a single use; the reduction loop is vectorised instead."""
+    r0 = info.rvars[0]
+    return any(r.args and r.args[0] == ("var", r0) and r.dims_using(p0)
+               and min(r.dims_using(p0)) > 0 and (p1 is None or r.dims_using(p1))
+               for r in info.reads)
+
+
+def _row_reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan) -> str:
+    """Blocks of rows in parallel; each row's reduction loop vectorised, the vector folded
+    into the row's value at every step (Halide's atomic vectorisation; the operator is
+    associative, so the order of a float sum changes, as with any vectorisation)."""
+    lanes = plan.lanes(f.type())
+    block = 8
+    x, xo, xi = hl.Var(info.args[0]), hl.Var(f"{info.args[0]}_o"), hl.Var(f"{info.args[0]}_i")
+    outer = _vars(info.args[1:])
+    anchor.split(x, xo, xi, block, hl.TailStrategy.GuardWithIf).reorder(xi, xo, *outer)
+    parallel = plan.schedule.parallel_outer
+    if parallel:
+        anchor.parallel(outer[-1] if outer else xo)
+    f.compute_at(anchor, xo)
+    f.bound_storage(x, block)
+    r0 = hl.RVar(info.rvars[0])
+    f.update(0).atomic().vectorize(r0, lanes)
+    for k in range(info.epilogue):
+        f.update(1 + k).reorder(x, *outer)
+    return (f"rows in blocks of {block}, the reduction over {info.rvars[0]} in vectors of "
+            f"{lanes} lanes" + (f"; {(outer[-1] if outer else xo).name()} in parallel"
+                                if parallel else ""))
 
 
 def _pack(panel: hl.Func, dim: int, anchor: hl.Func, level: hl.Var | None,
