@@ -2,6 +2,8 @@
 dimension to reuse it) vectorise the reduction loop instead of packing the input: their
 results against numpy at awkward sizes, for every operator."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -47,3 +49,23 @@ def test_the_schedule_says_it_vectorised_the_reduction():
     text = tc.define(CASES["rowsum"][0]).f.explain(f32(40, 512))
     assert text.startswith("CPU schedule: tcstage") and "packed" not in text
     assert "the reduction over" in text and "in vectors of" in text
+
+
+def test_an_update_halide_cannot_prove_associative_keeps_the_structured_schedule():
+    # In softmax's gradient, d_S(n) +=! -(d_Y(n,c) * (E(n,c) / S(n)) / S(n)) reaches Halide as
+    # `let t = S(n) in d_S(n) + (0 - ...)`, whose associativity Halide cannot prove, so its
+    # row reduction cannot be vectorised: that Func gets register tiles, the other row
+    # reductions keep their vectorised loops, and nothing falls back to Mullapudi2016. (Each
+    # retry lowers new Funcs, named d_S$1, d_S$2, ...: retrying by Func name never ended.)
+    source = (Path(__file__).parent.parent / "examples" / "layers.tc").read_text()
+    f = tc.define(tc.gradient(source, "softmax")).softmax_grad
+    X, dY = f32(9, 37), f32(37, 9).T.copy()
+    E = np.exp(X.astype(np.float64) - X.max(1, keepdims=True))
+    Y = E / E.sum(1, keepdims=True)
+    text = f.explain(X, Y.astype(np.float32), dY)
+    assert text.startswith("CPU schedule: tcstage") and "note:" not in text, text
+    lines = {line.split(":")[0].strip().split("$")[0]: line for line in text.splitlines()[1:]}
+    assert "in vectors of" in lines["S"] and "tiles of" in lines["d_S"], text
+    want = Y * (dY - (dY * Y).sum(1, keepdims=True))
+    np.testing.assert_allclose(f(X, Y.astype(np.float32), dY), want, rtol=1e-4, atol=1e-5)
+    assert f.compile_count == 1

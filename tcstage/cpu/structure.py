@@ -47,7 +47,9 @@ class FuncInfo:
     rvar_extents: tuple = ()  # their extents where constant (a pooling window), else None
     reads: tuple[Read, ...] = ()  # what the reduction update reads (the Func itself excluded)
     epilogue: int = 0  # pointwise updates after the reduction
-    operator: str = ""  # the reduction's combining node: 'add', 'mul', 'max', 'min'
+    operator: str = ""  # 'add', 'mul', 'max' or 'min' where the update is `R = R op value`
+    #                     with a value that does not read R (Halide can then reassociate it);
+    #                     else the top node of the update's value ('sub', ...)
 
 
 @attrs.frozen
@@ -98,12 +100,31 @@ def _classify(d: dict) -> FuncInfo:
             and first["predicate"] == ("int", True) and all(in_place(u) for u in rest)
             and len(first["values"]) == 1):
         value = first["values"][0]
-        operator = value[0] if isinstance(value, tuple) else ""
+        operator = _combining(value, ("read", name, pure_args))
         reads = tuple(r for r in _reads(first) if r.func != name)
         extents = tuple(_constant(rv[2]) for rv in first["rvars"])
         return FuncInfo(name, args, "reduction", tuple(rv[0] for rv in first["rvars"]),
                         extents, reads, len(rest), operator)
     return FuncInfo(name, args, "other")
+
+
+def _combining(value, self_read) -> str:
+    """The operator folding values into the reduction (see FuncInfo.operator); lets around the
+    update's value (Halide's common subexpressions) are looked through."""
+    while isinstance(value, tuple) and value and value[0] == "let":
+        value = value[3]
+    if not isinstance(value, tuple) or not value:
+        return ""
+    if value[0] in ("add", "mul", "max", "min") and len(value) == 3:
+        a, b = value[1], value[2]
+        other = b if a == self_read else a if b == self_read else None
+        if other is not None and self_read[1] not in _reads_of(other):
+            return value[0]
+    return value[0]
+
+
+def _reads_of(tree) -> set[str]:
+    return {r.func for r in _reads({"values": (tree,), "args": ()})}
 
 
 def _constant(tree) -> int | None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 from collections.abc import Mapping
 
 import attrs
@@ -207,17 +208,34 @@ class CpuKernel:
         self.compilations += 1
         note = ""
         if isinstance(schedule, CpuSchedule):
-            try:
-                self._bound_params(lowered, estimates)
-                realized, report = schedule_pipeline(lowered, schedule, self.target,
-                                                     _func_extents(lowered, estimates),
-                                                     os.cpu_count() or 1)
-                return _Compiled(lowered, _jit(hl.Pipeline(realized), lowered, self.target),
-                                 schedule, dict(estimates), report=tuple(report))
-            except NotScheduled as e:
-                reason = e.message
-            except HALIDE_FAILURES as e:
-                reason = f"the structured schedule failed ({_halide_message(e)}; a bug in tcstage)"
+            # Vectorising a row reduction needs Halide to prove its update associative, which it
+            # cannot always do (`d_S(n) + (0 - x)` under a let, in a softmax gradient): the
+            # Func it names goes without, then (an error naming none) every Func does.
+            no_row_vectors: set | None = set()
+            while True:
+                try:
+                    self._bound_params(lowered, estimates)
+                    realized, report = schedule_pipeline(
+                        lowered, schedule, self.target, _func_extents(lowered, estimates),
+                        os.cpu_count() or 1, no_row_vectors=no_row_vectors)
+                    return _Compiled(lowered, _jit(hl.Pipeline(realized), lowered, self.target),
+                                     schedule, dict(estimates), report=tuple(report))
+                except NotScheduled as e:
+                    reason = e.message
+                    break
+                except HALIDE_FAILURES as e:
+                    reason = (f"the structured schedule failed ({_halide_message(e)}; a bug in "
+                              "tcstage)")
+                    named = re.search(r"atomic\(\) on (\S+?)\.update", str(e))
+                    if no_row_vectors is None:
+                        break
+                    # (by tensor name: every attempt lowers new Funcs, named 'd_S$7', 'd_S$8')
+                    tensor = named.group(1).split("$")[0] if named else None
+                    if tensor and tensor not in no_row_vectors and len(no_row_vectors) < 8:
+                        no_row_vectors.add(tensor)
+                    else:
+                        no_row_vectors = None
+                    lowered = self._fresh()
             self._fallback_note = reason
             note = f"{reason}; {FALLBACK_AUTOSCHEDULER} scheduled it"
             lowered, schedule = self._fresh(), FALLBACK_AUTOSCHEDULER
