@@ -17,7 +17,6 @@ import sys
 from collections.abc import Mapping, Sequence
 
 import attrs
-
 import numpy as np
 
 from tcstage.errors import TCArgumentError, TCError, warn
@@ -257,8 +256,9 @@ class TCFunction:
         Python or numpy numbers, given in signature order or by their TC names
         (`prog.tmm(A=a, B=b)`).
         `out` supplies in/out outputs (those that accumulate into the caller's values), as one
-        array or a tuple in output order; they are updated in place. `schedule`: one of
-        `jit.AUTOSCHEDULERS`, or None (or 'none') for Halide's unscheduled code.
+        array or a tuple in output order; they are updated in place. `schedule`: 'tcstage' (the
+        default; docs/cpu.md), a `tc.CpuSchedule` or its text, one of `jit.AUTOSCHEDULERS`, or
+        None (or 'none') for Halide's unscheduled code.
         `specialize_shapes`: False compiles one kernel for all sizes (the first call's sizes
         guide the autoscheduler), True one per set of shapes (Halide knows them as constants);
         None (the default) is False, except for functions whose subscripts read a tensor they

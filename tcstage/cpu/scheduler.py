@@ -2,26 +2,28 @@
 
 `schedule_pipeline` takes a lowered TC function (fresh, unscheduled Funcs), a `CpuSchedule` and
 the sizes to plan for, schedules every Func with Halide's scheduling API, and returns the Funcs
-the pipeline should realize (an output that is a reduction is realized through a copy, so the
-reduction itself can be computed tile by tile). It refuses (`NotScheduled`) a pipeline with a
-Func outside its families; the caller then uses an autoscheduler.
+the pipeline should realize (an output that is a reduction is realized through its tile
+wrapper). It refuses (`NotScheduled`) a pipeline with a Func outside its families; the caller
+then uses an autoscheduler.
 
 The schedule of a reduction `R(p0, p1, ...) op= f(reads)` (p0 innermost, all sizes from the
 plan):
 
-- an *anchor* Func computes R's values tile by tile: the output copy, or a wrapper (`R.in_()`)
-  where other Funcs read R. Its tiles are `V*vectors` wide in p0 and `rows` high in p1,
-  split with ShiftInwards (the last tile overlaps the one before it, so no tile reaches
-  beyond the tensor);
+- an *anchor*, the wrapper `R.in_()` that every reader of R reads, computes R's values tile by
+  tile. Its tiles are `V*vectors` wide in p0, split with ShiftInwards (the last tile overlaps
+  the one before it, so no tile reaches beyond the tensor), and `rows` high in p1, split with
+  GuardWithIf (the last row of tiles computes the rows there are, for any batch size);
 - R is computed per tile, with the tile's accumulators held in vector registers: p0 vectorised,
   the rest of the tile unrolled, the reduction loops outside them. Its epilogue (bias, relu)
-  runs on the tile while it is still in registers;
+  runs on the tile while it is still in registers. A small window (pooling) gets a small tile;
 - a read whose p0 subscript is not its innermost one (`B(n, k)` when n is vectorised) would
   need a gather per vector; it is packed instead: copied, transposed, into a contiguous panel
   per column of tiles (`Func.in_()` with its storage reordered), which every row of tiles then
   reuses;
 - the outermost loop runs in parallel.
 
+A reduction along rows (a row sum: its input contiguous in the reduction, no second output
+dimension to reuse a packed panel) vectorises its reduction loop instead (`_row_reduction`).
 Pointwise Funcs that are outputs, or that reductions read, are computed once (vectorised,
 parallel); the others are inlined into their readers.
 """
@@ -221,7 +223,7 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
     f.bound_storage(x, width)
     if p1 is not None:
         f.bound_storage(hl.Var(p1), rows)
-    inner = [hl.Var(p0)] + ([hl.Var(p1)] if p1 is not None else [])
+    inner = [x] + ([y] if p1 is not None else [])
     stages = [f, f.update(0)] + [f.update(1 + k) for k in range(info.epilogue)]
     for k, stage in enumerate(stages):
         if k == 1:  # the reduction: the tile's points innermost, the reduction loops outside

@@ -18,10 +18,14 @@ import platform
 import statistics
 import time
 
-import numpy as np
+import halide as hl
 
 from tcstage.cpu.options import CpuSchedule
 from tcstage.errors import TCError
+from tcstage.inputs import as_out, random_inputs
+from tcstage.tune.compare import _outputs
+from tcstage.tune.evaluate import compare, fresh
+from tcstage.tune.tuner import Candidate, TuneResult, _is_shape, _Progress
 
 DEFAULT_BUDGET = 40
 SECONDS_PER_CANDIDATE = 0.25  # timing budget per candidate (at least 3 calls)
@@ -70,22 +74,19 @@ def autotune_cpu(program, fn, inputs, *, budget=None, seed=0, start_from=None,
     """Searches CpuSchedule for TC function `fn` (a TCFunction of `program`) at the shapes
     of `inputs` (arrays; shape tuples get random values). Returns a TuneResult whose
     `options` is the best CpuSchedule."""
-    import optuna
-
-    from tcstage.tune.tuner import Candidate, TuneResult, _Progress
+    import optuna  # (imported on use, as the CUDA tuner does: it takes a while)
 
     if program is None:
         raise TCError("target='cpu' tunes TC functions; a Halide pipeline (tc.from_halide) "
                       "keeps the schedule its author wrote",
                       notes=("tune its CUDA mapping with target='cuda'",))
-    f = program[fn.name] if hasattr(program, "__getitem__") else fn
-    args = _arrays(f, inputs)
+    f = fn
+    args, out = _arguments(f, inputs, out)
     budget = DEFAULT_BUDGET if budget is None else int(budget)
     if budget < 1:
         raise TCError(f"budget must be at least 1 candidate, got {budget}")
     starts = [CpuSchedule()] + ([_start(start_from)] if start_from is not None else [])
-    reference = _outputs(f(*args, schedule=None, out=_copies(out)))
-    import halide as hl
+    reference = _outputs(f(*args, schedule=None, out=fresh(out)))
     lanes = hl.get_jit_target_from_environment().natural_vector_size(hl.Float(32))
     choices = space(lanes)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -136,44 +137,30 @@ def _start(start_from) -> CpuSchedule:
                   f"{type(start_from).__name__}")
 
 
-def _arrays(f, inputs) -> tuple:
-    rng = np.random.default_rng(0)
-    out = []
-    for t, x in zip(f.checked.inputs, inputs):
-        if isinstance(x, tuple) and all(isinstance(d, int) for d in x):
-            kind = t.type.numpy
-            x = (rng.standard_normal(x).astype(kind) if np.dtype(kind).kind == "f"
-                 else rng.integers(0, 2, size=x).astype(kind))
-        out.append(x)
-    return tuple(out)
-
-
-def _copies(out):
-    if out is None:
-        return None
-    return tuple(np.array(o) for o in out) if isinstance(out, tuple) else np.array(out)
-
-
-def _outputs(result) -> tuple:
-    return tuple(np.asarray(r) for r in (result if isinstance(result, tuple) else (result,)))
+def _arguments(f, inputs, out) -> tuple:
+    """The call's arrays and out= values, or random ones drawn as `tcstage run` draws them
+    (index tensors within the extents they index) where shapes stand in for arrays."""
+    if not any(_is_shape(a) for a in inputs):
+        return tuple(inputs), out
+    values = {**f.bind(inputs, None, shapes_only=True).sizes,
+              **{t.name: a for t, a in zip(f.checked.inputs, inputs) if not t.rank}}
+    args, outs = random_inputs(f.checked, values, 0)
+    return tuple(args), as_out(outs)
 
 
 def _evaluate(f, args, out, schedule, reference, index):
-    from tcstage.tune.tuner import Candidate
     try:
-        got = _outputs(f(*args, schedule=schedule, out=_copies(out)))
+        got = _outputs(f(*args, schedule=schedule, out=fresh(out)))
     except TCError as e:
         return Candidate(index, str(schedule), "compile_error", None, 0, e.message)
-    for g, r in zip(got, reference):
-        scale = float(np.max(np.abs(r))) if r.size else 0.0
-        if g.shape != r.shape or not np.allclose(g, r, rtol=1e-4, atol=1e-5 * max(scale, 1.0),
-                                                 equal_nan=True):
-            return Candidate(index, str(schedule), "wrong", None, 0,
-                             "differs from Halide's unscheduled result")
+    wrong = compare(got, reference, f.checked.outputs)
+    if wrong:
+        return Candidate(index, str(schedule), "wrong", None, 0,
+                         f"differs from Halide's unscheduled result: {wrong}")
     times, start = [], time.perf_counter()
     while len(times) < 3 or time.perf_counter() - start < SECONDS_PER_CANDIDATE:
         t = time.perf_counter()
-        f(*args, schedule=schedule, out=_copies(out))
+        f(*args, schedule=schedule, out=fresh(out))
         times.append(time.perf_counter() - t)
         if len(times) >= 1000:
             break

@@ -1,18 +1,20 @@
-"""The CPU back end: Halide's JIT, with a real schedule from one of the wheel's autoschedulers.
+"""The CPU back end: Halide's JIT, with tcstage's structure-aware schedule or one of the
+wheel's autoschedulers.
 
 A `CpuKernel` is one TC function compiled by Halide's JIT. By default it is shape-generic: the
 input extents stay symbolic in the pipeline (only the sizes the signature fixes, such as
-`float(N, 3)`, are bounds), the first call's shapes are the autoscheduler's estimates
-(`set_estimates`, which plan the schedule but bake nothing in), and every call allocates its
+`float(N, 3)`, are bounds), the first call's shapes are the sizes the schedule is planned for
+(and the autoschedulers' `set_estimates`, which bake nothing in), and every call allocates its
 outputs for its own shapes, so one kernel serves every set of sizes. A kernel specialised to
 shapes (`specialize_shapes=True`) has its inputs' bounds set to them as well, and serves only
-those. The default autoscheduler is Mullapudi2016, which needs no trained weights and schedules
-the TC kernels well; Adams2019 and Li2018 are available, and `schedule=None` gives Halide's
-unscheduled code (every tensor computed at the root). A schedule that fails (an autoscheduler
-that rejects the pipeline, or code that touches elements beyond small arrays) falls back to
-unscheduled code, with a `TCWarning`: for good when the autoscheduler fails; when the code
-fails at some sizes (a schedule planned for large sizes, run at sizes below its split factors),
-a second schedule planned for small sizes is tried first (see `CpuKernel`).
+those. The default schedule is tcstage's own (`tcstage/cpu/`, docs/cpu.md), a `CpuSchedule`;
+a pipeline it has no family for goes to Mullapudi2016. Mullapudi2016, Adams2019 and Li2018 can
+be asked for by name, and `schedule=None` gives Halide's unscheduled code (every tensor computed
+at the root). A schedule that fails (an autoscheduler that rejects the pipeline, or code that
+touches elements beyond small arrays) falls back to unscheduled code, with a `TCWarning`: for
+good when the autoscheduler fails; when the code fails at some sizes (a schedule planned for
+large sizes, run at sizes below its tiles or splits), a second schedule planned for small sizes
+is tried first (see `CpuKernel`). Kernels are called through a Halide Callable.
 
 Arrays go to Halide as they are where it can take them (read-only ones included) and as
 C-ordered, aligned, native-endian copies where it cannot; tensors beyond Halide's int32
