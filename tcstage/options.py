@@ -257,6 +257,8 @@ class MappingOptions:
     fix_parameters_before_scheduling: bool = _bool_field("fixParametersBeforeScheduling")
     tile_imperfectly_nested: bool = _bool_field("tileImperfectlyNested")
     match_library_calls: bool = _bool_field("matchLibraryCalls")
+    parallel_reductions: bool = _bool_field("parallelReductions", True)
+    use_tensor_cores: bool = _bool_field("useTensorCores")
 
     # -- chain methods (TC names); each returns a new MappingOptions ------------------------
 
@@ -378,6 +380,22 @@ class MappingOptions:
     def matchLibraryCalls(self, flag: bool) -> MappingOptions:
         """Replace recognized patterns (such as block reductions) by library calls."""
         return self._with("match_library_calls", flag)
+
+    def parallelReductions(self, flag: bool) -> MappingOptions:
+        """Split reductions across threads (beyond the paper; on by default): where the loops
+        free of dependences cannot fill the threads `mapToThreads` asks for (a full sum, row
+        statistics), a reduction loop of a `+`, `*`, `min` or `max` reduction goes to
+        threadIdx.x; each thread combines its share, then the warp (shuffles) and the block
+        (shared memory) combine theirs, and, where `mapToBlocks` leaves blocks free and nothing
+        in the kernel reads the result, blocks combine theirs atomically. Floating-point sums
+        are reassociated (docs/cuda.md). False keeps reductions sequential per thread."""
+        return self._with("parallel_reductions", flag)
+
+    def useTensorCores(self, flag: bool) -> MappingOptions:
+        """Map contraction tiles (a `+=!` reduction of a product of two half or bfloat16 reads,
+        as in tmm, tbmm and MLP layers) onto tensor core instructions (`mma.sync`), with float32
+        accumulators and the operands staged through shared memory (docs/cuda.md)."""
+        return self._with("use_tensor_cores", flag)
 
     # -- derived views ---------------------------------------------------------------------
 
