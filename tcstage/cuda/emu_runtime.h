@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <limits>
 #include <new>
 #include <type_traits>
 
@@ -99,7 +100,259 @@ static inline half hexp(half a) { return (half)expf((float)a); }
 static inline half hlog(half a) { return (half)logf((float)a); }
 static inline half hsqrt(half a) { return (half)sqrtf((float)a); }
 static inline half hrsqrt(half a) { return (half)(1.0f / sqrtf((float)a)); }
+static inline unsigned short __half_as_ushort(half h) { unsigned short u; memcpy(&u, &h, 2); return u; }
+static inline half __ushort_as_half(unsigned short u) { half h; memcpy(&h, &u, 2); return h; }
+static inline short __half_as_short(half h) { short u; memcpy(&u, &h, 2); return u; }
+static inline half __short_as_half(short u) { half h; memcpy(&h, &u, 2); return h; }
+#define CUDART_INF_FP16 __ushort_as_half((unsigned short)0x7C00U)
+#define CUDART_NAN_FP16 __ushort_as_half((unsigned short)0x7FFFU)
+#define CUDART_MAX_NORMAL_FP16 __ushort_as_half((unsigned short)0x7BFFU)
+#define CUDART_MIN_DENORM_FP16 __ushort_as_half((unsigned short)0x0001U)
+#define CUDART_ZERO_FP16 __ushort_as_half((unsigned short)0x0000U)
+#define CUDART_ONE_FP16 __ushort_as_half((unsigned short)0x3C00U)
 #endif
+
+// bfloat16, as <cuda_bf16.h> declares it. GCC 12 has no arithmetic __bf16, so this is a struct
+// with the conversions and operators of CUDA's (which make mixed expressions such as
+// `bf16 + float` or `bf16 * 2` ambiguous, exactly as nvcc reports them: generated code converts
+// explicitly). Every operation is computed in float and rounded to nearest even: for a single
+// +, -, *, / of bf16 values that equals the correctly rounded result of sm_80+ hardware, since
+// float's 24 bits exceed 2 * 8 + 2. NaN results are CUDA's canonical bf16 NaN (0x7FFF).
+namespace tcemu {
+static inline float bf16_to_float(unsigned short b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline unsigned short bf16_from_float(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;
+    // Round the low 16 bits away, to nearest and ties to even; a carry into the exponent is
+    // right (up to infinity).
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+// Rounding a double to float and then to bf16 can round twice in the same direction (a value
+// just above a bf16 tie lands on the tie, then goes to even). Rounding to float toward zero and
+// setting the last bit when anything was lost ("round to odd") keeps that information, and
+// float has more than 8 + 2 bits, so the second rounding is then the correct one.
+static inline float round_to_odd_float(double d) {
+    float f = (float)d;
+    if (d != d || (double)f == d) return f;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if (fabs((double)f) > fabs(d)) u -= 1;  // one step toward zero (from inf: FLT_MAX)
+    u |= 1u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline unsigned short bf16_from_double(double d) {
+    return bf16_from_float(round_to_odd_float(d));
+}
+// Integers of any width, rounded once (an int64 through double would round twice).
+static inline unsigned short bf16_from_magnitude(bool negative, unsigned long long m) {
+    float f;
+    if (m < (1ull << 24)) {
+        f = (float)m;
+    } else {
+        int drop = 64 - __builtin_clzll(m) - 8;  // keep the top 8 bits
+        unsigned long long keep = m >> drop, rest = m & ((1ull << drop) - 1),
+                           tie = 1ull << (drop - 1);
+        if (rest > tie || (rest == tie && (keep & 1))) ++keep;
+        f = ldexpf((float)keep, drop);  // exact: keep <= 256
+    }
+    return bf16_from_float(negative ? -f : f);
+}
+template <class I> static inline unsigned short bf16_from_integer(I v) {
+    if (v < 0) return bf16_from_magnitude(true, 0ull - (unsigned long long)(long long)v);
+    return bf16_from_magnitude(false, (unsigned long long)v);
+}
+// CUDA's __bfloat162int_rz and friends: truncate, saturate, NaN -> 0.
+template <class I> static inline I float_to_integer_rz(float f) {
+    if (f != f) return 0;
+    double t = trunc((double)f);
+    if (t <= (double)std::numeric_limits<I>::min()) return std::numeric_limits<I>::min();
+    if (t >= (double)std::numeric_limits<I>::max()) return std::numeric_limits<I>::max();
+    return (I)t;
+}
+}  // namespace tcemu
+
+struct __nv_bfloat16_raw { unsigned short x; };
+struct alignas(2) __nv_bfloat16 {
+    unsigned short __x;
+    __nv_bfloat16() = default;
+    constexpr __nv_bfloat16(const __nv_bfloat16_raw& r) : __x(r.x) {}
+    __nv_bfloat16(float f) : __x(tcemu::bf16_from_float(f)) {}
+    __nv_bfloat16(double d) : __x(tcemu::bf16_from_double(d)) {}
+#if defined(__FLT16_MAX__)
+    explicit __nv_bfloat16(_Float16 h) : __x(tcemu::bf16_from_float((float)h)) {}
+#endif
+    __nv_bfloat16(short v) : __x(tcemu::bf16_from_integer(v)) {}
+    __nv_bfloat16(unsigned short v) : __x(tcemu::bf16_from_integer(v)) {}
+    __nv_bfloat16(int v) : __x(tcemu::bf16_from_integer(v)) {}
+    __nv_bfloat16(unsigned int v) : __x(tcemu::bf16_from_integer(v)) {}
+    __nv_bfloat16(long v) : __x(tcemu::bf16_from_integer(v)) {}
+    __nv_bfloat16(unsigned long v) : __x(tcemu::bf16_from_integer(v)) {}
+    __nv_bfloat16(long long v) : __x(tcemu::bf16_from_integer(v)) {}
+    __nv_bfloat16(unsigned long long v) : __x(tcemu::bf16_from_integer(v)) {}
+    operator __nv_bfloat16_raw() const { return __nv_bfloat16_raw{__x}; }
+    operator float() const { return tcemu::bf16_to_float(__x); }
+    operator signed char() const { return tcemu::float_to_integer_rz<signed char>(float(*this)); }
+    operator unsigned char() const {
+        return tcemu::float_to_integer_rz<unsigned char>(float(*this));
+    }
+    operator char() const { return tcemu::float_to_integer_rz<char>(float(*this)); }
+    operator short() const { return tcemu::float_to_integer_rz<short>(float(*this)); }
+    operator unsigned short() const {
+        return tcemu::float_to_integer_rz<unsigned short>(float(*this));
+    }
+    operator int() const { return tcemu::float_to_integer_rz<int>(float(*this)); }
+    operator unsigned int() const { return tcemu::float_to_integer_rz<unsigned int>(float(*this)); }
+    operator long() const { return tcemu::float_to_integer_rz<long>(float(*this)); }
+    operator unsigned long() const {
+        return tcemu::float_to_integer_rz<unsigned long>(float(*this));
+    }
+    operator long long() const { return tcemu::float_to_integer_rz<long long>(float(*this)); }
+    operator unsigned long long() const {
+        return tcemu::float_to_integer_rz<unsigned long long>(float(*this));
+    }
+    constexpr operator bool() const { return (__x & 0x7fffu) != 0; }
+};
+typedef __nv_bfloat16 nv_bfloat16;
+
+static inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) {
+    return __nv_bfloat16(__nv_bfloat16_raw{u});
+}
+static inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.__x; }
+static inline __nv_bfloat16 __short_as_bfloat16(short u) {
+    return __ushort_as_bfloat16((unsigned short)u);
+}
+static inline short __bfloat16_as_short(__nv_bfloat16 h) { return (short)h.__x; }
+static inline __nv_bfloat16 __float2bfloat16(float f) { return __nv_bfloat16(f); }
+static inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16(f); }
+static inline __nv_bfloat16 __float2bfloat16_rz(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return __ushort_as_bfloat16(0x7fff);
+    return __ushort_as_bfloat16((unsigned short)(u >> 16));
+}
+static inline __nv_bfloat16 __double2bfloat16(double d) { return __nv_bfloat16(d); }
+static inline float __bfloat162float(__nv_bfloat16 h) { return float(h); }
+static inline __nv_bfloat16 __int2bfloat16_rn(int v) { return __nv_bfloat16(v); }
+static inline __nv_bfloat16 __uint2bfloat16_rn(unsigned v) { return __nv_bfloat16(v); }
+static inline __nv_bfloat16 __ll2bfloat16_rn(long long v) { return __nv_bfloat16(v); }
+static inline __nv_bfloat16 __ull2bfloat16_rn(unsigned long long v) { return __nv_bfloat16(v); }
+static inline int __bfloat162int_rz(__nv_bfloat16 h) { return int(h); }
+static inline long long __bfloat162ll_rz(__nv_bfloat16 h) { return (long long)h; }
+
+static inline __nv_bfloat16 __hadd(__nv_bfloat16 a, __nv_bfloat16 b) {
+    return __nv_bfloat16(float(a) + float(b));
+}
+static inline __nv_bfloat16 __hsub(__nv_bfloat16 a, __nv_bfloat16 b) {
+    return __nv_bfloat16(float(a) - float(b));
+}
+static inline __nv_bfloat16 __hmul(__nv_bfloat16 a, __nv_bfloat16 b) {
+    return __nv_bfloat16(float(a) * float(b));
+}
+static inline __nv_bfloat16 __hdiv(__nv_bfloat16 a, __nv_bfloat16 b) {
+    return __nv_bfloat16(float(a) / float(b));
+}
+// One rounding: the product is exact in double, the sum rounded to odd (TwoSum recovers what
+// the double addition lost), then rounded once to bf16.
+static inline __nv_bfloat16 __hfma(__nv_bfloat16 a, __nv_bfloat16 b, __nv_bfloat16 c) {
+    double p = (double)float(a) * (double)float(b), q = (double)float(c), s = p + q;
+    double bp = s - q, err = (p - bp) + (q - (s - bp));
+    if (err != 0 && s == s && !isinf(s)) {
+        uint64_t u;
+        memcpy(&u, &s, 8);
+        if ((u & 1) == 0) s = nextafter(s, err > 0 ? INFINITY : -INFINITY);
+    }
+    return __nv_bfloat16(s);
+}
+static inline __nv_bfloat16 __hneg(__nv_bfloat16 a) { return __ushort_as_bfloat16(a.__x ^ 0x8000u); }
+static inline __nv_bfloat16 __habs(__nv_bfloat16 a) { return __ushort_as_bfloat16(a.__x & 0x7fffu); }
+// fmax/fmin semantics, as CUDA's: a NaN operand loses to a number.
+static inline __nv_bfloat16 __hmax(__nv_bfloat16 a, __nv_bfloat16 b) {
+    return __nv_bfloat16(fmaxf(float(a), float(b)));
+}
+static inline __nv_bfloat16 __hmin(__nv_bfloat16 a, __nv_bfloat16 b) {
+    return __nv_bfloat16(fminf(float(a), float(b)));
+}
+static inline bool __hisnan(__nv_bfloat16 a) { return (a.__x & 0x7fffu) > 0x7f80u; }
+static inline int __hisinf(__nv_bfloat16 a) {
+    return a.__x == 0x7f80u ? 1 : a.__x == 0xff80u ? -1 : 0;
+}
+static inline __nv_bfloat16 hexp(__nv_bfloat16 a) { return __nv_bfloat16(expf(float(a))); }
+static inline __nv_bfloat16 hlog(__nv_bfloat16 a) { return __nv_bfloat16(logf(float(a))); }
+static inline __nv_bfloat16 hsqrt(__nv_bfloat16 a) { return __nv_bfloat16(sqrtf(float(a))); }
+static inline __nv_bfloat16 hrsqrt(__nv_bfloat16 a) {
+    return __nv_bfloat16(1.0f / sqrtf(float(a)));
+}
+
+static inline __nv_bfloat16 operator+(const __nv_bfloat16& a, const __nv_bfloat16& b) {
+    return __hadd(a, b);
+}
+static inline __nv_bfloat16 operator-(const __nv_bfloat16& a, const __nv_bfloat16& b) {
+    return __hsub(a, b);
+}
+static inline __nv_bfloat16 operator*(const __nv_bfloat16& a, const __nv_bfloat16& b) {
+    return __hmul(a, b);
+}
+static inline __nv_bfloat16 operator/(const __nv_bfloat16& a, const __nv_bfloat16& b) {
+    return __hdiv(a, b);
+}
+static inline __nv_bfloat16& operator+=(__nv_bfloat16& a, const __nv_bfloat16& b) {
+    return a = a + b;
+}
+static inline __nv_bfloat16& operator-=(__nv_bfloat16& a, const __nv_bfloat16& b) {
+    return a = a - b;
+}
+static inline __nv_bfloat16& operator*=(__nv_bfloat16& a, const __nv_bfloat16& b) {
+    return a = a * b;
+}
+static inline __nv_bfloat16& operator/=(__nv_bfloat16& a, const __nv_bfloat16& b) {
+    return a = a / b;
+}
+static inline __nv_bfloat16& operator++(__nv_bfloat16& a) { return a += __nv_bfloat16(1.0f); }
+static inline __nv_bfloat16& operator--(__nv_bfloat16& a) { return a -= __nv_bfloat16(1.0f); }
+static inline __nv_bfloat16 operator++(__nv_bfloat16& a, int) {
+    __nv_bfloat16 old = a;
+    ++a;
+    return old;
+}
+static inline __nv_bfloat16 operator--(__nv_bfloat16& a, int) {
+    __nv_bfloat16 old = a;
+    --a;
+    return old;
+}
+static inline __nv_bfloat16 operator+(const __nv_bfloat16& a) { return a; }
+static inline __nv_bfloat16 operator-(const __nv_bfloat16& a) { return __hneg(a); }
+static inline bool operator==(const __nv_bfloat16& a, const __nv_bfloat16& b) {
+    return float(a) == float(b);
+}
+static inline bool operator!=(const __nv_bfloat16& a, const __nv_bfloat16& b) {
+    return float(a) != float(b);
+}
+static inline bool operator<(const __nv_bfloat16& a, const __nv_bfloat16& b) {
+    return float(a) < float(b);
+}
+static inline bool operator>(const __nv_bfloat16& a, const __nv_bfloat16& b) {
+    return float(a) > float(b);
+}
+static inline bool operator<=(const __nv_bfloat16& a, const __nv_bfloat16& b) {
+    return float(a) <= float(b);
+}
+static inline bool operator>=(const __nv_bfloat16& a, const __nv_bfloat16& b) {
+    return float(a) >= float(b);
+}
+#define CUDART_INF_BF16 __ushort_as_bfloat16((unsigned short)0x7F80U)
+#define CUDART_NAN_BF16 __ushort_as_bfloat16((unsigned short)0x7FFFU)
+#define CUDART_MAX_NORMAL_BF16 __ushort_as_bfloat16((unsigned short)0x7F7FU)
+#define CUDART_MIN_DENORM_BF16 __ushort_as_bfloat16((unsigned short)0x0001U)
+#define CUDART_ZERO_BF16 __ushort_as_bfloat16((unsigned short)0x0000U)
+#define CUDART_ONE_BF16 __ushort_as_bfloat16((unsigned short)0x3F80U)
 
 // ---------------------------------------------------------------------------------------------
 // Device functions: math (most come from <math.h>), intrinsics, integer min/max, atomics.
@@ -215,7 +468,13 @@ extern thread_local int float_atomics_used;
 thread_local int float_atomics_used;
 }  // namespace tcemu
 
-// Fibers switch only at barriers, so a read-modify-write is atomic by construction.
+// Fibers switch only at barriers and warp collectives, so a read-modify-write is atomic by
+// construction. The value parameters take the pointee's type without deducing from them, so that
+// (as with CUDA's overloads) `atomicMax(p, 0)` converts the 0.
+namespace tcemu {
+template <class T> struct same { typedef T type; };
+template <class T> using same_t = typename same<T>::type;
+}  // namespace tcemu
 template <class T> static inline T tcemu_atomic_add(T* p, T v) {
     if (std::is_floating_point<T>::value) tcemu::float_atomics_used = 1;
     T old = *p; *p = old + v; return old;
@@ -227,18 +486,46 @@ static inline unsigned long long atomicAdd(unsigned long long* p, unsigned long 
 }
 static inline float atomicAdd(float* p, float v) { return tcemu_atomic_add(p, v); }
 static inline double atomicAdd(double* p, double v) { return tcemu_atomic_add(p, v); }
-template <class T> static inline T atomicSub(T* p, T v) { T old = *p; *p = old - v; return old; }
-template <class T> static inline T atomicExch(T* p, T v) { T old = *p; *p = v; return old; }
-template <class T> static inline T atomicMax(T* p, T v) {
+#if defined(__FLT16_MAX__)
+static inline half atomicAdd(half* p, half v) {
+    tcemu::float_atomics_used = 1;
+    half old = *p; *p = (half)((float)old + (float)v); return old;
+}
+#endif
+static inline __nv_bfloat16 atomicAdd(__nv_bfloat16* p, __nv_bfloat16 v) {
+    tcemu::float_atomics_used = 1;
+    __nv_bfloat16 old = *p; *p = old + v; return old;
+}
+template <class T> static inline T atomicSub(T* p, tcemu::same_t<T> v) {
+    T old = *p; *p = old - v; return old;
+}
+template <class T> static inline T atomicExch(T* p, tcemu::same_t<T> v) {
+    T old = *p; *p = v; return old;
+}
+template <class T> static inline T atomicMax(T* p, tcemu::same_t<T> v) {
     T old = *p; *p = old < v ? v : old; return old;
 }
-template <class T> static inline T atomicMin(T* p, T v) {
+template <class T> static inline T atomicMin(T* p, tcemu::same_t<T> v) {
     T old = *p; *p = v < old ? v : old; return old;
 }
-template <class T> static inline T atomicAnd(T* p, T v) { T old = *p; *p = old & v; return old; }
-template <class T> static inline T atomicOr(T* p, T v) { T old = *p; *p = old | v; return old; }
-template <class T> static inline T atomicXor(T* p, T v) { T old = *p; *p = old ^ v; return old; }
-template <class T> static inline T atomicCAS(T* p, T cmp, T v) {
+template <class T> static inline T atomicAnd(T* p, tcemu::same_t<T> v) {
+    T old = *p; *p = old & v; return old;
+}
+template <class T> static inline T atomicOr(T* p, tcemu::same_t<T> v) {
+    T old = *p; *p = old | v; return old;
+}
+template <class T> static inline T atomicXor(T* p, tcemu::same_t<T> v) {
+    T old = *p; *p = old ^ v; return old;
+}
+// CAS loops are how CUDA code builds the floating-point atomics it lacks (min, max, products,
+// half and bfloat16 on older GPUs); whatever they compute, their order is the scheduler's, so
+// they count as floating-point atomics for the race check's tolerance (integer results are
+// still compared exactly).
+template <class T> static inline T atomicCAS(T* p, tcemu::same_t<T> cmp, tcemu::same_t<T> v) {
+    static_assert(std::is_integral<T>::value && (sizeof(T) == 2 || sizeof(T) == 4 ||
+                                                 sizeof(T) == 8),
+                  "atomicCAS takes unsigned short, int, unsigned int or unsigned long long");
+    tcemu::float_atomics_used = 1;
     T old = *p; if (old == cmp) *p = v; return old;
 }
 

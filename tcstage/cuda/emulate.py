@@ -21,6 +21,10 @@ loses an update here; races whose racing writes store equal values are invisible
 "shuffle" to `schedules` for a third, pseudo-random order. The private copies sit between red
 zones, so writes just out of bounds are reported too.
 
+`half` arrays are numpy float16; `__nv_bfloat16` arrays are ml_dtypes' bfloat16 (`bfloat16()`),
+and the runtime's `__nv_bfloat16` has the conversions and operators of CUDA's, so the mixed
+expressions nvcc finds ambiguous (`bf16 + float`) fail here too.
+
 Compiled kernels are cached in `cache_dir()` ($XDG_CACHE_HOME/tcstage/emu or ~/.cache/tcstage/emu),
 keyed by the source, the runtime header, the compiler and its flags. Linux only (x86-64 uses a
 hand-written context switch, other architectures ucontext).
@@ -50,7 +54,7 @@ from tcstage.errors import TCError
 
 __all__ = [
     "EmulationError", "EmulationRaceError", "EmulatedKernel", "KernelSignature", "Param",
-    "SCHEDULES", "cache_dir", "compile_kernels", "emulate", "parse_kernels",
+    "SCHEDULES", "bfloat16", "cache_dir", "compile_kernels", "emulate", "parse_kernels",
 ]
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,6 +92,7 @@ class EmulationRaceError(EmulationError):
 # tcstage supports (Linux, macOS); the generated launcher static_asserts the sizes.
 _C_TYPES = {
     "float": "float32", "double": "float64", "half": "float16", "__half": "float16",
+    "__nv_bfloat16": "bfloat16", "nv_bfloat16": "bfloat16",
     "bool": "bool", "char": "int8", "signed char": "int8", "int8_t": "int8",
     "unsigned char": "uint8", "uint8_t": "uint8",
     "short": "int16", "short int": "int16", "signed short": "int16", "int16_t": "int16",
@@ -116,7 +121,28 @@ class Param:
     @property
     def dtype(self) -> np.dtype | None:
         d = _C_TYPES.get(self.ctype)
-        return np.dtype(d) if d else None
+        return _numpy_dtype(d) if d else None
+
+
+def _numpy_dtype(name: str) -> np.dtype:
+    """numpy's dtype of that name; bfloat16 is ml_dtypes' (numpy has none)."""
+    if name == "bfloat16":
+        return bfloat16()
+    return np.dtype(name)
+
+
+def bfloat16() -> np.dtype:
+    """numpy's dtype for CUDA's __nv_bfloat16 arrays: ml_dtypes.bfloat16, imported on first use."""
+    try:
+        import ml_dtypes
+    except ImportError as e:
+        raise TCError("bfloat16 arrays need the ml_dtypes package (pip install ml_dtypes), which "
+                      "gives numpy a bfloat16 dtype") from e
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def _is_floating(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or dtype.name == "bfloat16"
 
 
 @attrs.frozen
@@ -234,7 +260,8 @@ def parse_kernels(source: str) -> dict[str, KernelSignature]:
 # assert headers go too, since the runtime's assert ends the launch instead of the process.
 _PROVIDED_HEADERS = re.compile(
     r'^[ \t]*#[ \t]*include[ \t]*[<"](cuda_runtime\.h|cuda_runtime_api\.h|cuda\.h|cuda_fp16\.h|'
-    r'device_launch_parameters\.h|math_constants\.h|assert\.h|cassert)[>"][^\n]*$', re.M)
+    r'cuda_bf16\.h|device_launch_parameters\.h|math_constants\.h|assert\.h|cassert)[>"][^\n]*$',
+    re.M)
 
 
 def cache_dir() -> str:
@@ -431,7 +458,7 @@ class EmulatedKernel:
                 continue
             if isinstance(a, np.ndarray):
                 raise TCError(f"{where} is a scalar, got an array")
-            if p.dtype.kind == "f":
+            if _is_floating(p.dtype):
                 ok = (isinstance(a, (float, int, np.floating, np.integer))
                       and not isinstance(a, (bool, np.bool_)))
             elif p.dtype.kind == "b":
@@ -599,14 +626,16 @@ def _first_difference(a: np.ndarray, b: np.ndarray, tolerant: bool) -> tuple[int
     atomics (`tolerant`) the summation order legitimately differs, so rounding noise is accepted.
     """
     fa, fb = a.reshape(-1), b.reshape(-1)
-    if fa.dtype.kind == "f":
-        if fa.dtype == np.float16:
+    if _is_floating(fa.dtype):
+        # float16 and bfloat16 compare as float32, with their own precision's tolerance
+        eps = 2.0**-7 if fa.dtype.name == "bfloat16" else float(np.finfo(fa.dtype).eps)
+        if fa.dtype.itemsize < 4:
             fa, fb = fa.astype(np.float32), fb.astype(np.float32)
         eq = (fa == fb) | (np.isnan(fa) & np.isnan(fb))
         if tolerant and not eq.all():
             finite = np.abs(np.where(np.isfinite(fa), fa, 0))
             scale = float(finite.max()) if finite.size else 0.0
-            eq |= np.abs(fa - fb) <= 64 * np.finfo(fa.dtype).eps * max(scale, 1e-30)
+            eq |= np.abs(fa - fb) <= 64 * eps * max(scale, 1e-30)
     else:
         eq = fa == fb
     if eq.all():
