@@ -7,7 +7,7 @@ Figure 2), each a function of its own module.
     dependences exact dataflow                                   (poly/scop.py)
     schedule    the isl scheduler with a fusion strategy         (poly/schedule.py)
     tile        the outermost band                               (poly/tiling.py)
-    map         blocks, threads, barriers, unrolling             (poly/mapping.py)
+    map         blocks, threads, barriers, unrolling, reductions (poly/mapping.py, reduction.py)
     promote     shared and private memory, copies and barriers   (poly/promotion.py)
     codegen     CUDA source from the isl AST                     (cuda/codegen.py)
 
@@ -39,6 +39,7 @@ from tcstage.options import MappingOptions
 from tcstage.poly.mapping import Mapped, map_to_gpu
 from tcstage.poly.notes import OptionNote
 from tcstage.poly.promotion import Promoted, promote
+from tcstage.poly.reduction import splittable_reductions
 from tcstage.poly.schedule import compute_schedule, scheduled_scop
 from tcstage.poly.scop import Scop, check_bounds, extract_scop, specialize
 from tcstage.poly.tiling import Tiled, tile_outer_band
@@ -108,10 +109,11 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
         tiled = tile_outer_band(schedule, options.tile_sizes, options.tile_imperfectly_nested,
                                 dependences)
     with stage("map"):
-        mapped = map_to_gpu(tiled.schedule, dependences.intersect_params(scop.context),
-                            scop.context, options)
-    with stage("promote"):
         dtypes = {name: t.type.name for name, t in lowered.fn.tensors.items()}
+        reductions = splittable_reductions(scop, lowered.halide_names(), dtypes)
+        mapped = map_to_gpu(tiled.schedule, dependences.intersect_params(scop.context),
+                            scop.context, options, scop, reductions)
+    with stage("promote"):
         promoted = promote(scop, mapped, options, dtypes)
     with stage("codegen"):
         cuda = generate(lowered, scop, mapped, promoted, str(options),

@@ -27,7 +27,10 @@ from tcstage.lang.checked import statement_text
 from tcstage.lang.types import ScalarType
 from tcstage.poly import budget
 from tcstage.poly.budget import WorkLimitExceeded, bounded
-from tcstage.poly.mapping import BLOCK_IDS, SYNC, THREAD_IDS, Mapped
+from tcstage.cuda.reduction import PRELUDE as REDUCTION_PRELUDE
+from tcstage.cuda.reduction import reduction_code
+from tcstage.poly.mapping import (BLOCK_IDS, REDUCTION_COMBINE, REDUCTION_INIT, SYNC, THREAD_IDS,
+                                  Mapped)
 from tcstage.poly.promotion import Promoted, Promotion
 from tcstage.poly.scop import Scop
 
@@ -66,7 +69,8 @@ __device__ __forceinline__ double fabs(double x) { return ::fabs(x); }
 INT_ELEMENTS = 2**31
 INT_SIZE = 2**29
 
-_C_TYPES = {"float16": "half", "float32": "float", "float64": "double", "bool": "bool",
+_C_TYPES = {"float16": "half", "bfloat16": "__nv_bfloat16", "float32": "float",
+            "float64": "double", "bool": "bool",
             **{f"int{b}": f"int{b}_t" for b in (8, 16, 32, 64)},
             **{f"uint{b}": f"uint{b}_t" for b in (8, 16, 32, 64)}}
 _BINARY = {"add": "+", "sub": "-", "mul": "*", "eq": "==", "ne": "!=", "lt": "<", "le": "<=",
@@ -132,9 +136,10 @@ def kernel_name(function: str) -> str:
 class Parameter:
     name: str
     c_decl: str  # e.g. 'float* __restrict__ C'
-    kind: str  # 'output', 'temp', 'input', 'scalar' or 'size'
-    source: str  # tensor, scalar input or TC size symbol it carries
+    kind: str  # 'output', 'temp', 'input', 'scalar', 'size' or 'scratch'
+    source: str  # tensor, scalar input or TC size symbol it carries (scratch: its name)
     dtype: str  # element type of an array, or the scalar's type
+    shape: tuple[int, ...] = ()  # a scratch array's: the runtime allocates it zeroed
 
 
 @attrs.frozen
@@ -157,8 +162,9 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
     fn = lowered.fn
     index = index_type(scop)
     printer = _ValuePrinter(lowered, scop, promoted.promotions, read_only_cache, index)
-    macros = []
-    declarations = []
+    declarations, macros, printer.accumulators, scratch = reduction_code(
+        mapped.reductions, mapped.block, printer.element_of, c_type, _float_literal,
+        lambda tensor: _elements(scop.tensor_extents[tensor]))
     for p in promoted.promotions:
         dims = "".join(f"[{d}]" for d in p.padded) or "[1]"
         space = "__shared__ " if p.memory == "shared" else ""
@@ -181,8 +187,12 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
     ast = _ast(promoted.schedule, mapped.context, fn.name)
     loops = _index_text(ast.to_C_str().rstrip(), index)
     syncs = sorted(set(re.findall(rf"\b({SYNC}\d*)\(\);", loops)))
+    extensions = sorted(set(re.findall(rf"\b((?:{REDUCTION_INIT}|{REDUCTION_COMBINE})\d+)\(",
+                                       loops)))
     macros = [f"#define {b}() __syncthreads()" for b in syncs or [SYNC]] + macros
-    params = printer.parameters()
+    params = printer.parameters() + [
+        Parameter(a.name, f"{c_type(a.dtype)}* __restrict__ {a.name}", "scratch", a.name,
+                  a.dtype, a.shape) for a in scratch]
     name = kernel_name(fn.name)
     header = ", ".join(p.c_decl for p in params)
     text = fn.span.text() if fn.span is not None else fn.name  # the TC, as a comment
@@ -199,15 +209,26 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
             if n > 1]
     body = "\n".join("  " + line for line in ids + declarations + loops.splitlines())
     copies = [n for p in promoted.promotions for n in (p.copy_in, p.copy_out) if n]
-    undef = "\n".join(f"#undef {m}" for m in (syncs or [SYNC]) + copies
+    undef = "\n".join(f"#undef {m}" for m in (syncs or [SYNC]) + copies + extensions
                        + [s.name for s in scop.statements])
     threads = math.prod(mapped.block)
-    prelude = PRELUDE
+    prelude = PRELUDE + (REDUCTION_PRELUDE if mapped.reductions else "")
     if any(t.type.name == "float16" for t in fn.tensors.values()) or "half" in "".join(macros):
         prelude = "#include <cuda_fp16.h>\n" + prelude
+    if any(t.type.name == "bfloat16" for t in fn.tensors.values()) \
+            or "__nv_bfloat16" in "".join(macros):
+        prelude = "#include <cuda_bf16.h>\n" + prelude
     source = (f"{prelude}\n{comment}\nextern \"C\" __global__ void __launch_bounds__({threads}) "
               f"{name}({header}) {{\n" + "\n".join(macros) + "\n" + body + "\n" + undef + "\n}\n")
     return CudaKernel(name, source, tuple(params), mapped.grid, mapped.block)
+
+
+def _elements(extent: isl.Set) -> int:
+    """The number of elements of a tensor with fixed sizes."""
+    n = 1
+    for k in range(extent.dim(isl.dim_type.set)):
+        n *= max(extent.dim_max_val(k).to_python() - extent.dim_min_val(k).to_python() + 1, 0)
+    return int(n)
 
 
 def _ast(schedule: isl.Schedule, context: isl.Set, function: str) -> isl.AstNode:
@@ -301,6 +322,9 @@ class _ValuePrinter:
         self.iterators = {s.name: dict(zip(s.halide_iterators, s.iterators))
                           for s in scop.statements}
         self.scalars = {t.name: t for t in self.fn.inputs if t.rank == 0}
+        # statement -> (tensor, C variable): a parallel reduction's per-thread accumulator,
+        # which stands for every access the statement makes to the tensor it reduces into
+        self.accumulators: dict[str, tuple[str, str]] = {}
 
     def c(self, name: str) -> str:
         return c_name(name)
@@ -366,6 +390,8 @@ class _ValuePrinter:
         buffer's element)."""
         bounds = self.lowered.ranges.tensors[tensor]
         args = list(reversed(halide_args))
+        if self.current in self.accumulators and self.accumulators[self.current][0] == tensor:
+            return self.accumulators[self.current][1]
         if promoted and self.current is not None:
             text = self.lowered.reference_text(self.tc_statement[self.current], tensor, args)
             p = self.promoted.get((self.current, text))
@@ -386,6 +412,18 @@ class _ValuePrinter:
             flat = term if flat is None else \
                 f"{_parenthesized(flat)} * {_parenthesized(self.size_expr(extent))} + {term}"
         return self._global(tensor, flat, write)
+
+    def element_of(self, tensor: str, element: isl.PwMultiAff, names) -> str:
+        """The global element of tensor that `element` gives as a function of C values named
+        `names` (a reduction's combine, outside every statement)."""
+        local = {f"_e{d}": f"({_index_text(_c_of(element.get_pw_aff(d), names), self.index)})"
+                 for d in range(element.dim(isl.dim_type.out))}
+        current, self.current = self.current, None
+        try:
+            return self.element(tensor, tuple(reversed([("var", v) for v in local])), local,
+                                write=True, promoted=False)
+        finally:
+            self.current = current
 
     def _tile_offsets(self, p: Promotion) -> list[str]:
         """The offsets of p's tile in the current statement, printed once per statement."""
@@ -427,10 +465,10 @@ class _ValuePrinter:
             ty = t[1]
             if t[2][0] in ("int", "float"):  # a typed constant
                 v = t[2][1]
-                return (_float_literal(v, ty) if ty.startswith("float")
+                return (_float_literal(v, ty) if _is_float(ty)
                         else f"(({c_type(ty)}){int(v)}{'ULL' if ty.startswith('uint') else 'LL'})"), ty
-            inner, _ = self.expr(t[2], local)
-            return f"(({c_type(ty)})({inner}))", ty
+            inner, ti = self.expr(t[2], local)
+            return _cast(inner, ti, ty), ty
         if tag == "read":
             tensor = self.halide_names.get(t[1])
             if tensor is None:
@@ -444,16 +482,16 @@ class _ValuePrinter:
         if tag in ("div", "mod"):
             (a, ta), (b, tb) = self.expr(t[1], local), self.expr(t[2], local)
             ta = _common(ta, tb)
-            if ta.startswith("float"):
+            if _is_float(ta):
                 if tag == "div":
                     return f"({a} / {b})", ta
-                if ta == "float16":
-                    return f"((half)tc::fmod((float)({a}), (float)({b})))", ta
+                if ta in _NARROW:
+                    return f"(({c_type(ta)})tc::fmod((float)({a}), (float)({b})))", ta
                 return f"tc::fmod({a}, {b})", ta
             return f"tc::{tag}<{c_type(ta)}>({a}, {b})", ta
         if tag in ("min", "max"):
             (a, ta), (b, tb) = self.expr(t[1], local), self.expr(t[2], local)
-            if ta == tb and ta != "float16":
+            if ta == tb and ta not in _NARROW:
                 return f"{tag}({a}, {b})", ta
             ty = _common(ta, tb)  # (CUDA has no min(half, half), nor min(int, int64_t))
             return f"tc::{tag}<{c_type(ty)}>({a}, {b})", ty
@@ -476,12 +514,12 @@ class _ValuePrinter:
             return _math(base, [a for a, _ in args], types[suffix])
         if base == "is_nan" and suffix in types:  # (double erf keeps NaN through it)
             text, ty = args[0]
-            return f"isnan({'(float)' if ty == 'float16' else ''}({text}))", "bool"
+            return f"isnan({'(float)' if ty in _NARROW else ''}({text}))", "bool"
         if name == "round":  # Halide rounds halfway cases to even, as rint does
             return _math("rint", [args[0][0]], args[0][1])
         if name == "abs":
             text, ty = args[0]
-            return _math("fabs", [text], ty) if ty.startswith("float") else (f"abs({text})", ty)
+            return _math("fabs", [text], ty) if _is_float(ty) else (f"abs({text})", ty)
         if name in ("likely", "likely_if_innermost", "promise_clamped", "unsafe_promise_clamped"):
             return args[0]
         if name in _BITWISE:  # (C promotes narrow integers to int: cast back)
@@ -494,12 +532,12 @@ class _ValuePrinter:
             return _shift(name, *args)
         if name == "absd":  # |a - b| in the unsigned type of a's width (float: a float)
             (a, ty), (b, _) = args
-            if ty.startswith("float"):
+            if _is_float(ty):
                 return _math("fabs", [f"({a} - {b})"], ty)
             u = "u" + ty.lstrip("u")
             return f"({a} < {b} ? ({c_type(u)})(({c_type(u)})({b}) - ({c_type(u)})({a})) : " \
                    f"({c_type(u)})(({c_type(u)})({a}) - ({c_type(u)})({b})))", u
-        if name == "lerp" and args[0][1].startswith("float") and args[2][1].startswith("float"):
+        if name == "lerp" and _is_float(args[0][1]) and _is_float(args[2][1]):
             (a, ty), (b, _), (w, _) = args  # Halide's float lerp: a * (1 - w) + b * w
             return f"({a} * (({c_type(ty)})1 - ({c_type(ty)})({w})) + {b} * " \
                    f"({c_type(ty)})({w}))", ty
@@ -515,7 +553,7 @@ def _shift(name: str, a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]
     """Halide's shifts: a negative signed amount shifts the other way; a left shift wraps
     (done in the unsigned type, where C defines it)."""
     (x, ty), (k, tk) = a, b
-    u = c_type("u" + ty.lstrip("u")) if not ty.startswith("float") else c_type(ty)
+    u = c_type("u" + ty.lstrip("u")) if not _is_float(ty) else c_type(ty)
 
     def left(n):
         return f"(({c_type(ty)})(({u})({x}) << ({n})))"
@@ -531,16 +569,33 @@ def _shift(name: str, a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]
 
 def _math(fn: str, args: list[str], ty: str) -> tuple[str, str]:
     """A call of the C math function fn on values of type ty: `expf` for float32, `exp` for
-    float64, and through float32 for half, which CUDA's math library does not take."""
+    float64, and through float32 for half and bfloat16, which CUDA's math library does not
+    take."""
     if fn == "fabs":  # (overloaded for float and double)
         return _math_call("tc::fabs", "tc::fabs", args, ty)
     return _math_call(f"{fn}f", fn, args, ty)
 
 
 def _math_call(single: str, double: str, args: list[str], ty: str) -> tuple[str, str]:
-    if ty == "float16":
-        return f"((half){single}({', '.join(f'(float)({a})' for a in args)}))", ty
+    if ty in _NARROW:
+        return f"(({c_type(ty)}){single}({', '.join(f'(float)({a})' for a in args)}))", ty
     return f"{single if ty == 'float32' else double}({', '.join(args)})", ty
+
+
+# half and bfloat16: converted through float (their conversions among themselves and to other
+# types are ambiguous or missing in cuda_fp16.h / cuda_bf16.h), which is also how Halide's CPU
+# code converts them, so both back ends round alike.
+_NARROW = ("float16", "bfloat16")
+
+
+def _is_float(ty: str) -> bool:
+    return ty.startswith(("float", "bfloat"))
+
+
+def _cast(text: str, source: str, to: str) -> str:
+    if source != to and (source in _NARROW or to in _NARROW) and "float32" not in (source, to):
+        text = f"(float)({text})"
+    return f"(({c_type(to)})({text}))"
 
 
 def _common(ta: str, tb: str) -> str:
@@ -592,8 +647,8 @@ def _float_literal(value: float, ty: str) -> str:
     text = repr(float(value))
     if text in ("inf", "-inf", "nan"):
         macro = {"inf": "INFINITY", "-inf": "(-INFINITY)", "nan": "NAN"}[text]
-        return macro if ty != "float16" else f"((half){macro})"
+        return macro if ty not in _NARROW else f"(({c_type(ty)}){macro})"
     if "e" not in text and "." not in text:
         text += ".0"
-    return {"float32": f"{text}f", "float64": text}.get(ty, f"((half){text}f)")
+    return {"float32": f"{text}f", "float64": text}.get(ty, f"(({c_type(ty)}){text}f)")
 

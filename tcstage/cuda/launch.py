@@ -147,6 +147,8 @@ def stage_on_gpu(kernel, binding):
             dtype = fn.checked.tensors[name].type.numpy
             buffers[name] = binding.inout[name] if name in binding.inout else \
                 (zeros(shape, dtype) if device else gpuarray.zeros(shape, dtype))
+        for name, (shape, dtype) in kernel.scratch.items():
+            buffers[name] = zeros(shape, dtype) if device else gpuarray.zeros(shape, dtype)
         values = kernel.launch_values(binding, buffers, pointer)
 
     def finish():

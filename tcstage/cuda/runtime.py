@@ -190,19 +190,30 @@ class Kernel:
         return {name: tuple(evaluate(e, values) for e in c.lowered.ranges.tensors[name].extents)
                 for name, t in c.fn.checked.tensors.items() if t.kind != "input"}
 
+    @property
+    def scratch(self) -> dict:
+        """Scratch array -> (shape, dtype): zeroed arrays the kernel needs besides its tensors
+        (a reduction split across blocks keeps its blocks' values and count there, and sets
+        the count back to 0 before it ends, so one array serves every launch)."""
+        return {p.source: (p.shape, np.dtype(p.dtype)) for p in self.compiled.cuda.parameters
+                if p.kind == "scratch"}
+
     def launch_values(self, binding, buffers: dict, pointer=lambda a: a) -> list:
         """The kernel's arguments in parameter order; arrays go through `pointer`."""
         fn = self.compiled.fn
         sizes = {**self.compiled.binding.sizes, **binding.sizes}  # the call's dynamic sizes
         values = []
         for p in self.compiled.cuda.parameters:
-            if p.kind in ("output", "temp"):
+            if p.kind in ("output", "temp", "scratch"):
                 values.append(pointer(buffers[p.source]))
             elif p.kind == "input":
                 values.append(pointer(binding.arrays[p.source]))
             elif p.kind == "scalar":
-                values.append(fn.checked.tensors[p.source].type.numpy.type(
-                    binding.scalars[p.source]))
+                t = fn.checked.tensors[p.source].type
+                value = t.numpy.type(binding.scalars[p.source])
+                # (a bfloat16 as the Python float of its rounded value: numpy has no bfloat16
+                # scalar of its own, and ml_dtypes' is no np.floating)
+                values.append(float(value) if t.kind == "bfloat" else value)
             else:
                 values.append(np.dtype(p.dtype).type(sizes[p.source]))
         return values
@@ -218,6 +229,8 @@ class Kernel:
             start = binding.inout.get(name)
             buffers[name] = np.zeros(shape, dtype=fn.checked.tensors[name].type.numpy) \
                 if start is None else np.ascontiguousarray(start)
+        for name, (shape, dtype) in self.scratch.items():
+            buffers[name] = np.zeros(shape, dtype)
         args = self.launch_values(binding, buffers, pointer=np.ascontiguousarray)
 
         def finish():

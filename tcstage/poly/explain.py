@@ -87,6 +87,7 @@ class _Explainer:
             elif handler is not None:
                 handler(args)
         self.barriers()
+        self.reductions()
         named = {option for option, _ in self.no_effect}
         for note in c.notes:
             if note.option not in named:
@@ -95,6 +96,17 @@ class _Explainer:
         if self.no_effect:
             lines.append(_row("no effect", "; ".join(f"{o}: {why}" for o, why in self.no_effect)))
         return "\n".join(lines)
+
+    def reductions(self) -> None:
+        """Reductions split across threads (parallelReductions, on by default)."""
+        ops = {"add": "+", "mul": "*", "min": "min", "max": "max"}
+        for r in self.m.reductions:
+            red = r.reduction
+            self.rows.append(("parallelReductions", (
+                f"the {ops[red.operator]} reduction into {red.tensor} ({red.statement}) is split "
+                f"over {r.threads} threads on threadIdx.x: each thread accumulates its share "
+                f"in a register, then warp shuffles and shared memory combine the block's, and "
+                f"thread 0 adds it to {red.tensor} (floating-point sums are reassociated)")))
 
     def outer_loops(self) -> None:
         """The loops of the outermost band(s) before tiling, for the tile line."""

@@ -38,6 +38,18 @@ Register tiling (`useRegisterTiling`): in a thread-mapped band that is permutabl
 mapped to blocks, the members threads do not split (a reduction) move outermost, so that each
 thread runs one reduction step over all its points before the next.
 
+Parallel reductions (`parallelReductions`, on by default; poly/reduction.py): where a band's
+free members would give less than a warp of the threads asked for (at least 32), its innermost
+loop of a `+`, `*`, `min` or `max` reduction goes to threadIdx.x instead, on a power of two of
+threads (at most those asked for, at least a warp). The loops before it become a band of their
+own above it (the reduced element must be a function of the loops around the thread band, so
+that each thread keeps one accumulator per element); the loops after it stay sequential in
+each thread. Marks `reduce<k>` become, once the tree is complete, two extension statements
+around the thread band, `_rinit<k>` (each thread's accumulator set to the identity) and
+`_rcomb<k>` (warp shuffles, then shared memory, then thread 0 combines into the element);
+every thread of the block runs both, since only loops that do not depend on the thread ids lie
+above them. blockDim.x becomes a multiple of 32, so that every warp is whole.
+
 Unrolling (`unroll(n)`): from the innermost loops outwards, a loop is unrolled while the product
 of the unrolled trip counts along any path stays at most n.
 """
@@ -51,14 +63,18 @@ from collections.abc import Sequence
 import attrs
 import islpy as isl
 
-from tcstage.options import MappingOptions
+from tcstage.options import MAX_THREADS_PER_BLOCK, MappingOptions
 from tcstage.poly.notes import OptionNote, call
+from tcstage.poly.reduction import Reduction, element_of_prefix, relaxed_dependences
 from tcstage.poly.schedule import (UNBOUNDED, keeps_value, member_map, node_at,
                                    outermost_bands, path_of, value_count)
 
 BLOCK_IDS = ("b0", "b1", "b2")  # blockIdx.x, .y, .z
 THREAD_IDS = ("t0", "t1", "t2")  # threadIdx.x, .y, .z
 SYNC = "_sync"  # the extension statement that prints as __syncthreads()
+WARP = 32
+REDUCE = "reduce"  # mark above a reduction's thread band, until its init and combine are grafted
+REDUCTION_INIT, REDUCTION_COMBINE = "_rinit", "_rcomb"  # extension statements, + the band's k
 # Marks left for memory promotion: KERNEL + n sits below each block-mapped band (where a block's
 # work on one tile begins; its first n members are on blocks), THREADS + k above each thread
 # filter (k: the band member on threadIdx.x).
@@ -92,29 +108,53 @@ class Mapped:
     # per block-mapped band, per grid dimension: (its loop, the n of its filter `v mod n = b`),
     # from which launch_grid finds the blocks with work at a call's dynamic sizes
     block_filters: tuple[tuple[tuple[isl.UnionMap, int], ...], ...] = ()
+    reductions: tuple["ParallelReduction", ...] = ()  # reductions split across threads
+
+
+@attrs.frozen
+class ParallelReduction:
+    """One statement reduced across the threads of a block: under thread band `band` (the k of
+    its `_rinit<k>` / `_rcomb<k>` statements), whose `threads` x-threads each combine a share
+    into an accumulator; `element` gives the reduced element from the values of the loops
+    around the band (the extension statements' arguments)."""
+
+    band: int
+    reduction: Reduction
+    threads: int
+    element: isl.PwMultiAff  # [loop values around the band] -> tensor[element]
+    across: tuple[int, int] | None = None  # (grid dimension d, blocks G) also splitting it
 
 
 @attrs.frozen
 class _ThreadBand:
     members: tuple[int, ...]  # band members, the one on threadIdx.x first
     sizes: tuple[int, ...]  # threads along each
+    reductions: tuple[str, ...] = ()  # a parallel reduction's statements (members: its loop)
+    count: int = 0  # a parallel reduction's loop: its values
+    spreads: bool = False  # whether its blocks could split it too (see _ThreadDecisions.block)
+    across: tuple[int, int] | None = None  # (grid dimension, blocks) splitting it, if any
 
 
 def map_to_gpu(schedule: isl.Schedule, dependences: isl.UnionMap, context: isl.Set,
-               options: MappingOptions) -> Mapped:
-    """The schedule mapped to blocks and threads as `options` ask (sizes fixed in `context`)."""
+               options: MappingOptions, scop=None,
+               reductions: dict[str, Reduction] | None = None) -> Mapped:
+    """The schedule mapped to blocks and threads as `options` ask (sizes fixed in `context`);
+    `reductions` (poly/reduction.py, statements of `scop`) may be split across threads."""
     schedule = schedule.intersect_domain(schedule.get_domain().intersect_params(context))
     schedule, blocks = _map_blocks(schedule, dependences, options.blocks)
-    decide = _ThreadDecisions(dependences, blocks, options.threads)
+    splittable = reductions if options.parallel_reductions and scop is not None else {}
+    decide = _ThreadDecisions(dependences, blocks, options.threads, scop, splittable or {})
+    if splittable and math.prod(options.threads) >= WARP:
+        schedule = _distribute_reductions(schedule.get_root(), (), decide).get_schedule()
     n_threads = decide.visit(schedule.get_root(), ())
-    block = [1, 1, 1]
-    for band in decide.bands.values():
-        for d, size in enumerate(band.sizes):
-            block[d] = max(block[d], size)
+    grid = list(blocks.grid)
+    block = decide.block(grid, options.blocks)
     insert = _Insert(decide, decide.cross_thread(schedule.get_domain(), n_threads), n_threads,
                      options.unroll_factor, options.use_register_tiling)
     node = insert.visit(schedule.get_root(), (), under_threads=False, in_loop=False)[0]
-    grid = blocks.grid
+    node = _pin_to_first_block(node, decide)
+    node, parallel = _graft_reductions(node, scop, decide.reductions, insert.reductions)
+    grid = tuple(grid)
     ids = [f"0 <= {b} < {g}" for b, g in zip(BLOCK_IDS, grid)]
     ids += [f"0 <= {t} < {s}" for t, s in zip(THREAD_IDS, block)]
     ranges = isl.Set(f"[{', '.join(BLOCK_IDS + THREAD_IDS)}] -> {{ : {' and '.join(ids)} }}")
@@ -128,7 +168,7 @@ def map_to_gpu(schedule: isl.Schedule, dependences: isl.UnionMap, context: isl.S
                   grid, tuple(block), len(blocks.bands), len(decide.bands), insert.syncs,
                   insert.unrolled, notes, blocks.loops, _united(decide.loops),
                   tuple(insert.barriers), tuple(insert.unrolled_loops), tuple(insert.stops),
-                  blocks.filters)
+                  blocks.filters, parallel)
 
 
 def _united(per_band: list[list[isl.UnionMap]]) -> tuple[isl.UnionMap, ...]:
@@ -242,8 +282,13 @@ def _map_blocks(schedule, deps, blocks: Sequence[int]) -> tuple[isl.Schedule, _B
 class _ThreadDecisions:
     """Which band of each branch goes to threads; keyed by tree path (child indices)."""
 
-    def __init__(self, deps, blocks: _Blocks, threads: Sequence[int]):
+    def __init__(self, deps, blocks: _Blocks, threads: Sequence[int], scop=None,
+                 reductions: dict[str, Reduction] | None = None):
         self.deps, self.blocks, self.threads = deps, blocks, tuple(threads)
+        self.scop, self.reductions = scop, reductions or {}
+        self.relaxed = relaxed_dependences(deps, scop, self.reductions) if self.reductions \
+            else deps
+        self.reduction_ids: dict[tuple[int, ...], tuple[int, isl.UnionPwAff]] = {}
         self.bands: dict[tuple[int, ...], _ThreadBand] = {}
         self.mapped_below: dict[tuple[int, ...], int] = {}
         self.thread_ids: list[tuple[isl.UnionSet, list[isl.UnionPwAff]]] = []
@@ -277,6 +322,47 @@ class _ThreadDecisions:
         self.bands[path] = band
         return len(band.members)
 
+    def block(self, grid: list[int], blocks_asked: Sequence[int]) -> list[int]:
+        """blockDim: per dimension, the most threads a band uses. With parallel reductions,
+        x is a whole number of warps (threads past a band's own size have no work in it), and
+        reductions give up threads where the other dimensions leave too few.
+
+        One parallel reduction whose loop has more values than its threads may also be split
+        across blocks, on the first grid dimension the block bands leave to it where
+        mapToBlocks asks for blocks there (grid is updated): each block's share then goes to
+        a scratch slot, and the last block to finish combines the slots in block order (so
+        the result does not depend on which block finishes when). Only where nothing else in
+        the kernel reads the reduced tensor, each element is reduced under one value of the
+        loops around the band, and no size is dynamic."""
+        block = [1, 1, 1]
+        for band in self.bands.values():
+            if not band.reductions:
+                for d, size in enumerate(band.sizes):
+                    block[d] = max(block[d], size)
+        reducing = {p: b for p, b in self.bands.items() if b.reductions}
+        if reducing:
+            room = 1 << (MAX_THREADS_PER_BLOCK // (block[1] * block[2])).bit_length() - 1
+            for path, band in reducing.items():
+                if room < WARP:  # (a y * z of more than 32: the reduction stays sequential)
+                    del self.bands[path]
+                    continue
+                band = attrs.evolve(band, sizes=(min(band.sizes[0], room),))
+                self.bands[path] = band
+                index, loop = self.reduction_ids[path]  # (the ids the barriers are placed by)
+                self.thread_ids[index] = (self.thread_ids[index][0],
+                                          [loop.mod_val(isl.Val(band.sizes[0]))])
+                block[0] = max(block[0], band.sizes[0])
+            d = max((i + 1 for i, g in enumerate(grid) if g > 1), default=0)
+            for path, band in self.bands.items():
+                if band.reductions and band.spreads and d < len(blocks_asked) \
+                        and blocks_asked[d] > 1 and band.count > band.sizes[0]:
+                    across = min(blocks_asked[d], -(-band.count // band.sizes[0]))
+                    self.bands[path] = attrs.evolve(band, across=(d, across))
+                    grid[d] = across
+                    break
+            block[0] = -(-block[0] // WARP) * WARP
+        return block
+
     def choose(self, node: isl.ScheduleNode, path: tuple[int, ...], on_blocks: Sequence[int]
                ) -> _ThreadBand | None:
         domain = node.get_domain()
@@ -295,6 +381,11 @@ class _ThreadDecisions:
             sizes.append(min(self.threads[len(sizes)], count))
             if len(members) == len(self.threads):
                 break
+        wanted = math.prod(self.threads)
+        if self.reductions and wanted >= WARP and math.prod(sizes) < WARP:
+            band = self._reduction(node, path, on_blocks, domain, block_map)
+            if band is not None:
+                return band
         if math.prod(sizes) <= 1:
             return None
         partial = node.band_get_partial_schedule()
@@ -302,6 +393,114 @@ class _ThreadDecisions:
                                          for k, size in zip(members, sizes)]))
         self.loops.append([member_map(node, k) for k in members])
         return _ThreadBand(tuple(members), tuple(sizes))
+
+    def _reduction(self, node, path, on_blocks, domain, block_map, probe: bool = False
+                   ) -> _ThreadBand | None:
+        """The band's innermost reduction loop on threadIdx.x, if it can be one: a loop that
+        only the splittable reductions' dependences keep from the threads, after every
+        block-mapped member, with each reduction's element fixed by the loops before it."""
+        names = [n for n in self.reductions
+                 if not domain.extract_set(self.scop_space(n)).is_empty()]
+        if not names:
+            return None
+        relaxed = self.relaxed.intersect_domain(domain).intersect_range(domain)
+        for k in reversed(range(node.band_n_member())):
+            if k in on_blocks or any(b > k for b in on_blocks):
+                continue
+            count = self.count(node, path, k)
+            if count <= 1 or count == UNBOUNDED or \
+                    not keeps_value(relaxed, block_map, member_map(node, k)):
+                continue
+            outer = node.get_prefix_schedule_union_map().intersect_domain(domain)
+            for j in range(k):
+                outer = outer.flat_range_product(member_map(node, j))
+            if any(element_of_prefix(outer, self.scop, n) is None for n in names):
+                continue
+            if probe:
+                return _ThreadBand((k,), (0,), tuple(sorted(names)))
+            asked = 1 << min(math.prod(self.threads), MAX_THREADS_PER_BLOCK).bit_length() - 1
+            threads = min(asked, max(WARP, 1 << (int(count) - 1).bit_length()))
+            loop = node.band_get_partial_schedule().get_union_pw_aff(k)
+            self.reduction_ids[path] = (len(self.thread_ids), loop)
+            self.thread_ids.append((domain, [loop.mod_val(isl.Val(threads))]))
+            self.loops.append([member_map(node, k)])
+            return _ThreadBand((k,), (threads,), tuple(sorted(names)), int(count),
+                               self._spreads(names, outer))
+        return None
+
+    def _spreads(self, names, outer: isl.UnionMap) -> bool:
+        """Whether blocks may split these reductions too: no other statement reads their
+        tensors, each element is reduced under one value of the loops around the band (the
+        last block's count is per element), and every size is fixed."""
+        if not self.scop.context.is_singleton() and \
+                not all(self.scop.context.plain_get_val_if_fixed(isl.dim_type.param, i).is_int()
+                        for i in range(self.scop.context.dim(isl.dim_type.param))):
+            return False
+        for name in names:
+            tensor = self.reductions[name].tensor
+            if any(s.name != name and any(a.tensor == tensor for a in s.reads)
+                   for s in self.scop.statements):
+                return False
+            element = element_of_prefix(outer, self.scop, name)
+            if element is None or not isl.Map.from_pw_multi_aff(element).is_injective():
+                return False
+        return True
+
+    def visit_bands_below(self, node: isl.ScheduleNode) -> bool:
+        """Whether a band lies below node."""
+        return any(_has_band(node.child(i)) for i in range(node.n_children()))
+
+    def distribution_point(self, node, path) -> int | None:
+        """Where _distribute_reductions splits the band at path: the reduction loop that
+        would go to threads if the statements after the reductions were in loops of their
+        own, when they are what keeps it from the threads and distributing is legal."""
+        child = node.child(0)
+        while child.get_type() == _T.mark:
+            child = child.child(0)
+        if child.get_type() != _T.sequence:
+            return None
+        domain = node.get_domain()
+        on_blocks = self.blocks.bands.get(path, {})
+        block_map = self.blocks.values.intersect_domain(domain) if self.blocks.values else None
+        if block_map is not None and block_map.is_empty():
+            block_map = None
+        deps = self.deps.intersect_domain(domain).intersect_range(domain)
+        free = [self.count(node, path, k) for k in range(node.band_n_member())
+                if k not in on_blocks and self.count(node, path, k) > 1
+                and keeps_value(deps, block_map, member_map(node, k))]
+        if math.prod(min(f, t) for f, t in zip(free, self.threads)) >= WARP:
+            return None
+        if self._reduction(node, path, on_blocks, domain, block_map, probe=True) is not None:
+            return None  # (the reductions go to threads as they are)
+        # (a filter's own domain is what reaches it: its child's is what it lets through)
+        parts = [child.child(i).child(0).get_domain() for i in range(child.n_children())]
+        reducing = [i for i, part in enumerate(parts)
+                    if any(not part.extract_set(self.scop_space(n)).is_empty()
+                           for n in self.reductions)]
+        if not reducing:
+            return None
+        group = functools.reduce(isl.UnionSet.union, parts[:reducing[-1] + 1])
+        for k in reversed(range(node.band_n_member())):
+            if k in on_blocks or any(b > k for b in on_blocks) or self.count(node, path, k) <= 1:
+                continue
+            outer = node.get_prefix_schedule_union_map().intersect_domain(domain)
+            for j in range(k):
+                outer = outer.flat_range_product(member_map(node, j))
+            relaxed = self.relaxed.intersect_domain(group).intersect_range(group)
+            if not keeps_value(relaxed, block_map, member_map(node, k)):
+                continue
+            # distributing runs each statement's loops after the earlier ones' whole loops
+            same = outer.apply_range(outer.reverse())
+            for i in range(len(parts)):
+                for j in range(i + 1, len(parts)):
+                    if not deps.intersect_domain(parts[j]).intersect_range(parts[i]) \
+                            .intersect(same).is_empty():
+                        return None
+            return k
+        return None
+
+    def scop_space(self, statement: str) -> isl.Space:
+        return next(s.domain.get_space() for s in self.scop.statements if s.name == statement)
 
     def cross_thread(self, domain: isl.UnionSet, n_threads: int) -> isl.UnionMap:
         """The dependences whose two ends run on different threads of a block."""
@@ -336,6 +535,8 @@ class _Insert:
         self.decide, self.deps, self.n_threads, self.unroll = decide, deps, n_threads, unroll
         self.register_tiling = register_tiling
         self.syncs = self.unrolled = 0
+        # per reduce mark: its statements, threads and blocks (ThreadBand.across)
+        self.reductions: list[tuple[tuple[str, ...], int, tuple[int, int] | None]] = []
         self.barriers: list[tuple[str, tuple[str, ...]]] = []  # Mapped.barriers
         self.unrolled_loops: list[tuple[isl.UnionMap, int]] = []
         self.stops: list[tuple[isl.UnionMap, int, int]] = []
@@ -361,6 +562,8 @@ class _Insert:
             node = self._barriers(node, path, in_loop)
         elif node.n_children() == 1 and path + (0,) in self.ends_with_sync:
             self.ends_with_sync.add(path)
+        if kind == _T.band and band is not None and band.reductions:
+            return self._reduction(node, path, band), copies, False
         if kind == _T.band:
             on_blocks = self.decide.blocks.bands.get(path, {})
             if band is not None and self.register_tiling and not on_blocks:
@@ -372,6 +575,30 @@ class _Insert:
         if kind == _T.leaf and self.n_threads and not under_threads:
             node = node.insert_filter(node.get_domain().intersect_params(self._zero_threads(0)))
         return node, copies, full
+
+    def _reduction(self, node, path, band: _ThreadBand):
+        """A parallel reduction's band: the members before its thread loop split off above it
+        (with the kernel mark of a block-mapped band, which belongs below the blocks' loops),
+        then the thread filter and the marks. Returns the node at the band's position."""
+        k = band.members[0]
+        inner = node
+        if k:
+            node = node.band_split(k)
+            inner = node.child(0)
+            below = inner.child(0)
+            if below.get_type() == _T.mark and below.mark_get_id().get_name().startswith(KERNEL):
+                mark = below.mark_get_id()
+                inner = below.delete().parent().insert_mark(mark).child(0)
+        threads = _ThreadBand((0,), band.sizes, band.reductions)
+        inner = inner.insert_filter(self._thread_filter(inner, threads))
+        if band.across is not None:  # blocks take consecutive runs of threads' values
+            d, n = band.across
+            inner = inner.insert_filter(_modulo_filter(inner.child(0), 0, n, BLOCK_IDS[d],
+                                                       every=band.sizes[0]))
+        inner = inner.insert_mark(isl.Id(f"{THREADS}0"))
+        inner = inner.insert_mark(isl.Id(f"{REDUCE}{len(self.reductions)}"))
+        self.reductions.append((band.reductions, band.sizes[0], band.across))
+        return inner.ancestor(inner.get_tree_depth() - node.get_tree_depth()) if k else inner
 
     def _sequential_first(self, node, path, band: _ThreadBand):
         """Register tiling: the band's members that threads do not split move outermost (a
@@ -472,6 +699,100 @@ class _Insert:
         return node, copies, full
 
 
+def _distribute_reductions(node: isl.ScheduleNode, path: tuple[int, ...],
+                           decide: _ThreadDecisions) -> isl.ScheduleNode:
+    """Loop distribution for parallel reductions: an innermost band whose reduction loop only
+    the statements after the reduction (which read its total: the rounding of a narrow
+    accumulator, a normalisation) keep from the threads is split before that loop, and the
+    loops from it on are distributed over the statements below (`band_sink`), where no
+    dependence goes back from a later statement to an earlier one. Returns the node at path."""
+    for i in range(node.n_children()):
+        node = _distribute_reductions(node.child(i), path + (i,), decide).parent()
+    if node.get_type() != _T.band or decide.visit_bands_below(node):
+        return node
+    k = decide.distribution_point(node, path)
+    if k is None:
+        return node
+    if k:
+        node = node.band_split(k)
+        inner = node.child(0)
+        below = inner.child(0)
+        if below.get_type() == _T.mark and below.mark_get_id().get_name().startswith(KERNEL):
+            mark = below.mark_get_id()
+            inner = below.delete().parent().insert_mark(mark).child(0)
+        inner = inner.band_sink()
+        return inner.ancestor(inner.get_tree_depth() - node.get_tree_depth())
+    return node.band_sink()
+
+
+def _pin_to_first_block(node: isl.ScheduleNode, decide: _ThreadDecisions) -> isl.ScheduleNode:
+    """With a reduction split across blocks on grid dimension d, every other statement runs
+    in the blocks with blockIdx d = 0 only (the reduction's own filter spreads its instances)."""
+    for band in decide.bands.values():
+        if band.across is None:
+            continue
+        d = band.across[0]
+        root = node.root()
+        domain = root.domain_get_domain()
+        spread = functools.reduce(isl.UnionSet.union, [
+            isl.UnionSet.from_set(s.domain) for s in decide.scop.statements
+            if s.name in band.reductions])
+        first = isl.Set(f"[{BLOCK_IDS[d]}] -> {{ : {BLOCK_IDS[d]} = 0 }}")
+        keep = domain.intersect(spread).union(domain.subtract(spread).intersect_params(first))
+        return root.child(0).insert_filter(keep).root()
+    return node
+
+
+def _graft_reductions(node: isl.ScheduleNode, scop, reductions: dict[str, Reduction],
+                      bands: list[tuple[tuple[str, ...], int, tuple[int, int] | None]]
+                      ) -> tuple[isl.ScheduleNode, tuple[ParallelReduction, ...]]:
+    """Each `reduce<k>` mark replaced by the reduction's init before its subtree and combine
+    after it, once per value of the loops around it (then every thread runs them)."""
+    out = []
+    while True:
+        found = _find_mark(node.root(), REDUCE)
+        if found is None:
+            return node.root(), tuple(out)
+        k = int(found.mark_get_id().get_name()[len(REDUCE):])
+        prefix = found.get_prefix_schedule_union_map().intersect_domain(found.get_domain())
+        names, threads, across = bands[k]
+        for name in names:
+            out.append(ParallelReduction(k, reductions[name], threads,
+                                         element_of_prefix(prefix, scop, name), across))
+        values = prefix.range()
+        found = found.graft_before(instances(values, f"{REDUCTION_INIT}{k}"))  # (still the mark)
+        found = found.graft_after(instances(values, f"{REDUCTION_COMBINE}{k}"))
+        node = found.delete()
+
+
+def _has_band(node: isl.ScheduleNode) -> bool:
+    return node.get_type() == _T.band or \
+        any(_has_band(node.child(i)) for i in range(node.n_children()))
+
+
+def _find_mark(node: isl.ScheduleNode, prefix: str) -> isl.ScheduleNode | None:
+    if node.get_type() == _T.mark and node.mark_get_id().get_name().startswith(prefix):
+        return node
+    for i in range(node.n_children()):
+        found = _find_mark(node.child(i), prefix)
+        if found is not None:
+            return found
+    return None
+
+
+def instances(values: isl.UnionSet, name: str) -> isl.ScheduleNode:
+    """An extension adding statement `name[v]` at each value v of the loops around a node."""
+    sets: list[isl.Set] = []
+    values.foreach_set(sets.append)
+    extension = None
+    for s in sets or [isl.Set("{ [] }")]:
+        m = isl.Map.identity(s.get_space().map_from_set()).intersect_domain(s) \
+            .set_tuple_name(isl.dim_type.out, name)
+        part = isl.UnionMap.from_map(m)
+        extension = part if extension is None else extension.union(part)
+    return isl.ScheduleNode.from_extension(extension)
+
+
 def sync_graft(node: isl.ScheduleNode, tag: int | None = None) -> isl.ScheduleNode:
     """An extension adding one barrier at node, per iteration of the loops around it; a tag
     tells apart barriers grafted into one sequence (isl filters them by statement name)."""
@@ -534,9 +855,14 @@ def _constant(domain: isl.UnionSet, value: int) -> isl.UnionMap:
 
 
 
-def _modulo_filter(node: isl.ScheduleNode, k: int, size: int, ident: str) -> isl.UnionSet:
-    """The instances of node's domain whose member k value v has v mod size = ident."""
-    upa = node.band_get_partial_schedule().get_union_pw_aff(k).mod_val(isl.Val(size))
+def _modulo_filter(node: isl.ScheduleNode, k: int, size: int, ident: str,
+                   every: int = 1) -> isl.UnionSet:
+    """The instances of node's domain whose member k value v has floor(v / every) mod size =
+    ident."""
+    upa = node.band_get_partial_schedule().get_union_pw_aff(k)
+    if every > 1:
+        upa = upa.scale_down_val(isl.Val(every)).floor()
+    upa = upa.mod_val(isl.Val(size))
     equal = isl.Set(f"[{ident}] -> {{ [v] : v = {ident} }}")
     return isl.UnionMap.from_union_pw_aff(upa).intersect_domain(node.get_domain()) \
         .intersect_range(isl.UnionSet.from_set(equal)).domain()

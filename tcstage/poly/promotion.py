@@ -298,11 +298,16 @@ class _State:
         """The references of the statements in domain, per tensor in order of appearance
         (indirect reads that can be gathered in their gathered view)."""
         out: dict[str, list[Reference]] = {}
+        # a tensor reduced across threads is combined into global memory by thread 0 after its
+        # loop: a buffer's copy-out would overwrite it
+        reduced = {r.reduction.tensor for r in self.mapped.reductions}
         for s in self.scop.statements:
             mine = domain.extract_set(s.domain.get_space())
             if mine.is_empty():
                 continue
             for a, write in [(r, False) for r in s.reads] + [(s.write, True)]:
+                if a.tensor in reduced:
+                    continue
                 ref = Reference(s.name, a.text, write, a.exact, a.relation.intersect_domain(mine))
                 if not a.exact and not write:
                     ref = self._gathered(s, a, ref) or ref

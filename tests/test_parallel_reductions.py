@@ -1,0 +1,219 @@
+"""Reductions split across the threads of a block (parallelReductions, issue 15): full sums, row
+statistics, softmax, layernorm and TC's moments kernels, for every reduction operator and
+several types, run as emulated CUDA and compared with numpy.
+
+Tolerances: a sum of n terms in any order differs from the exact sum by at most
+(n - 1) * u * sum(|a_i|) (u: the unit roundoff of the accumulator), so sums are checked
+against float64 numpy with atol = n * u * sum(|a|); min and max are exact, and integer
+reductions are compared exactly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tcstage as tc
+from tcstage.cuda import nvcc
+
+M = tc.MappingOptions
+WIDE = M().mapToThreads(256).mapToBlocks(16)
+
+SOURCE = """
+def full_sum(float(N) A) -> (O) { O() +=! A(i) }
+def row_sum(float(R, C) A) -> (O) { O(r) +=! A(r, c) }
+def row_prod(double(R, C) A) -> (O) { O(r) *=! A(r, c) }
+def row_max(float(R, C) A) -> (O) { O(r) max=! A(r, c) }
+def col_min(int32(R, C) A) -> (O) { O(c) min=! A(r, c) }
+def int_sum(int64(R, C) A) -> (O) { O(r) +=! A(r, c) }
+def sum3(float(R, C, D) A) -> (O) { O(r) +=! A(r, c, d) }
+def half_sum(half(R, C) A) -> (O) { O(r) +=! A(r, c) }
+def softmax(float(N, C) X) -> (Mx, E, S, Y) {
+    Mx(n) max=! X(n, c)
+    E(n, c) = exp(X(n, c) - Mx(n))
+    S(n) +=! E(n, c)
+    Y(n, c) = E(n, c) / S(n)
+}
+def layernorm(float(N, C) X, float(C) g, float(C) b) -> (mean, var, Y) {
+    mean(n) +=! X(n, c) / C
+    var(n) +=! (X(n, c) - mean(n)) * (X(n, c) - mean(n)) / C
+    Y(n, c) = g(c) * (X(n, c) - mean(n)) * rsqrt(var(n) + 1e-5) + b(c)
+}
+def moments(float(N, K) I) -> (mean, var) {
+    mean(n) +=! I(n, k)
+    var(n) +=! I(n, k) * I(n, k)
+    mean(n) = mean(n) / K
+    var(n) = var(n) / K - mean(n) * mean(n)
+}
+def tc_sum(float(N, K) I) -> (s) { s(n) +=! I(n, k) }
+def tc_var(float(N, K) I, float(N) mean) -> (var) {
+    var(n) +=! I(n, k) * I(n, k)
+    var(n) = var(n) / K - mean(n) * mean(n)
+}
+"""
+
+_program = None
+
+
+def program():
+    global _program
+    if _program is None:
+        _program = tc.define(SOURCE)
+    return _program
+
+
+def run(name, *args, options=WIDE):
+    k = tc.compile(program(), name, *args, options=options, target="cuda-emulated")
+    out = k(*args)
+    return k, out if isinstance(out, tuple) else (out,)
+
+
+def sum_tolerance(terms: np.ndarray, axis=None, dtype=np.float32) -> np.ndarray:
+    """n * u * sum(|a|): the bound on any summation order's error (see the module doc)."""
+    n = terms.size if axis is None else terms.shape[axis]
+    return n * np.finfo(dtype).eps * np.abs(terms.astype(np.float64)).sum(axis=axis) + 1e-30
+
+
+def split(k) -> list:
+    return list(k.compiled.mapped.reductions)
+
+
+def test_full_sum_is_split_over_a_block_not_one_thread():
+    a = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    k, (o,) = run("full_sum", a)
+    assert k.block == (256, 1, 1) and len(split(k)) == 1
+    assert "__shfl_down_sync" in k.cuda_source
+    expected = a.astype(np.float64).sum()
+    assert abs(float(o) - expected) <= sum_tolerance(a)
+
+
+def test_switching_it_off_keeps_one_thread():
+    a = np.arange(100, dtype=np.float32)
+    k, (o,) = run("full_sum", a, options=WIDE.parallelReductions(False))
+    assert k.block == (1, 1, 1) and not split(k)
+    assert float(o) == 4950.0
+
+
+@pytest.mark.parametrize("rows,cols", [(4, 1000), (3, 1), (5, 33), (2, 4097)])
+def test_row_sum_at_awkward_sizes(rows, cols):
+    a = np.random.default_rng(rows * cols).standard_normal((rows, cols)).astype(np.float32)
+    k, (o,) = run("row_sum", a)
+    assert split(k) or cols == 1
+    np.testing.assert_array_less(np.abs(o - a.astype(np.float64).sum(1)),
+                                 sum_tolerance(a, axis=1))
+
+
+@pytest.mark.parametrize("options", [
+    WIDE,
+    M().tile(1, 128).mapToThreads(128).mapToBlocks(4),  # a combine per column tile
+    M().mapToThreads(32, 4).mapToBlocks(8),  # the y threads' share is the identity
+    M().mapToThreads(1024).mapToBlocks(2),
+], ids=["wide", "tiled", "xy", "1024"])
+def test_row_sum_under_several_options(options):
+    a = np.random.default_rng(1).uniform(-1, 1, (6, 700)).astype(np.float32)
+    k, (o,) = run("row_sum", a, options=options)
+    assert split(k)
+    np.testing.assert_array_less(np.abs(o - a.astype(np.float64).sum(1)),
+                                 sum_tolerance(a, axis=1))
+
+
+def test_product_max_min_and_integers():
+    rng = np.random.default_rng(2)
+    p = rng.uniform(0.9, 1.1, (3, 300))
+    k, (o,) = run("row_prod", p)
+    assert split(k)[0].reduction.operator == "mul"
+    np.testing.assert_allclose(o, p.prod(1), rtol=1e-12)
+
+    x = rng.standard_normal((5, 77)).astype(np.float32)
+    x[2] = -np.inf
+    k, (o,) = run("row_max", x)
+    assert split(k)[0].reduction.operator == "max"
+    np.testing.assert_array_equal(o, x.max(1))
+
+    i = rng.integers(-1000, 1000, (300, 7), dtype=np.int32)
+    k, (o,) = run("col_min", i)
+    assert split(k)[0].reduction.operator == "min"
+    np.testing.assert_array_equal(o, i.min(0))
+
+    j = rng.integers(-2**40, 2**40, (3, 500), dtype=np.int64)
+    k, (o,) = run("int_sum", j)
+    assert split(k)
+    np.testing.assert_array_equal(o, j.sum(1))
+
+
+def test_several_reduction_loops_keep_the_outer_ones_sequential_per_thread():
+    a = np.random.default_rng(3).standard_normal((3, 40, 50)).astype(np.float32)
+    k, (o,) = run("sum3", a)
+    assert split(k)
+    np.testing.assert_array_less(np.abs(o - a.astype(np.float64).sum((1, 2))),
+                                 sum_tolerance(a.reshape(3, -1), axis=1))
+
+
+def test_half_inputs_accumulate_in_float_across_threads():
+    a = np.random.default_rng(4).uniform(0, 1, (3, 2000)).astype(np.float16)
+    k, (o,) = run("half_sum", a)
+    assert split(k) and split(k)[0].reduction.dtype == "float32"
+    exact = a.astype(np.float64).sum(1)
+    # float32 partial sums, then one rounding to half
+    np.testing.assert_array_less(np.abs(o.astype(np.float64) - exact),
+                                 sum_tolerance(a, axis=1) + np.abs(exact) * 2.0**-11)
+
+
+def test_softmax():
+    x = np.random.default_rng(5).standard_normal((7, 300)).astype(np.float32)
+    k, (mx, e, s, y) = run("softmax", x)
+    assert {r.reduction.operator for r in split(k)} == {"max", "add"}
+    np.testing.assert_array_equal(mx, x.max(1))
+    ref = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+    ref /= ref.sum(1, keepdims=True)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-7)
+
+
+def test_layernorm():
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((5, 600)).astype(np.float32)
+    g, b = rng.standard_normal(600).astype(np.float32), rng.standard_normal(600).astype(np.float32)
+    k, (mean, var, y) = run("layernorm", x, g, b)
+    assert len(split(k)) == 2
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(mean, x64.mean(1), atol=1e-5)
+    np.testing.assert_allclose(var, x64.var(1), rtol=1e-4)
+    ref = g * (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-5) + b
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_tc_moments_sum_and_var():
+    i = np.random.default_rng(7).uniform(0, 1, (6, 3000)).astype(np.float32)
+    i64 = i.astype(np.float64)
+    k, (mean, var) = run("moments", i)
+    assert len(split(k)) == 2
+    np.testing.assert_allclose(mean, i64.mean(1), rtol=1e-5)
+    np.testing.assert_allclose(var, (i64 ** 2).mean(1) - i64.mean(1) ** 2, atol=1e-5)
+    k, (s,) = run("tc_sum", i)
+    np.testing.assert_array_less(np.abs(s - i64.sum(1)), sum_tolerance(i, axis=1))
+    mean = i.mean(1).astype(np.float32)
+    k, (v,) = run("tc_var", i, mean)
+    assert split(k)
+    np.testing.assert_allclose(v, (i64 ** 2).mean(1) - mean.astype(np.float64) ** 2, atol=1e-5)
+
+
+def test_explain_says_how_the_reduction_was_split():
+    a = np.zeros((4, 100), np.float32)
+    k = tc.compile(program(), "row_sum", a, options=M().mapToThreads(128).mapToBlocks(4),
+                   target="cuda-emulated")
+    text = k.explain()
+    assert "parallelReductions" in text and "128 threads" in text and "reassociated" in text
+
+
+def test_parallel_reductions_are_text_and_searchable_options():
+    o = M().mapToThreads(256).parallelReductions(False)
+    assert str(o) == "MappingOptions().mapToThreads(256).parallelReductions(False)"
+    assert M.parse(str(o)) == o
+
+
+@pytest.mark.skipif(nvcc.nvcc_path() is None, reason="nvcc is not installed")
+def test_ptx_has_warp_shuffles():
+    a = np.zeros((4, 1000), np.float32)
+    k = tc.compile(program(), "row_sum", a, options=WIDE, target="cuda-emulated")
+    ptx = nvcc.ptx(k.cuda_source)
+    assert ptx is not None and "shfl.sync.down" in ptx
