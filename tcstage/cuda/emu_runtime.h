@@ -3,9 +3,11 @@
 // Every CUDA thread of a block is a cooperative fiber on the calling OS thread. The block's
 // scheduler resumes each fiber in turn until it reaches __syncthreads() or returns; when every
 // fiber has stopped, one barrier phase is over and the next begins. Blocks run one after another.
-// Since fibers only switch at barriers, a phase is a serialisation of the block's threads in the
-// scheduler's order: running the kernel under different orders and comparing the results exposes
-// the races that change the result (the Python side does the comparing).
+// A fiber that reaches a warp collective (shuffle, vote, __syncwarp, tensor core step) stops too,
+// and its warp then runs alone until the phase ends for all its lanes (run_warp), so a phase is a
+// serialisation of the block's warps (or threads, without collectives) in the scheduler's order:
+// running the kernel under different orders and comparing the results exposes the races that
+// change the result (the Python side does the comparing).
 //
 // __shared__ variables become `static thread_local`: one copy per OS thread, hence per block
 // being run, shared by that block's fibers. threadIdx is a thread_local the scheduler rewrites
@@ -13,6 +15,10 @@
 // SIGFPE) end the launch with an error instead of the process; see FaultGuard. A launch that
 // runs past its time limit ends the same way; see Watchdog.
 #pragma once
+
+// Defined in every translation unit the emulator compiles: device code written for both (such as
+// tcstage/cuda/device_lib.py's) chooses its emulated paths with `#if defined(TCEMU)`.
+#define TCEMU 1
 
 #include <math.h>  // the C++ wrapper: float overloads of exp, log, ... in the global namespace
 #include <stdarg.h>
@@ -539,7 +545,21 @@ static inline void __threadfence_system() {}
 
 namespace tcemu {
 
-enum FiberState { RUNNABLE = 0, WAITING = 1, DONE = 2 };
+// WAITING: at a __syncthreads(); AT_WARP: at a warp collective (shuffle, vote, __syncwarp, mma).
+enum FiberState { RUNNABLE = 0, WAITING = 1, DONE = 2, AT_WARP = 3 };
+// The warp collectives. The shuffle kinds are in PTX's mode order.
+enum Collective {
+    SHFL_IDX = 0, SHFL_UP = 1, SHFL_DOWN = 2, SHFL_XOR = 3, SYNCWARP, BALLOT, VOTE_ANY, VOTE_ALL,
+    ACTIVEMASK, REDUCE_ADD, REDUCE_MIN, REDUCE_MAX, REDUCE_AND, REDUCE_OR, REDUCE_XOR,
+    MMA_M16N8K16_BF16, MMA_M16N8K16_F16, COLLECTIVE_KINDS
+};
+static const char* const collective_names[COLLECTIVE_KINDS] = {
+    "__shfl_sync()", "__shfl_up_sync()", "__shfl_down_sync()", "__shfl_xor_sync()",
+    "__syncwarp()", "__ballot_sync()", "__any_sync()", "__all_sync()", "__activemask()",
+    "__reduce_add_sync()", "__reduce_min_sync()", "__reduce_max_sync()", "__reduce_and_sync()",
+    "__reduce_or_sync()", "__reduce_xor_sync()", "mma.sync.m16n8k16 (bf16)",
+    "mma.sync.m16n8k16 (f16)"};
+static const unsigned FULL_MASK = 0xffffffffu;
 enum Status { OK = 0, DIVERGENT = 1, TRAPPED = 2, BAD_LAUNCH = 3, FAULT = 4, TIMED_OUT = 5 };
 enum Order { FORWARD = 0, REVERSE = 1, SHUFFLE = 2 };
 
@@ -590,7 +610,17 @@ struct Fiber {
 #endif
     uint3 tid;
     int state = DONE;
-    int site = 0;  // source line of the __syncthreads() the fiber waits at
+    int site = 0;  // source line of the __syncthreads() or warp collective the fiber waits at
+    // What it brings to the warp collective it waits at (state AT_WARP), and what it gets back:
+    // a shuffle's value travels as its bytes in a 64-bit word; an mma's operands by pointer.
+    int kind = 0;
+    int call = 0;   // which call site (__COUNTER__ there): two on one line differ
+    unsigned mask = 0;
+    int arg = 0;    // source lane, delta or lane mask; for __reduce_{min,max}: signed or not
+    int width = 32;
+    uint64_t value = 0, result = 0;
+    const void* in = nullptr;
+    void* out = nullptr;
 };
 
 typedef void (*Invoker)(void** args);
@@ -605,6 +635,7 @@ struct Scheduler {
     void* main_sp = nullptr;
 #endif
     Fiber* current = nullptr;
+    size_t nthreads = 0;  // of the block being run
     size_t page = 0;
     char* signal_stack = nullptr;  // where the fault handler runs: a fiber's stack may be full
     Invoker invoke = nullptr;
@@ -759,9 +790,197 @@ static inline void time_is_up() {
          sched.time_limit, bi.x, bi.y, bi.z);
 }
 
+// Resumes a runnable fiber until it stops; false (with sched.status set) on an error.
+static inline bool step(Fiber& f) {
+    resume(f);
+    if (sched.status == OK && sched.timed_out) time_is_up();
+    return sched.status == OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Warps. A warp is 32 consecutive linear thread ids of the block (x fastest), its last one
+// possibly partial. A lane that reaches a warp collective stops (state AT_WARP); the block's
+// scheduler then runs that warp alone, its lanes in the phase's order, until every lane waits at
+// a barrier, has returned or waits at a collective, resolves the collectives whose lanes have all
+// arrived, and goes on until none is left; so within a barrier phase the warps still run one
+// after another, and the forward and reverse orders still reverse the order of any two warps.
+
+static inline unsigned lane_of(const Fiber& f) { return unsigned((&f - sched.fibers) % 32); }
+
+static inline unsigned lanes_of_warp(size_t first) {  // the lanes that exist, as a mask
+    size_t count = std::min<size_t>(32, sched.nthreads - first);
+    return count == 32 ? FULL_MASK : (1u << count) - 1;
+}
+
+// The source lane of a shuffle, as PTX's shfl.sync computes it from CUDA's width (its clamp and
+// segment mask); a lane outside the segment reads its own value.
+static inline unsigned shuffle_source(int kind, unsigned lane, int arg, int width) {
+    unsigned seg = 32u - (unsigned)width, b = (unsigned)arg & 31u;
+    unsigned lo = lane & seg, hi = kind == SHFL_UP ? lo : lo | (31u & ~seg);
+    int j;
+    bool ok;
+    switch (kind) {
+        case SHFL_UP: j = (int)lane - (int)b; ok = j >= (int)hi; break;
+        case SHFL_DOWN: j = (int)(lane + b); ok = j <= (int)hi; break;
+        case SHFL_XOR: j = (int)(lane ^ b); ok = j <= (int)hi; break;
+        default: j = (int)(lo | (b & ~seg)); ok = j <= (int)hi; break;
+    }
+    return ok ? (unsigned)j : lane;
+}
+
+static void resolve_mma(Fiber* lanes, int kind);  // below, with the tensor core emulation
+
+// Gives each lane of one complete collective its result; `m`: the lanes, all waiting at it.
+static void resolve(Fiber* lanes, unsigned m) {
+    Fiber& first = lanes[__builtin_ctz(m)];
+    int kind = first.kind;
+    if (kind <= SHFL_XOR) {
+        for (unsigned r = m; r; r &= r - 1) {
+            Fiber& f = lanes[__builtin_ctz(r)];
+            unsigned src = shuffle_source(kind, lane_of(f), f.arg, f.width);
+            // Reading a lane the mask leaves out is undefined in CUDA; here it reads its own.
+            f.result = (m >> src & 1) ? lanes[src].value : f.value;
+        }
+    } else if (kind == MMA_M16N8K16_BF16 || kind == MMA_M16N8K16_F16) {
+        resolve_mma(lanes, kind);
+    } else if (kind != SYNCWARP) {
+        uint64_t acc = 0;
+        unsigned votes = 0;
+        bool is_signed = first.arg != 0, seen = false;
+        for (unsigned r = m; r; r &= r - 1) {
+            unsigned i = __builtin_ctz(r);
+            uint64_t v = lanes[i].value;
+            if (v) votes |= 1u << i;
+            uint32_t u = (uint32_t)v;
+            int32_t sv = (int32_t)u;
+            switch (kind) {
+                case REDUCE_ADD: acc = (uint32_t)(acc + u); break;
+                case REDUCE_AND: acc = seen ? (acc & u) : u; break;
+                case REDUCE_OR: acc |= u; break;
+                case REDUCE_XOR: acc ^= u; break;
+                case REDUCE_MIN:
+                    if (!seen || (is_signed ? sv < (int32_t)acc : u < (uint32_t)acc)) acc = u;
+                    break;
+                case REDUCE_MAX:
+                    if (!seen || (is_signed ? sv > (int32_t)acc : u > (uint32_t)acc)) acc = u;
+                    break;
+            }
+            seen = true;
+        }
+        uint64_t result = kind == BALLOT ? votes : kind == VOTE_ANY ? votes != 0
+                        : kind == VOTE_ALL ? votes == m : acc;
+        for (unsigned r = m; r; r &= r - 1) lanes[__builtin_ctz(r)].result = result;
+    }
+    for (unsigned r = m; r; r &= r - 1) lanes[__builtin_ctz(r)].state = RUNNABLE;
+}
+
+static void report_stuck_warp(Fiber* lanes, unsigned pending) {
+    Fiber& a = lanes[__builtin_ctz(pending)];
+    char ta[48], tb[48];
+    describe(a, ta, sizeof ta);
+    uint3 bi = blockIdx;
+    for (unsigned r = a.mask; r; r &= r - 1) {
+        Fiber& b = lanes[__builtin_ctz(r)];
+        describe(b, tb, sizeof tb);
+        if (b.state == DONE) {
+            fail(DIVERGENT, "warp collective waits for a thread that has returned, in block "
+                 "(%u,%u,%u): thread %s waits at the %s on line %d with mask 0x%08x, which names "
+                 "lane %u, thread %s, which has returned", bi.x, bi.y, bi.z, ta,
+                 collective_names[a.kind], a.site, a.mask, lane_of(b), tb);
+            return;
+        }
+        if (b.state == WAITING) {
+            fail(DIVERGENT, "divergent warp collective in block (%u,%u,%u): thread %s waits at the "
+                 "%s on line %d with mask 0x%08x, while lane %u of its warp, thread %s, waits at "
+                 "the __syncthreads() on line %d", bi.x, bi.y, bi.z, ta,
+                 collective_names[a.kind], a.site, a.mask, lane_of(b), tb, b.site);
+            return;
+        }
+        if (b.state == AT_WARP &&
+            (b.kind != a.kind || b.mask != a.mask || (b.call != a.call && a.kind != SYNCWARP))) {
+            fail(DIVERGENT, "divergent warp collective in block (%u,%u,%u): thread %s waits at the "
+                 "%s on line %d with mask 0x%08x, while lane %u of its warp, thread %s, waits at "
+                 "the %s on line %d with mask 0x%08x", bi.x, bi.y, bi.z, ta,
+                 collective_names[a.kind], a.site, a.mask, lane_of(b), tb,
+                 collective_names[b.kind], b.site, b.mask);
+            return;
+        }
+    }
+    fail(DIVERGENT, "divergent warp collective in block (%u,%u,%u): thread %s waits at the %s on "
+         "line %d with mask 0x%08x forever", bi.x, bi.y, bi.z, ta, collective_names[a.kind],
+         a.site, a.mask);
+}
+
+// Resolves every collective of the warp whose lanes have all arrived. 1: some were; 0: no lane
+// waits at one; -1: lanes wait at collectives that can never complete (an error is set).
+static int resolve_warp(Fiber* lanes, size_t count) {
+    unsigned pending = 0;
+    for (size_t i = 0; i < count; ++i)
+        if (lanes[i].state == AT_WARP) pending |= 1u << i;
+    if (!pending) return 0;
+    bool progressed = false;
+    for (unsigned left = pending; left;) {
+        Fiber& a = lanes[__builtin_ctz(left)];
+        if (a.kind == ACTIVEMASK) {
+            // The lanes at the same __activemask() together are the active ones.
+            unsigned group = 0;
+            for (unsigned r = pending; r; r &= r - 1) {
+                const Fiber& b = lanes[__builtin_ctz(r)];
+                if (b.kind == ACTIVEMASK && b.call == a.call) group |= 1u << __builtin_ctz(r);
+            }
+            for (unsigned r = group; r; r &= r - 1) {
+                lanes[__builtin_ctz(r)].result = group;
+                lanes[__builtin_ctz(r)].state = RUNNABLE;
+            }
+            left &= ~group;
+            pending &= ~group;
+            progressed = true;
+            continue;
+        }
+        unsigned m = a.mask;
+        bool complete = (m & ~pending) == 0;
+        for (unsigned r = m; complete && r; r &= r - 1) {
+            const Fiber& b = lanes[__builtin_ctz(r)];
+            complete = b.kind == a.kind && b.mask == m && (b.call == a.call || a.kind == SYNCWARP);
+        }
+        if (complete) {
+            resolve(lanes, m);
+            left &= ~m;
+            pending &= ~m;
+            progressed = true;
+        } else {
+            left &= left - 1;
+        }
+    }
+    if (progressed) return 1;
+    report_stuck_warp(lanes, pending);
+    return -1;
+}
+
+// Runs the warp of lane `first` alone until none of its lanes waits at a collective.
+static bool run_warp(size_t first, const size_t* rank) {
+    Fiber* lanes = sched.fibers + first;
+    size_t count = std::min<size_t>(32, sched.nthreads - first);
+    size_t sweep[32];  // the lanes in the phase's order
+    for (size_t i = 0; i < count; ++i) {
+        size_t j = i;
+        for (; j > 0 && rank[first + sweep[j - 1]] > rank[first + i]; --j) sweep[j] = sweep[j - 1];
+        sweep[j] = i;
+    }
+    for (;;) {
+        for (size_t k = 0; k < count; ++k) {
+            Fiber& f = lanes[sweep[k]];
+            if (f.state == RUNNABLE && !step(f)) return false;
+        }
+        int r = resolve_warp(lanes, count);
+        if (r <= 0) return r == 0;
+    }
+}
+
 // Runs one block to completion; false (with sched.status set) on an error.
-static bool run_block(size_t nthreads, size_t* order, int kind, uint64_t& rng) {
+static bool run_block(size_t nthreads, size_t* order, size_t* rank, int kind, uint64_t& rng) {
     dim3 bd = blockDim;
+    sched.nthreads = nthreads;
     for (size_t i = 0; i < nthreads; ++i) {
         Fiber& f = sched.fibers[i];
         // x varies fastest, as in CUDA's linear thread index.
@@ -773,12 +992,13 @@ static bool run_block(size_t nthreads, size_t* order, int kind, uint64_t& rng) {
     }
     for (int phase = 0;; ++phase) {
         make_order(order, nthreads, kind, rng);
+        for (size_t k = 0; k < nthreads; ++k) rank[order[k]] = k;
         for (size_t k = 0; k < nthreads; ++k) {
             Fiber& f = sched.fibers[order[k]];
             if (f.state != RUNNABLE) continue;
-            resume(f);
-            if (sched.status == OK && sched.timed_out) time_is_up();
-            if (sched.status != OK) return false;
+            if (!step(f)) return false;
+            // At a warp collective: its warp runs on alone to the end of the phase.
+            if (f.state == AT_WARP && !run_warp(order[k] / 32 * 32, rank)) return false;
         }
         // The phase is over: every fiber waits at a barrier or has returned.
         const Fiber *waiting = nullptr, *done = nullptr, *other_site = nullptr;
@@ -821,6 +1041,101 @@ static inline void barrier(int site) {
     to_scheduler();
     __asm__ volatile("" ::: "memory");
 }
+
+// A lane arrives at a warp collective and waits until its warp's scheduler resolves it.
+// `site`: its source line (for messages); `call`: which call site it is.
+static uint64_t warp_collective(int kind, int site, int call, unsigned mask, int arg, int width,
+                                uint64_t value, const void* in = nullptr, void* out = nullptr) {
+    Fiber* f = sched.current;
+    unsigned lane = lane_of(*f);
+    size_t first = size_t(f - sched.fibers) - lane;
+    const char* what = collective_names[kind];
+    char t[48];
+    uint3 bi = blockIdx;
+    if (kind == ACTIVEMASK) {
+        mask = 0;
+    } else if (!(mask >> lane & 1)) {
+        fail(DIVERGENT, "%s on line %d in block (%u,%u,%u), thread %s: its mask 0x%08x does not "
+             "name the calling lane %u", what, site, bi.x, bi.y, bi.z,
+             describe(*f, t, sizeof t), mask, lane);
+    } else if (mask & ~lanes_of_warp(first)) {
+        fail(DIVERGENT, "%s on line %d in block (%u,%u,%u), thread %s: its mask 0x%08x names "
+             "lanes past the block's %zu threads (warp %zu has lanes 0x%08x)", what, site, bi.x,
+             bi.y, bi.z, describe(*f, t, sizeof t), mask, sched.nthreads, first / 32,
+             lanes_of_warp(first));
+    } else if (width < 1 || width > 32 || (width & (width - 1))) {
+        fail(DIVERGENT, "%s on line %d in block (%u,%u,%u), thread %s: width %d is not a power "
+             "of 2 from 1 to 32", what, site, bi.x, bi.y, bi.z, describe(*f, t, sizeof t),
+             width);
+    }
+    if (sched.status != OK) {
+        to_scheduler();  // never resumed: the launch is abandoned
+        abort();
+    }
+    f->state = AT_WARP;
+    f->site = site;
+    f->call = call;
+    f->kind = kind;
+    f->mask = mask;
+    f->arg = arg;
+    f->width = width;
+    f->value = value;
+    f->in = in;
+    f->out = out;
+    __asm__ volatile("" ::: "memory");  // other lanes read and write this one's operands
+    to_scheduler();
+    __asm__ volatile("" ::: "memory");
+    return f->result;
+}
+
+template <class T> static inline uint64_t to_bits(const T& v) {
+    static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value,
+                  "warp shuffles move values of at most 8 bytes");
+    uint64_t u = 0;
+    memcpy(&u, &v, sizeof(T));
+    return u;
+}
+template <class T> static inline T from_bits(uint64_t u) {
+    T v;
+    memcpy(&v, &u, sizeof(T));
+    return v;
+}
+
+// CUDA's warp intrinsics, spelled as objects made at their call site (the macros below), so that
+// the collective knows its source line, and default arguments work as in CUDA.
+template <int Kind> struct Shuffle {
+    int site, call;
+    template <class T> T operator()(unsigned mask, T var, int arg, int width = 32) const {
+        return from_bits<T>(warp_collective(Kind, site, call, mask, arg, width, to_bits(var)));
+    }
+};
+struct SyncWarp {
+    int site, call;
+    void operator()(unsigned mask = FULL_MASK) const {
+        warp_collective(SYNCWARP, site, call, mask, 0, 32, 0);
+    }
+};
+template <int Kind> struct Vote {
+    int site, call;
+    unsigned operator()(unsigned mask, int predicate) const {
+        return (unsigned)warp_collective(Kind, site, call, mask, 0, 32, predicate != 0);
+    }
+};
+struct ActiveMask {
+    int site, call;
+    unsigned operator()() const {
+        return (unsigned)warp_collective(ACTIVEMASK, site, call, 0, 0, 32, 0);
+    }
+};
+template <int Kind> struct Reduce {
+    int site, call;
+    unsigned operator()(unsigned mask, unsigned value) const {
+        return (unsigned)warp_collective(Kind, site, call, mask, 0, 32, value);
+    }
+    int operator()(unsigned mask, int value) const {
+        return (int)(unsigned)warp_collective(Kind, site, call, mask, 1, 32, (uint32_t)value);
+    }
+};
 
 static inline void trap(const char* what, const char* file, int line) {
     char a[48];
@@ -1024,6 +1339,66 @@ struct FaultGuard {
     }
 };
 
+// ---------------------------------------------------------------------------------------------
+// Tensor cores: mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 as a warp
+// collective. Each lane brings its fragments in PTX's layout (groupID = lane >> 2,
+// threadID_in_group = lane % 4; the lower half of a 32-bit register holds the element with the
+// lower index): A (16 x 16, row-major) in 4 registers, element i of the 8 at row
+// groupID + 8 * (i / 2 % 2), column 2 * threadID_in_group + i % 2 + 8 * (i / 4); B (16 x 8,
+// k x n) in 2 registers, element i of the 4 at row 2 * threadID_in_group + i % 2 + 8 * (i / 2),
+// column groupID; C and D (16 x 8 floats), element i of the 4 at row groupID + 8 * (i / 2),
+// column 2 * threadID_in_group + i % 2. Each D element is C's plus the 16 products in k order,
+// each product exact in float and each sum rounded to float; tensor cores sum in an order (and
+// with roundings) of their own, so results agree to rounding, not bit for bit.
+
+struct MmaOperands { const unsigned* a; const unsigned* b; const float* c; };
+
+static inline float half_bits_to_float(unsigned short h) {
+    unsigned exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+    float v = exponent == 0 ? ldexpf((float)mantissa, -24)
+            : exponent == 31 ? (mantissa ? NAN : INFINITY)
+            : ldexpf((float)(mantissa | 0x400u), (int)exponent - 25);
+    return (h & 0x8000u) ? -v : v;
+}
+
+static void resolve_mma(Fiber* lanes, int kind) {
+    float a[16][16], b[16][8], c[16][8];
+    for (unsigned lane = 0; lane < 32; ++lane) {
+        const MmaOperands& ops = *(const MmaOperands*)lanes[lane].in;
+        unsigned g = lane >> 2, t = lane & 3;
+        for (unsigned i = 0; i < 8; ++i) {
+            unsigned short bits = (unsigned short)(ops.a[i / 2] >> (16 * (i % 2)));
+            a[g + 8 * (i / 2 % 2)][2 * t + i % 2 + 8 * (i / 4)] =
+                kind == MMA_M16N8K16_BF16 ? bf16_to_float(bits) : half_bits_to_float(bits);
+        }
+        for (unsigned i = 0; i < 4; ++i) {
+            unsigned short bits = (unsigned short)(ops.b[i / 2] >> (16 * (i % 2)));
+            b[2 * t + i % 2 + 8 * (i / 2)][g] =
+                kind == MMA_M16N8K16_BF16 ? bf16_to_float(bits) : half_bits_to_float(bits);
+        }
+        for (unsigned i = 0; i < 4; ++i) c[g + 8 * (i / 2)][2 * t + i % 2] = ops.c[i];
+    }
+    // All fragments are read before any is written: D may be C's own registers.
+    for (unsigned lane = 0; lane < 32; ++lane) {
+        float* d = (float*)lanes[lane].out;
+        unsigned g = lane >> 2, t = lane & 3;
+        for (unsigned i = 0; i < 4; ++i) {
+            unsigned row = g + 8 * (i / 2), col = 2 * t + i % 2;
+            float acc = c[row][col];
+            for (unsigned k = 0; k < 16; ++k) acc += a[row][k] * b[k][col];
+            d[i] = acc;
+        }
+    }
+}
+
+// The emulator's side of tc::mma_m16n8k16 (tcstage/cuda/device_lib.py): the whole warp, in
+// convergence, as mma.sync.aligned requires.
+static inline void mma_m16n8k16(int kind, float* d, const unsigned* a, const unsigned* b,
+                                const float* c, int site, int call) {
+    MmaOperands ops{a, b, c};
+    warp_collective(kind, site, call, FULL_MASK, 0, 32, 0, &ops, d);
+}
+
 // Runs a whole grid. `block_order`/`thread_order` pick FORWARD, REVERSE or SHUFFLE.
 // `time_limit`: seconds (0: none).
 static int launch(Invoker invoke, void** args, const long long* grid, const long long* block,
@@ -1048,9 +1423,11 @@ static int launch(Invoker invoke, void** args, const long long* grid, const long
         return sched.status;
     }
     size_t* order = (size_t*)malloc(sizeof(size_t) * (nthreads > nblocks ? nthreads : nblocks));
+    size_t* rank = (size_t*)malloc(sizeof(size_t) * nthreads);  // positions in `order`
     size_t* border = (size_t*)malloc(sizeof(size_t) * nblocks);
-    if (!order || !border) {
+    if (!order || !rank || !border) {
         free(order);
+        free(rank);
         free(border);
         fail(BAD_LAUNCH, "out of memory");
         return sched.status;
@@ -1068,9 +1445,10 @@ static int launch(Invoker invoke, void** args, const long long* grid, const long
         size_t b = border[k];
         blockIdx = uint3{unsigned(b % grid[0]), unsigned(b / grid[0] % grid[1]),
                          unsigned(b / (size_t(grid[0]) * grid[1]))};
-        if (!run_block(nthreads, order, thread_order, rng)) break;
+        if (!run_block(nthreads, order, rank, thread_order, rng)) break;
     }
     free(order);
+    free(rank);
     free(border);
     *flags = float_atomics_used ? 1 : 0;
     return sched.status;
@@ -1079,6 +1457,23 @@ static int launch(Invoker invoke, void** args, const long long* grid, const long
 }  // namespace tcemu
 
 #define __syncthreads() ::tcemu::barrier(__LINE__)
+// Warp collectives (see run_warp): objects made at the call site, called with CUDA's arguments;
+// __COUNTER__ tells call sites apart, __LINE__ names them.
+#define __shfl_sync ::tcemu::Shuffle< ::tcemu::SHFL_IDX>{__LINE__, __COUNTER__}
+#define __shfl_up_sync ::tcemu::Shuffle< ::tcemu::SHFL_UP>{__LINE__, __COUNTER__}
+#define __shfl_down_sync ::tcemu::Shuffle< ::tcemu::SHFL_DOWN>{__LINE__, __COUNTER__}
+#define __shfl_xor_sync ::tcemu::Shuffle< ::tcemu::SHFL_XOR>{__LINE__, __COUNTER__}
+#define __syncwarp ::tcemu::SyncWarp{__LINE__, __COUNTER__}
+#define __ballot_sync ::tcemu::Vote< ::tcemu::BALLOT>{__LINE__, __COUNTER__}
+#define __any_sync ::tcemu::Vote< ::tcemu::VOTE_ANY>{__LINE__, __COUNTER__}
+#define __all_sync ::tcemu::Vote< ::tcemu::VOTE_ALL>{__LINE__, __COUNTER__}
+#define __activemask ::tcemu::ActiveMask{__LINE__, __COUNTER__}
+#define __reduce_add_sync ::tcemu::Reduce< ::tcemu::REDUCE_ADD>{__LINE__, __COUNTER__}
+#define __reduce_min_sync ::tcemu::Reduce< ::tcemu::REDUCE_MIN>{__LINE__, __COUNTER__}
+#define __reduce_max_sync ::tcemu::Reduce< ::tcemu::REDUCE_MAX>{__LINE__, __COUNTER__}
+#define __reduce_and_sync ::tcemu::Reduce< ::tcemu::REDUCE_AND>{__LINE__, __COUNTER__}
+#define __reduce_or_sync ::tcemu::Reduce< ::tcemu::REDUCE_OR>{__LINE__, __COUNTER__}
+#define __reduce_xor_sync ::tcemu::Reduce< ::tcemu::REDUCE_XOR>{__LINE__, __COUNTER__}
 #define __trap() ::tcemu::trap("__trap()", __FILE__, __LINE__)
 // Kernel asserts end the launch with an error instead of aborting the host process.
 #undef assert

@@ -10,16 +10,39 @@ overflow), which end the launch instead of the process; so does running past a t
 (`TIME_LIMIT`, or `time_limit=`): the emulator runs a GPU's threads one at a time, and a kernel
 that loops forever must not hold the process.
 
+Warps: a warp is 32 consecutive linear thread ids of the block (x fastest; the last one may be
+partial), and the warp collectives `__shfl_sync`, `__shfl_up_sync`, `__shfl_down_sync`,
+`__shfl_xor_sync` (with CUDA's `width`; any type of up to 8 bytes), `__syncwarp`,
+`__ballot_sync`, `__any_sync`, `__all_sync`, `__activemask`, the `__reduce_*_sync` of sm_80 and
+the tensor core step of `device_lib.MMA_LIB` have CUDA's semantics. A lane that reaches one
+stops, and the scheduler runs the rest of its warp, alone, until every lane named in the mask has
+arrived, then resolves it. Every lane the mask names must reach the same collective (same call
+site, kind and mask; `__syncwarp` may differ in call site, as on sm_70+), else the launch ends
+with "divergent warp collective"; a mask naming a lane past the block's threads, a lane that has
+returned, or not the calling lane, and a `width` that is not a power of 2 up to 32, are errors too
+(CUDA leaves these undefined). A shuffle reading a lane the mask leaves out returns the reader's
+own value (undefined in CUDA: real code must not use it). `__activemask()` returns the lanes that
+reach that call site together.
+
 Race detection: `emulate` runs the kernel on private copies of the arrays under two schedules,
 forward (blocks and, within every barrier phase, threads in increasing linear index) and reverse
 (both decreasing), and compares every array afterwards. A difference means the result depends on
-thread scheduling, i.e. a data race or a missing `__syncthreads()`, and raises
-`EmulationRaceError`; otherwise the result is copied into the caller's arrays. This finds the
-races that change results under those schedules, not all races: fibers only switch at barriers,
-so a phase runs each thread start to finish, and e.g. a non-atomic `x += 1` by all threads never
-loses an update here; races whose racing writes store equal values are invisible as well. Add
-"shuffle" to `schedules` for a third, pseudo-random order. The private copies sit between red
-zones, so writes just out of bounds are reported too.
+thread scheduling, i.e. a data race or a missing `__syncthreads()` or `__syncwarp()`, and raises
+`EmulationRaceError`; otherwise the result is copied into the caller's arrays. Within a barrier
+phase a fiber runs until it returns, reaches the barrier or reaches a warp collective; in the last
+case its whole warp runs on to the end of the phase before the order moves on, its lanes taking
+turns between collectives in the order's own sequence. So a phase is a serialisation of the
+block's warps (of its threads, if it has no collectives), which forward and reverse reverse:
+a race between two warps, or between two lanes between collectives, is seen as in a kernel
+without collectives. A collective orders the memory accesses of the lanes it names, as
+`__syncwarp` does (CUDA promises this only for `__syncwarp`). This finds the races that change
+results under those schedules, not all races: a non-atomic `x += 1` by all threads never loses an
+update here, since fibers switch only at barriers and collectives; races whose racing writes
+store equal values are invisible as well. Add "shuffle" to `schedules` for a third,
+pseudo-random order. The private copies sit between red zones, so writes just out of bounds are
+reported too. Floating-point atomics (atomicAdd on float, double, half, bfloat16, and any
+atomicCAS, which is how CUDA code builds the others) legitimately round differently in each
+order, so after them floating-point results are compared with a tolerance.
 
 `half` arrays are numpy float16; `__nv_bfloat16` arrays are ml_dtypes' bfloat16 (`bfloat16()`),
 and the runtime's `__nv_bfloat16` has the conversions and operators of CUDA's, so the mixed
