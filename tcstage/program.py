@@ -17,6 +17,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 import attrs
+import ml_dtypes
 import numpy as np
 
 from tcstage.errors import TCArgumentError, TCError, warn
@@ -25,6 +26,7 @@ from tcstage.halide.jit import DEFAULT_SCHEDULE, CpuKernel, needs_large_buffers,
 from tcstage.halide.lower import Lowered, lower
 from tcstage.halide.solver import evaluate
 from tcstage.lang import checked as C
+from tcstage.lang.accumulate import accumulate_in_float32
 from tcstage.lang.parser import parse
 from tcstage.lang.sema import check_module
 from tcstage.lang.types import from_numpy
@@ -32,17 +34,27 @@ from tcstage.lang.types import from_numpy
 _DEFAULT = object()
 
 
-def define(source: str, filename: str = "<string>") -> "Program":
-    """Parses and checks every TC function in `source`; raises `TCError` on any mistake."""
+def define(source: str, filename: str = "<string>", *,
+           narrow_accumulation: bool = False) -> "Program":
+    """Parses and checks every TC function in `source`; raises `TCError` on any mistake.
+
+    Sums and products into half or bfloat16 tensors accumulate in float32 and are rounded once
+    (docs/language.md); `narrow_accumulation=True` keeps the tensor's own type throughout."""
     for what, value in (("source", source), ("filename", filename)):
         if not isinstance(value, str):
             raise TCArgumentError(
                 f"tc.define takes the TC {what} as a str, got {_describe(value)}",
                 notes=("decode bytes first, e.g. data.decode('utf-8')",)
                 if isinstance(value, (bytes, bytearray)) else ())
+    if not isinstance(narrow_accumulation, (bool, np.bool_)):
+        raise TCArgumentError(f"narrow_accumulation takes True or False, got "
+                              f"{_describe(narrow_accumulation)}")
     module = parse(source, filename)
-    return Program({name: TCFunction(fn) for name, fn in check_module(module).items()},
-                   source, filename)
+    functions = {}
+    for name, fn in check_module(module).items():
+        functions[name] = TCFunction(fn if narrow_accumulation else accumulate_in_float32(fn),
+                                     written=fn)
+    return Program(functions, source, filename, narrow_accumulation=bool(narrow_accumulation))
 
 
 def _describe(value) -> str:
@@ -56,11 +68,12 @@ class Program:
     """The functions of one TC source, by name: `prog.matmul` or `prog["matmul"]`."""
 
     def __init__(self, functions: dict[str, "TCFunction"], source: str | None = None,
-                 filename: str = "<string>"):
+                 filename: str = "<string>", narrow_accumulation: bool = False):
         self._functions = functions
         # the text it was defined from: what worker processes define again (Halide objects
-        # do not pickle)
+        # do not pickle), and how (see `define`)
         self.source, self.filename = source, filename
+        self.narrow_accumulation = narrow_accumulation
 
     @property
     def names(self) -> list[str]:
@@ -116,10 +129,15 @@ class StatementReport:
 
 
 class TCFunction:
-    """One TC function: call it on numpy arrays, or ask for its shapes and ranges."""
+    """One TC function: call it on numpy arrays, or ask for its shapes and ranges.
 
-    def __init__(self, fn: C.Function):
+    `checked` is the function that compiles (with float32 accumulators for half and bfloat16
+    sums, lang/accumulate.py), `written` the function as its source states it (what the
+    gradient differentiates)."""
+
+    def __init__(self, fn: C.Function, written: C.Function | None = None):
         self.checked = fn
+        self.written = fn if written is None else written
         self.name = fn.name
         self.specialized_scalars = R.needs_specialization(fn)
         # The default of specialize_shapes: shape-generic kernels, except where a subscript
@@ -143,8 +161,13 @@ class TCFunction:
     def _infer(self, spec: tuple) -> R.FunctionRanges:
         cached = self._ranges.get(spec)
         if cached is None:
-            cached = R.infer_ranges(self.checked, dict(spec))
-            for p in cached.preconditions:
+            warned = cached = R.infer_ranges(self.checked, dict(spec)) \
+                if self.written is self.checked else None
+            if cached is None:  # errors and warnings name the tensors of the source, never
+                # the float32 accumulators it compiles with
+                warned = R.infer_ranges(self.written, dict(spec))
+                cached = R.infer_ranges(self.checked, dict(spec))
+            for p in warned.preconditions:
                 warn(p.message)
             self._ranges[spec] = cached
         return cached
@@ -282,7 +305,7 @@ class TCFunction:
                 b.inout[name][...] = res
         final = [b.inout.get(n, r) for n, r in zip(self.checked.outputs, results)]
         if torch_in is not None:  # the caller's own out= tensors, the others as torch views
-            final = [torch_in.get(n) if n in torch_in else _torch().from_numpy(r)
+            final = [torch_in.get(n) if n in torch_in else _as_torch(r)
                      for n, r in zip(self.checked.outputs, final)]
         return final[0] if len(final) == 1 else tuple(final)
 
@@ -339,7 +362,7 @@ def _fast_key(args) -> tuple | None:
     key = []
     for a in args:
         if type(a) is np.ndarray:
-            key.append((a.shape, a.dtype.str, a.strides, a.flags.writeable, a.flags.aligned))
+            key.append((a.shape, a.dtype, a.strides, a.flags.writeable, a.flags.aligned))
         elif type(a) in (int, float, bool) or isinstance(a, np.generic):
             key.append((type(a), a))
         else:
@@ -390,6 +413,18 @@ def _torch():
     return sys.modules.get("torch")
 
 
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _as_torch(a: np.ndarray):
+    """A PyTorch tensor over a's memory (torch.from_numpy, which knows no ml_dtypes bfloat16:
+    that goes through its bits)."""
+    torch = _torch()
+    if a.dtype == _BFLOAT16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
 def _numpy_views(fn: C.Function, args: Sequence, named: Mapping, out, cuda_ok: bool):
     """The arguments with every CPU PyTorch tensor replaced by a numpy view of its memory (no
     copy; `.detach()`ed first). Returns (args, named, out, torch_out): torch_out is None when
@@ -421,6 +456,8 @@ def _numpy_views(fn: C.Function, args: Sequence, named: Mapping, out, cuda_ok: b
                                   "place, which autograd cannot follow",
                                   notes=(f"pass {what}.detach() to update it anyway",))
         tensor = value.detach().resolve_conj().resolve_neg()
+        if tensor.dtype == torch.bfloat16:  # (numpy has no bfloat16: its bits, as ml_dtypes')
+            return tensor.view(torch.int16).numpy().view(_BFLOAT16)
         try:
             return tensor.numpy()
         except (TypeError, RuntimeError) as e:  # a dtype numpy lacks: bfloat16, float8, ...
@@ -560,9 +597,11 @@ def _shape_of(fn: C.Function, t: C.Tensor, a, shapes_only: bool) -> tuple[int, .
                                   f"{shape}")
         got = from_numpy(dtype)
         if got != t.type:
+            module = "ml_dtypes" if t.type.kind == "bfloat" else "numpy"  # (numpy has none)
             raise TCArgumentError(f"'{fn.name}' expects {t.name} of type {t.type} "
-                                  f"(numpy {t.type.numpy}), got {dtype}",
-                                  notes=(f"convert with {t.name}.astype(numpy.{t.type.numpy})",))
+                                  f"({module} {t.type.numpy}), got {dtype}",
+                                  notes=(f"convert with {t.name}.astype({module}."
+                                         f"{t.type.numpy})",))
         return shape
     if shapes_only and isinstance(a, (tuple, list)) and all(
             isinstance(n, (int, np.integer)) for n in a):
@@ -582,7 +621,9 @@ def _scalar(fn: C.Function, t: C.Tensor, a):
         a = a[()]
     if isinstance(a, (bool, np.bool_)) and t.type.kind != "bool":
         raise TCArgumentError(f"scalar input {t.name} is {t.type}, got a bool")
-    if t.type.is_float and isinstance(a, (int, float, np.integer, np.floating)):
+    if t.type.is_float and (isinstance(a, (int, float, np.integer, np.floating))
+                            or isinstance(a, np.generic) and from_numpy(a.dtype) is not None
+                            and from_numpy(a.dtype).is_float):  # (an ml_dtypes bfloat16)
         return float(a)
     if t.type.kind in ("int", "uint") and isinstance(a, (int, np.integer)):
         info = np.iinfo(t.type.numpy)

@@ -144,7 +144,19 @@ def test_a_cuda_tensor_is_a_clear_error(tmm):
 
 def test_a_dtype_numpy_lacks_is_a_clear_error(tmm):
     with pytest.raises(tc.TCArgumentError, match="A is a PyTorch tensor of dtype "
-                                                 "torch.bfloat16"):
+                                                 "torch.float8_e4m3fn"):
+        tmm(tensor(2, 3, dtype=torch.float8_e4m3fn), tensor(4, 3))
+
+
+def test_bfloat16_tensors_are_viewed_through_their_bits(tmm):
+    """numpy has no bfloat16: a bf16 tensor is taken as ml_dtypes' bfloat16 view of its memory,
+    and a bf16 TC's outputs come back as bf16 tensors."""
+    f = tc.define("def f(bfloat16(N) X) -> (Y) { Y(i) = X(i) * 2 }").f
+    X = tensor(6, dtype=torch.bfloat16)
+    Y = f(X[::2])  # (strided: viewed, then copied where Halide needs a dense array)
+    assert isinstance(Y, torch.Tensor) and Y.dtype == torch.bfloat16
+    assert torch.equal(Y, X[::2] * 2)
+    with pytest.raises(tc.TCArgumentError, match="expects A of type float32.*got bfloat16"):
         tmm(tensor(2, 3, dtype=torch.bfloat16), tensor(4, 3))
 
 

@@ -175,9 +175,18 @@ def test_retype_rewrites_declared_floats_and_single_precision_builtins():
     assert str(fn.tensors["I"].type) == "int32"
 
 
-def test_bfloat16_is_a_clear_error(tmm):
-    with pytest.raises(tc.TCArgumentError, match="bfloat16.*half, float, double"):
-        tmm(torch.randn(2, 3).bfloat16(), torch.randn(2, 3).bfloat16())
+def test_bfloat16_runs_with_float32_sums(tmm):
+    A, B = torch.randn(4, 64).bfloat16(), torch.randn(3, 64).bfloat16()
+    C = tmm(A, B)
+    assert C.dtype == torch.bfloat16
+    exact = A.double() @ B.double().T  # products exact, sums in float32, rounded once
+    bound = 2 * 2**-8 * exact.abs() + 64 * 2**-24 * (A.double().abs() @ B.double().abs().T)
+    assert ((C.double() - exact).abs() <= bound).all()
+
+
+def test_a_float_dtype_tc_lacks_is_a_clear_error(tmm):
+    with pytest.raises(tc.TCArgumentError, match="float8_e4m3fn.*half, bfloat16, float, double"):
+        tmm(torch.randn(2, 3).to(torch.float8_e4m3fn), torch.randn(2, 3).to(torch.float8_e4m3fn))
 
 
 # -- errors --------------------------------------------------------------------------------

@@ -164,9 +164,10 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
     p0, p1, outer = info.args[0], (info.args[1] if len(info.args) > 1 else None), info.args[2:]
     extents = plan.extents.get(info.name) or (1,) * len(info.args)
     # (An update Halide cannot prove associative keeps the register tiles below: serial rows
-    # ran a softmax gradient's scalar exps 15% slower than the packed, vectorised tiles.)
+    # ran a softmax gradient's scalar exps 15% slower than the packed, vectorised tiles. So
+    # does bfloat16, whose vector reductions Halide 21 gives LLVM with an integer intrinsic.)
     if plan.row_vectors(info.name) and info.operator in ("add", "mul", "max", "min") \
-            and _along_rows(info, p0, p1):
+            and not f.type().is_bfloat() and _along_rows(info, p0, p1):
         return _row_reduction(f, anchor, info, plan)
     want_vectors, want_rows = s.register_tile
     # A small window (pooling's 2x2) reuses a tile's accumulators only a few times: the time

@@ -54,7 +54,7 @@ def backward(source_or_program, name: str) -> Backward:
     from tcstage.program import Program, define
     program = source_or_program if isinstance(source_or_program, Program) \
         else define(source_or_program)
-    return _Generator(program[name].checked).run()
+    return _Generator(program[name].written).run()  # (as written: no float32 accumulators)
 
 
 class _Generator:

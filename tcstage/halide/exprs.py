@@ -28,11 +28,11 @@ class DataDependent(Exception):
 def halide_type(t: ScalarType) -> hl.Type:
     if t.kind == "bool":
         return hl.Bool()
-    return {"float": hl.Float, "int": hl.Int, "uint": hl.UInt}[t.kind](t.bits)
+    return {"float": hl.Float, "bfloat": hl.BFloat, "int": hl.Int, "uint": hl.UInt}[t.kind](t.bits)
 
 
 def constant(value, t: ScalarType) -> hl.Expr:
-    if t.kind == "float":
+    if t.is_float:
         return hl.f64(value) if t.bits == 64 else hl.cast(halide_type(t), hl.f32(value))
     if t.kind == "bool":
         return hl.cast(hl.Bool(), hl.u8(int(bool(value))))
@@ -41,8 +41,8 @@ def constant(value, t: ScalarType) -> hl.Expr:
 
 
 def _erf(x):
-    """Halide's erf takes float32 only (a polynomial of float32 accuracy): half goes through
-    float32, double has its own series."""
+    """Halide's erf takes float32 only (a polynomial of float32 accuracy): half and bfloat16 go
+    through float32, double has its own series."""
     if x.type() == hl.Float(64):
         return _erf_f64(x)
     return hl.erf(x) if x.type() == hl.Float(32) else hl.cast(x.type(), hl.erf(hl.f32(x)))

@@ -23,6 +23,7 @@ indexing (2**31 - 1 elements) are refused, checked for every call's sizes.
 
 from __future__ import annotations
 
+import ctypes
 import difflib
 import math
 import os
@@ -31,6 +32,7 @@ from collections.abc import Mapping
 
 import attrs
 import halide as hl
+import ml_dtypes
 import numpy as np
 
 from tcstage.cpu.options import CpuSchedule
@@ -402,15 +404,15 @@ def _run(compiled: _Compiled, arrays, scalars, inout, output_bounds, allocate=No
             arguments.append(scalar_argument(scalars[t.name], t.type))
         else:
             keep.append(_storage_view(arrays[t.name], t.type))
-            arguments.append(hl.Buffer(keep[-1]))
+            arguments.append(halide_buffer(keep[-1]))
     for tname in low.inout_params:
         keep.append(_storage_view(inout[tname], low.fn.tensors[tname].type))
-        arguments.append(hl.Buffer(keep[-1]))
+        arguments.append(halide_buffer(keep[-1]))
     outs = []
     for tname, (mins, extents) in zip(low.fn.outputs, output_bounds):
         dtype = storage_type(low.fn.tensors[tname].type).numpy
         out = (allocate or aligned_empty)(extents, dtype)
-        buf = hl.Buffer(out)
+        buf = halide_buffer(out)
         if mins:
             buf.set_min(list(reversed(mins)))
         outs.append(out)
@@ -469,6 +471,37 @@ def _storage_view(a: np.ndarray, t) -> np.ndarray:
     if not a.flags.writeable:
         a = _writable_alias(a)
     return a.view(np.int64) if t.name == "uint64" else a
+
+
+class _HalideType(ctypes.Structure):  # halide_type_t (HalideRuntime.h)
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _RawBuffer(ctypes.Structure):  # the head of halide_buffer_t (HalideRuntime.h)
+    _fields_ = [("device", ctypes.c_uint64), ("device_interface", ctypes.c_void_p),
+                ("host", ctypes.c_void_p), ("flags", ctypes.c_uint64), ("type", _HalideType)]
+
+
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+_HALIDE_UINT, _HALIDE_BFLOAT = 1, 4  # halide_type_code_t
+
+
+def halide_buffer(a: np.ndarray) -> hl.Buffer:
+    """An `hl.Buffer` over a's memory (no copy). numpy's buffer protocol has no bfloat16, so a
+    bfloat16 array is wrapped as uint16 and the buffer's type code set to bfloat16: the
+    pipeline's inputs and outputs keep their own type, with no reinterpretation in the Funcs
+    that the CUDA path reads too. (halide_buffer_t's layout is the C ABI of every Halide
+    pipeline, so it does not move between releases.)"""
+    if a.dtype != _BFLOAT16:
+        return hl.Buffer(a)
+    buf = hl.Buffer(a.view(np.uint16))
+    raw = _RawBuffer.from_address(buf._get_raw_halide_buffer_t())
+    moved = a.size and raw.host != a.ctypes.data
+    if (raw.type.code, raw.type.bits) != (_HALIDE_UINT, 16) or moved:
+        raise TCError("cannot pass a bfloat16 array to Halide: its buffer does not have the "
+                      "layout tcstage expects", notes=("this is a bug in tcstage",))
+    raw.type.code = _HALIDE_BFLOAT
+    return buf
 
 
 class _Alias:

@@ -41,7 +41,7 @@ from tcstage.halide.ranges import FunctionRanges, Range, simplify_tree
 from tcstage.halide import _native, solver
 from tcstage.halide.solver import Tree, tree_to_expr, tree_to_str
 from tcstage.lang import checked as C
-from tcstage.lang.types import FLOAT64, INT64, ScalarType
+from tcstage.lang.types import FLOAT32, FLOAT64, INT64, ScalarType
 
 
 # What the Halide bindings raise when Halide refuses something (its own errors, and pybind11's
@@ -144,8 +144,9 @@ def lower(fn: C.Function, ranges: FunctionRanges, scalars: Mapping[str, int] | N
         st = storage_type(t.type)
         if t.rank == 0:
             # Halide's Python Param.set rounds every float through float32, so a double travels
-            # as its int64 bit pattern (set_scalar), reinterpreted here.
-            params[t.name] = hl.Param(halide_type(INT64 if t.type == FLOAT64 else st), t.name)
+            # as its int64 bit pattern (set_scalar), reinterpreted here; a Callable takes no
+            # half or bfloat16 argument, so those travel as float32 (exactly), cast here.
+            params[t.name] = hl.Param(halide_type(_param_type(t.type)), t.name)
             symbols[t.name] = constant(scalars[t.name], t.type) if t.name in scalars \
                 else _load(params[t.name], t.type)
             continue
@@ -227,10 +228,17 @@ def _next_version(f: hl.Func, tensor: str) -> hl.Func:
     return new
 
 
+def _param_type(t: ScalarType) -> ScalarType:
+    """The type a scalar input's Param has (see `lower`)."""
+    return INT64 if t == FLOAT64 else FLOAT32 if t.is_narrow_float else storage_type(t)
+
+
 def _load(value: hl.Expr | hl.Param, t: ScalarType) -> hl.Expr:
     e = value if isinstance(value, hl.Expr) else hl.Expr(value)
     if t == FLOAT64 and isinstance(value, hl.Param):
         return hl.reinterpret(hl.Float(64), e)
+    if t.is_narrow_float and isinstance(value, hl.Param):
+        return hl.cast(halide_type(t), e)
     return hl.reinterpret(hl.UInt(64), e) if t.name == "uint64" else e
 
 
@@ -241,9 +249,12 @@ def set_scalar(param: hl.Param, value, t: ScalarType) -> None:
 
 def scalar_argument(value, t: ScalarType):
     """A scalar input's value as its Param carries it (see `lower`): a double as its int64 bit
-    pattern, a uint64 as the int64 of the same bits, others as Python numbers."""
+    pattern, a uint64 as the int64 of the same bits, a half or bfloat16 as the float32 of its
+    value rounded to its type, others as Python numbers."""
     if t == FLOAT64:
         return int(np.float64(value).view(np.int64))
+    if t.is_narrow_float:
+        return float(np.float32(t.numpy.type(value)))
     if t.name == "uint64":
         return int(np.int64(np.uint64(value)))
     return value.item() if isinstance(value, np.generic) else value

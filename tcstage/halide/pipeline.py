@@ -43,6 +43,8 @@ import numpy as np
 
 from tcstage.errors import TCArgumentError, TCError
 from tcstage.halide import _native
+from tcstage.halide.exprs import halide_type
+from tcstage.halide.jit import halide_buffer
 from tcstage.halide.lower import HALIDE_FAILURES, Lowered
 from tcstage.halide.ranges import FunctionRanges, StatementRanges, TensorBounds
 from tcstage.halide.solver import Tree, evaluate, inline_lets, tree_to_str
@@ -244,7 +246,7 @@ class HalideFunction:
         for a in self.arguments:
             if a.is_buffer:
                 keep.append(np.ascontiguousarray(b.arrays[a.name]))
-                values.append(hl.Buffer(keep[-1]))
+                values.append(halide_buffer(keep[-1]))
             else:
                 values.append(b.scalars[a.name])
         outs = []
@@ -255,7 +257,7 @@ class HalideFunction:
                 raise TCError(f"output '{out_name}' of '{self.name}' is a Tuple of "
                               f"{len(types)} values; tcstage takes Funcs of one value")
             outs.append(np.empty(shape, dtype=types[0].numpy))
-            values.append(hl.Buffer(outs[-1]))
+            values.append(halide_buffer(outs[-1]))
         try:
             self._cpu(*values)
         except HALIDE_FAILURES as e:
@@ -385,7 +387,7 @@ class PipelineBinding(Binding):
 def _halide_constant(t: ScalarType, value) -> hl.Expr:
     """A Param's value as a Halide constant of its type."""
     if t.is_float:
-        return hl.cast(hl.Float(t.bits), hl.f64(float(value)))
+        return hl.cast(halide_type(t), hl.f64(float(value)))
     if t.kind == "bool":
         return hl.cast(hl.Bool(), hl.u8(int(bool(value))))
     return hl.cast(hl.Int(t.bits) if t.kind == "int" else hl.UInt(t.bits), hl.i64(int(value)))

@@ -20,10 +20,10 @@ from tcstage.errors import Source, Span, TCError
 from tcstage.lang import ast
 from tcstage.lang.builtins import BUILTINS
 from tcstage.lang.parser import parse
-from tcstage.lang.types import FLOAT16, FLOAT32, FLOAT64, SCALAR_TYPES, ScalarType
+from tcstage.lang.types import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, SCALAR_TYPES, ScalarType
 
 #: The spelling written for each floating-point type.
-SPELLING = {FLOAT16: "half", FLOAT32: "float", FLOAT64: "double"}
+SPELLING = {FLOAT16: "half", BFLOAT16: "bfloat16", FLOAT32: "float", FLOAT64: "double"}
 
 
 def retype_source(text: str, to: ScalarType, filename: str = "<string>") -> str:
@@ -54,12 +54,14 @@ def retype_source(text: str, to: ScalarType, filename: str = "<string>") -> str:
 
 
 def retype(program, to: ScalarType):
-    """A new `Program` defined from `program`'s source retyped to `to` (see `retype_source`)."""
+    """A new `Program` defined from `program`'s source retyped to `to` (see `retype_source`),
+    accumulating as `program` does."""
     from tcstage.program import define
 
     if program.source is None:
         raise TCError("retyping needs the program's TC source; this Program was built without it")
-    return define(retype_source(program.source, to, program.filename), program.filename)
+    return define(retype_source(program.source, to, program.filename), program.filename,
+                  narrow_accumulation=program.narrow_accumulation)
 
 
 def _nodes(value):

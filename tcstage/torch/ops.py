@@ -12,7 +12,7 @@ operator has
   itself a registered operator, so compiled graphs see it too.
 
 Floating-point genericity: the TC is retyped (`tcstage.lang.retype`) to the dtype of the
-call's floating-point tensors, so a TC written with `float` runs in float64 or float16.
+call's floating-point tensors, so a TC written with `float` runs in float64, float16 or bfloat16.
 """
 
 from __future__ import annotations
@@ -32,13 +32,14 @@ from tcstage.grad import Backward
 from tcstage.halide import ranges as R
 from tcstage.lang import checked as C
 from tcstage.lang.retype import SPELLING, retype
-from tcstage.lang.types import FLOAT16, FLOAT32, FLOAT64, ScalarType
+from tcstage.lang.types import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, ScalarType
 from tcstage.program import Program, define
 from tcstage.torch.backward import backward_from_text, check_backward
 from tcstage.torch.shapes import evaluate_symbolic
 
 NAMESPACE = "tcstage"
-_FLOAT_TYPES = {torch.float16: FLOAT16, torch.float32: FLOAT32, torch.float64: FLOAT64}
+_FLOAT_TYPES = {torch.float16: FLOAT16, torch.bfloat16: BFLOAT16, torch.float32: FLOAT32,
+                torch.float64: FLOAT64}
 _ops: dict[str, "TCOp"] = {}  # operator name -> TCOp (torch registers a name only once)
 _ops_lock = threading.RLock()
 
@@ -65,7 +66,10 @@ def op(source_or_program, name: str, options=None, backward=None) -> "TCOp":
                       f"{type(backward).__name__}")
     backward_key = None if backward is None else \
         (backward if isinstance(backward, str) else backward.source)
-    op_name = _op_name(name, [program.source, name, options_text, backward_key, "forward"])
+    identity = [program.source, name, options_text, backward_key, "forward"]
+    if program.narrow_accumulation:  # (another operator than the float32-accumulating one)
+        identity.append("narrow_accumulation")
+    op_name = _op_name(name, identity)
     with _ops_lock:
         existing = _ops.get(op_name)
         if existing is None:
@@ -239,8 +243,8 @@ class TCOp:
         dtype = next(iter(dtypes))
         if dtype not in _FLOAT_TYPES:
             raise TCArgumentError(f"'{fn.name}' cannot run in {dtype}: TC's floating-point types "
-                                  f"are {', '.join(SPELLING.values())} (float16, float32, "
-                                  "float64)", notes=("convert, e.g. x.float()",))
+                                  f"are {', '.join(SPELLING.values())} (float16, bfloat16, "
+                                  "float32, float64)", notes=("convert, e.g. x.float()",))
         return _FLOAT_TYPES[dtype]
 
     def program_for(self, ftype: ScalarType | None) -> Program:
@@ -360,7 +364,7 @@ def _backward_op(forward: TCOp, backward: Backward) -> TCOp:
 
 def _schema(fn: C.Function) -> str:
     """The operator schema: tensors for ranked inputs, numbers for scalars, tensors out."""
-    kinds = {"float": "float", "int": "int", "uint": "int", "bool": "bool"}
+    kinds = {"float": "float", "bfloat": "float", "int": "int", "uint": "int", "bool": "bool"}
     params = [f"{'Tensor' if t.rank else kinds[t.type.kind]} {name}"
               for t, name in zip(fn.inputs, _param_names(fn))]
     out = "Tensor" if len(fn.outputs) == 1 else f"({', '.join(['Tensor'] * len(fn.outputs))})"
@@ -375,6 +379,8 @@ def _param_names(fn: C.Function) -> list[str]:
 
 
 def _torch_dtype(t: ScalarType) -> torch.dtype:
+    if t == BFLOAT16:  # (torch.from_numpy knows no ml_dtypes bfloat16)
+        return torch.bfloat16
     return torch.from_numpy(np.empty(0, dtype=t.numpy)).dtype
 
 

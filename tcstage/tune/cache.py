@@ -77,6 +77,8 @@ def tc_hash(fn) -> str:
         key = ["tc-tokens-1", tokens(span)]
         # the functions its calls inlined (their source is elsewhere): a change there is one here
         key += [tokens(c.span) for c in _inlined(checked) if c.span is not None]
+        if checked is not getattr(fn, "written", checked):  # half/bfloat16 sums accumulating
+            key.append("float32-accumulators")          # in float32 (lang/accumulate.py)
         text = json.dumps(key, separators=(",", ":"))
     else:  # built without source (no span): the typed IR's repr, which leaves spans out
         text = json.dumps(["tc-ir-1", repr(checked)])

@@ -40,19 +40,20 @@ class Job:
     target: str = "cuda-emulated"  # where check_job runs it: "cuda" or "cuda-emulated"
     reference: tuple = ()  # the Halide CPU outputs to compare with
     runs: int = 20  # timed launches on a GPU
+    narrow_accumulation: bool = False  # as the program was defined (tc.define)
 
 
 @functools.lru_cache(maxsize=8)
-def _program(source: str, filename: str):
+def _program(source: str, filename: str, narrow_accumulation: bool = False):
     from tcstage.program import define
-    return define(source, filename)
+    return define(source, filename, narrow_accumulation=narrow_accumulation)
 
 
 def _compile(job: Job):
     from tcstage.compiler import compile_cuda
     from tcstage.options import MappingOptions
     fn = job.source if not isinstance(job.source, str) else \
-        _program(job.source, job.filename)[job.function]
+        _program(job.source, job.filename, job.narrow_accumulation)[job.function]
     return compile_cuda(fn, job.args, job.out, MappingOptions.parse(job.options))
 
 

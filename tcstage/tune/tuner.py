@@ -251,7 +251,8 @@ class _Session:
         return Job(source, filename, self.fn.name, tuple(args), out,
                    options, device=self.model_device,
                    target="cuda" if self.measure == "gpu" else "cuda-emulated",
-                   reference=self.inputs_and_reference()[2] if check else ())
+                   reference=self.inputs_and_reference()[2] if check else (),
+                   narrow_accumulation=bool(self.program and self.program.narrow_accumulation))
 
     def inputs_and_reference(self):
         """Tuning inputs (the caller's arrays, or random ones drawn like `tcstage run`'s) and
