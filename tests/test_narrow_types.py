@@ -245,3 +245,14 @@ def test_pytorch_operators_take_bfloat16_and_the_option():
     S = tct.op(text, "total")(A)
     assert S.dtype == torch.bfloat16 and float(S) == 4128
     assert float(tct.op(define(text, narrow_accumulation=True), "total")(A)) == 256
+
+
+def test_tuning_checks_narrow_outputs_within_a_few_ulps():
+    """The tuner's check of a candidate's outputs against the CPU's: a float32 sum reassociated
+    by a candidate may round to a neighbour of the reference's narrow value, a wrong one not."""
+    from tcstage.tune.evaluate import compare
+    for dtype, ulp in ((np.float16, 2.0**-10), (ml_dtypes.bfloat16, 2.0**-7)):
+        want = np.array([1.0, -2.0, 300.0]).astype(dtype)
+        neighbour = (np.float64(want) * (1 + ulp)).astype(dtype)
+        assert compare([neighbour], [want], ["C"]) == ""
+        assert "C[2]" in compare([(np.float64(want) * [1, 1, 2]).astype(dtype)], [want], ["C"])
