@@ -106,7 +106,9 @@ static inline half hexp(half a) { return (half)expf((float)a); }
 static inline half hlog(half a) { return (half)logf((float)a); }
 static inline half hsqrt(half a) { return (half)sqrtf((float)a); }
 static inline half hrsqrt(half a) { return (half)(1.0f / sqrtf((float)a)); }
-static inline unsigned short __half_as_ushort(half h) { unsigned short u; memcpy(&u, &h, 2); return u; }
+static inline unsigned short __half_as_ushort(half h) {
+    unsigned short u; memcpy(&u, &h, 2); return u;
+}
 static inline half __ushort_as_half(unsigned short u) { half h; memcpy(&h, &u, 2); return h; }
 static inline short __half_as_short(half h) { short u; memcpy(&u, &h, 2); return u; }
 static inline half __short_as_half(short u) { half h; memcpy(&h, &u, 2); return h; }
@@ -277,8 +279,12 @@ static inline __nv_bfloat16 __hfma(__nv_bfloat16 a, __nv_bfloat16 b, __nv_bfloat
     }
     return __nv_bfloat16(s);
 }
-static inline __nv_bfloat16 __hneg(__nv_bfloat16 a) { return __ushort_as_bfloat16(a.__x ^ 0x8000u); }
-static inline __nv_bfloat16 __habs(__nv_bfloat16 a) { return __ushort_as_bfloat16(a.__x & 0x7fffu); }
+static inline __nv_bfloat16 __hneg(__nv_bfloat16 a) {
+    return __ushort_as_bfloat16(a.__x ^ 0x8000u);
+}
+static inline __nv_bfloat16 __habs(__nv_bfloat16 a) {
+    return __ushort_as_bfloat16(a.__x & 0x7fffu);
+}
 // fmax/fmin semantics, as CUDA's: a NaN operand loses to a number.
 static inline __nv_bfloat16 __hmax(__nv_bfloat16 a, __nv_bfloat16 b) {
     return __nv_bfloat16(fmaxf(float(a), float(b)));
