@@ -137,9 +137,11 @@ class _ThreadBand:
 
 def map_to_gpu(schedule: isl.Schedule, dependences: isl.UnionMap, context: isl.Set,
                options: MappingOptions, scop=None,
-               reductions: dict[str, Reduction] | None = None) -> Mapped:
+               reductions: dict[str, Reduction] | None = None,
+               whole_warps: bool = False) -> Mapped:
     """The schedule mapped to blocks and threads as `options` ask (sizes fixed in `context`);
-    `reductions` (poly/reduction.py, statements of `scop`) may be split across threads."""
+    `reductions` (poly/reduction.py, statements of `scop`) may be split across threads;
+    `whole_warps` makes blockDim.x a multiple of 32 (for tensor cores' warp instructions)."""
     schedule = schedule.intersect_domain(schedule.get_domain().intersect_params(context))
     schedule, blocks = _map_blocks(schedule, dependences, options.blocks)
     splittable = reductions if options.parallel_reductions and scop is not None else {}
@@ -149,6 +151,9 @@ def map_to_gpu(schedule: isl.Schedule, dependences: isl.UnionMap, context: isl.S
     n_threads = decide.visit(schedule.get_root(), ())
     grid = list(blocks.grid)
     block = decide.block(grid, options.blocks)
+    rounded = -(-block[0] // WARP) * WARP  # (threads past a band's size have no work)
+    if whole_warps and rounded * block[1] * block[2] <= MAX_THREADS_PER_BLOCK:
+        block[0] = rounded
     insert = _Insert(decide, decide.cross_thread(schedule.get_domain(), n_threads), n_threads,
                      options.unroll_factor, options.use_register_tiling)
     node = insert.visit(schedule.get_root(), (), under_threads=False, in_loop=False)[0]
@@ -206,27 +211,43 @@ class _Blocks:
     filters: tuple = ()  # Mapped.block_filters
 
 
-def _block_bands(schedule, deps) -> list[isl.ScheduleNode]:
+def _block_bands(schedule, deps) -> tuple[list[isl.ScheduleNode], bool]:
     """The bands whose members may go to blocks: the outermost band, or, where the statements
-    fall into groups with no dependence between them (the paper's 2LUT), the outermost band of
-    each group, all sharing the grid."""
+    fall into several groups (the paper's 2LUT; a softmax whose normalisation the scheduler
+    left in loops of its own), the outermost band of each group, all sharing the grid; and
+    whether dependences connect the groups (then only members that every dependence between
+    them keeps, member by member across the bands, go to blocks: blocks cannot wait for each
+    other, but a dependence that stays within a block is ordered by a barrier)."""
     bands = outermost_bands(schedule)
     if not bands or not functools.reduce(isl.UnionSet.union, [b.get_domain() for b in bands]) \
             .is_equal(schedule.get_domain()):
-        return []  # statements outside every band would run in every block
+        return [], False  # statements outside every band would run in every block
     if len(bands) > 1:
         domains = [b.get_domain() for b in bands]
         for i, source in enumerate(domains):
             for j, sink in enumerate(domains):
                 if i != j and not deps.intersect_domain(source).intersect_range(sink).is_empty():
-                    return []  # blocks cannot wait for each other
-    return bands
+                    return bands, True
+    return bands, False
 
 
 def _map_blocks(schedule, deps, blocks: Sequence[int]) -> tuple[isl.Schedule, _Blocks]:
     """Filters the leading dependence-free members of the block bands onto the grid."""
     chosen = {}
-    for band in _block_bands(schedule, deps):
+    bands, connected = _block_bands(schedule, deps)
+    if connected:  # one mapping for all: member k of every band, as one loop
+        members = []
+        for k in range(min(b.band_n_member() for b in bands)):
+            member = functools.reduce(isl.UnionMap.union, [member_map(b, k) for b in bands])
+            if not keeps_value(deps, None, member):
+                break
+            count = max(value_count(member_map(b, k)) for b in bands)
+            if count > 1:
+                members.append((k, min(blocks[len(members)], count)))
+                if len(members) == len(blocks):
+                    break
+        chosen = {path_of(b): members for b in bands}
+    for band in bands if not connected else ():
         members = []
         for k in range(band.band_n_member()):
             member = member_map(band, k)
@@ -384,8 +405,13 @@ class _ThreadDecisions:
         wanted = math.prod(self.threads)
         if self.reductions and wanted >= WARP and math.prod(sizes) < WARP:
             band = self._reduction(node, path, on_blocks, domain, block_map)
-            if band is not None:
+            # (only where the reduction has more values for the threads than the free loops)
+            if band is not None and band.count > math.prod(sizes):
                 return band
+            if band is not None:
+                self.thread_ids.pop()
+                self.loops.pop()
+                del self.reduction_ids[path]
         if math.prod(sizes) <= 1:
             return None
         partial = node.band_get_partial_schedule()
@@ -450,14 +476,14 @@ class _ThreadDecisions:
         """Whether a band lies below node."""
         return any(_has_band(node.child(i)) for i in range(node.n_children()))
 
-    def distribution_point(self, node, path) -> int | None:
+    def distribution_point(self, node, path) -> tuple[int, list[isl.UnionSet]] | None:
         """Where _distribute_reductions splits the band at path: the reduction loop that
         would go to threads if the statements after the reductions were in loops of their
         own, when they are what keeps it from the threads and distributing is legal."""
         child = node.child(0)
         while child.get_type() == _T.mark:
             child = child.child(0)
-        if child.get_type() != _T.sequence:
+        if child.get_type() not in (_T.sequence, _T.set):
             return None
         domain = node.get_domain()
         on_blocks = self.blocks.bands.get(path, {})
@@ -479,24 +505,36 @@ class _ThreadDecisions:
                            for n in self.reductions)]
         if not reducing:
             return None
-        group = functools.reduce(isl.UnionSet.union, parts[:reducing[-1] + 1])
         for k in reversed(range(node.band_n_member())):
             if k in on_blocks or any(b > k for b in on_blocks) or self.count(node, path, k) <= 1:
                 continue
             outer = node.get_prefix_schedule_union_map().intersect_domain(domain)
             for j in range(k):
                 outer = outer.flat_range_product(member_map(node, j))
-            relaxed = self.relaxed.intersect_domain(group).intersect_range(group)
-            if not keeps_value(relaxed, block_map, member_map(node, k)):
+            member = member_map(node, k)
+            if not all(keeps_value(self.relaxed.intersect_domain(parts[i])
+                                   .intersect_range(parts[i]), block_map, member)
+                       for i in reducing):
                 continue
-            # distributing runs each statement's loops after the earlier ones' whole loops
+            # distributing runs each group's loops after the earlier groups' whole loops
             same = outer.apply_range(outer.reverse())
-            for i in range(len(parts)):
-                for j in range(i + 1, len(parts)):
-                    if not deps.intersect_domain(parts[j]).intersect_range(parts[i]) \
-                            .intersect(same).is_empty():
-                        return None
-            return k
+
+            def before(i, j) -> bool:  # some instance of group j must precede one of group i
+                return not deps.intersect_domain(parts[j]).intersect_range(parts[i]) \
+                    .intersect(same).is_empty()
+            # (the band's values ordered the groups, the sequence only broke ties: their
+            # dependences order them now, the sequence where none does)
+            order, left = [], list(range(len(parts)))
+            while left:
+                ready = [i for i in left if not any(before(i, j) for j in left if j != i)]
+                if not ready:
+                    return None
+                order.append(ready[0])
+                left.remove(ready[0])
+            if any(before(order[a], order[b]) for a in range(len(order))
+                   for b in range(a + 1, len(order))):
+                return None
+            return k, [parts[i] for i in order]
         return None
 
     def scop_space(self, statement: str) -> isl.Space:
@@ -704,25 +742,31 @@ def _distribute_reductions(node: isl.ScheduleNode, path: tuple[int, ...],
     """Loop distribution for parallel reductions: an innermost band whose reduction loop only
     the statements after the reduction (which read its total: the rounding of a narrow
     accumulator, a normalisation) keep from the threads is split before that loop, and the
-    loops from it on are distributed over the statements below (`band_sink`), where no
-    dependence goes back from a later statement to an earlier one. Returns the node at path."""
+    loops from it on are distributed over the groups of statements below (a sequence node
+    above copies of them, `insert_sequence`), in an order no dependence goes back against: the
+    dependences' between them (the band's values ordered them before), the sequence's where
+    none orders two. Returns the node at path."""
     for i in range(node.n_children()):
         node = _distribute_reductions(node.child(i), path + (i,), decide).parent()
     if node.get_type() != _T.band or decide.visit_bands_below(node):
         return node
-    k = decide.distribution_point(node, path)
-    if k is None:
+    point = decide.distribution_point(node, path)
+    if point is None:
         return node
-    if k:
-        node = node.band_split(k)
-        inner = node.child(0)
-        below = inner.child(0)
-        if below.get_type() == _T.mark and below.mark_get_id().get_name().startswith(KERNEL):
-            mark = below.mark_get_id()
-            inner = below.delete().parent().insert_mark(mark).child(0)
-        inner = inner.band_sink()
-        return inner.ancestor(inner.get_tree_depth() - node.get_tree_depth())
-    return node.band_sink()
+    k, groups = point
+    filters = isl.UnionSetList.alloc(isl.DEFAULT_CONTEXT, len(groups))
+    for g in groups:
+        filters = filters.add(g)
+    if not k:
+        return node.insert_sequence(filters)
+    node = node.band_split(k)
+    inner = node.child(0)
+    below = inner.child(0)
+    if below.get_type() == _T.mark and below.mark_get_id().get_name().startswith(KERNEL):
+        mark = below.mark_get_id()
+        inner = below.delete().parent().insert_mark(mark).child(0)
+    inner = inner.insert_sequence(filters)
+    return inner.ancestor(inner.get_tree_depth() - node.get_tree_depth())
 
 
 def _pin_to_first_block(node: isl.ScheduleNode, decide: _ThreadDecisions) -> isl.ScheduleNode:

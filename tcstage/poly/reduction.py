@@ -71,16 +71,23 @@ def relaxed_dependences(deps: isl.UnionMap, scop: Scop, reductions: Mapping[str,
     threads to split it."""
     by_name = {s.name: s for s in scop.statements}
     harmless = isl.UnionMap.empty(deps.get_space())
+    total = isl.UnionMap.empty(deps.get_space())
     for name, r in reductions.items():
-        sink = by_name[name].domain
+        sink = isl.UnionSet.from_set(by_name[name].domain)
         sources = [s.domain for s in scop.statements
                    if s.name == name or (s.write.tensor == r.tensor
                                          and all(a.tensor != r.tensor for a in s.reads))]
         for source in sources:
             harmless = harmless.union(isl.UnionMap.from_domain_and_range(
-                isl.UnionSet.from_set(source), isl.UnionSet.from_set(sink)))
-    # (a dependence out of a reduction into anything else stays: its sink needs the total)
-    return deps.subtract(harmless)
+                isl.UnionSet.from_set(source), sink))
+        # A dependence out of a reduction into anything else stays: its sink needs the total.
+        # Exact dataflow records only the last update as its source (each update depended on
+        # the one before); with those chains gone, every update of the element is a source.
+        write = isl.UnionMap.from_map(by_name[name].write.relation)
+        same = write.apply_range(write.reverse())  # update -> updates of its element
+        out = deps.intersect_domain(sink).subtract(harmless)
+        total = total.union(same.apply_range(out))
+    return deps.subtract(harmless).union(total)
 
 
 def element_of_prefix(prefix: isl.UnionMap, scop: Scop, statement: str) -> isl.PwMultiAff | None:
