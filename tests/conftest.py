@@ -12,6 +12,55 @@ import pytest
 from tcstage.cuda import runtime
 
 import nvcc_batches  # tests/
+import real_gpu  # tests/
+
+
+# --real-gpu (or TCSTAGE_REAL_GPU=1): every emulated launch also runs on the GPU and is compared
+# (tests/real_gpu.py); without a GPU every test is skipped with the reason, so that a run meant
+# to check kernels on a GPU never passes without having used one.
+
+def pytest_addoption(parser):
+    parser.addoption(real_gpu.OPTION, action="store_true", dest="real_gpu",
+                     help="also launch every emulated kernel on the GPU through pycuda and "
+                          "compare it with the emulator (the same as TCSTAGE_REAL_GPU=1)")
+
+
+_REAL_GPU = real_gpu.Session()
+
+
+def pytest_configure(config):
+    if real_gpu.requested(config):
+        _REAL_GPU.start()
+
+
+def pytest_unconfigure(config):
+    _REAL_GPU.stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    if _REAL_GPU.problem:
+        skip = pytest.mark.skip(reason=f"{real_gpu.OPTION} needs a GPU: {_REAL_GPU.problem}")
+        for item in items:
+            item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "teardown":
+        _REAL_GPU.tally.add_from(report.user_properties)
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in _REAL_GPU.summary():
+        terminalreporter.write_line(line)
+
+
+@pytest.fixture(autouse=True)
+def _real_gpu_share(request):
+    """Each test's compared and uncompared launches go into its report, which xdist carries to
+    the controller, whose summary adds them up."""
+    yield
+    if _REAL_GPU.twin is not None:
+        request.node.user_properties.append(("real_gpu", _REAL_GPU.twin.take()))
 
 
 @pytest.fixture(scope="session")

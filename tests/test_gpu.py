@@ -9,22 +9,11 @@ import numpy as np
 import pytest
 
 import tcstage as tc
+from real_gpu import gpu_problem  # tests/
 
 pytestmark = pytest.mark.gpu
 
-
-def _gpu_problem() -> str | None:
-    if importlib.util.find_spec("pycuda") is None:
-        return "pycuda is not installed"
-    try:
-        import pycuda.driver as driver
-        driver.init()
-        return None if driver.Device.count() else "no CUDA device"
-    except Exception as e:  # noqa: BLE001 (any driver failure means: no GPU here)
-        return f"no usable CUDA driver ({e})"
-
-
-_PROBLEM = _gpu_problem()
+_PROBLEM = gpu_problem()
 if _PROBLEM:
     pytest.skip(f"GPU tests need a GPU and pycuda: {_PROBLEM}", allow_module_level=True)
 

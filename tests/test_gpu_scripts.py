@@ -1,13 +1,24 @@
-"""The kernels scripts/gpu_examples.py launches on a lent GPU (under compute-sanitizer) run
-correctly under emulation, so the script is known to work before GPU time is spent on it."""
+"""What a lent GPU runs, checked without one: the kernels scripts/gpu_examples.py launches (under
+compute-sanitizer) run correctly under emulation; `pytest --real-gpu` compares and hands over the
+GPU's values (with a stand-in for the GPU), and skips, saying why, where there is no GPU."""
 
+import re
 import runpy
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
-import tcstage as tc
+import numpy as np
+import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_examples.py"
+import tcstage as tc
+from tcstage.cuda import emulate as emu
+
+import real_gpu  # tests/
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "scripts" / "gpu_examples.py"
 
 
 def test_gpu_examples_pass_under_emulation(capsys):
@@ -17,3 +28,103 @@ def test_gpu_examples_pass_under_emulation(capsys):
         assert module["main"](["--target", "cuda-emulated"]) == 0
     out = capsys.readouterr().out
     assert out.count(" ok") == 8 and "WRONG" not in out, out
+
+
+# -- --real-gpu, with a stand-in for the GPU ----------------------------------------------------
+
+ADD = "def add(float(N) A, float(N) B) -> (C) {\n  C(i) = A(i) + B(i)\n}"
+
+
+def _add_kernel():
+    return tc.compile(ADD, "add", (300,), (300,), options=tc.MappingOptions().tile(64)
+                      .mapToThreads(64).mapToBlocks(5), target="cuda-emulated")
+
+
+@pytest.fixture
+def twin_with(request):
+    """A Twin installed around the emulator with a given stand-in launcher, removed after."""
+    twins = []
+
+    def install(launch):
+        twin = real_gpu.Twin(launch)
+        twin.install()
+        twins.append(twin)
+        return twin
+    yield install
+    for twin in twins:
+        twin.uninstall()
+
+
+def _stand_in(shift: float = 0.0, at: int | None = None, seen: list | None = None):
+    """A 'GPU' computing C = A + B from the arguments it is given (numpy), off by `shift` at
+    `at` (everywhere if None)."""
+    def launch(source, name, grid, block, params, args):
+        by_name = {p.name: a for p, a in zip(params, args)}
+        if seen is not None:
+            seen.append((name, grid, block, source))
+        c = by_name["A"] + by_name["B"]
+        if at is None:
+            c = c + np.float32(shift)
+        else:
+            c[at] += np.float32(shift)
+        return {next(i for i, p in enumerate(params) if p.name == "C"): c}
+    return launch
+
+
+def test_real_gpu_twin_compares_and_hands_over_the_gpus_values(twin_with):
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal(300).astype(np.float32), rng.standard_normal(300).astype(np.float32)
+    seen = []
+    twin = twin_with(_stand_in(shift=1e-6, seen=seen))  # within float32's tolerance
+    k = _add_kernel()
+    c = k(a, b)
+    np.testing.assert_array_equal(c, (a + b) + np.float32(1e-6))  # the 'GPU's values, not ours
+    (name, grid, block, source), = seen
+    assert (name, grid, block, source) == (k.name, k.grid, k.block, k.cuda_source)
+    compared, kernels, not_compared = twin.take()
+    assert (compared, len(kernels), not_compared) == (1, 1, ())
+    assert twin.take()[0] == 0  # taken: the next test starts from zero
+
+
+def test_real_gpu_twin_fails_on_a_difference_naming_kernel_argument_and_element(twin_with):
+    a, b = np.ones(300, np.float32), np.full(300, 2, np.float32)
+    twin_with(_stand_in(shift=0.5, at=123))
+    with pytest.raises(AssertionError, match=r"kernel 'tc_add.*argument 'C'.*flat index 123.*"
+                                             r"3\.5.*3\.0.*1 of 300 elements differ"):
+        _add_kernel()(a, b)
+
+
+def test_real_gpu_twin_counts_launches_it_cannot_compare(twin_with):
+    twin = twin_with(_stand_in(shift=100.0))  # would fail if it were compared
+    k = _add_kernel()
+    a, b = np.ones(300, np.float32), np.ones(300, np.float32)
+    c = np.zeros(300, np.float32)
+    arrays = {"C": c, "A": a, "B": b}  # (other parameters are sizes: N)
+    args = [arrays.get(p.name, 300) for p in emu.parse_kernels(k.cuda_source)[k.name].params]
+    emu.emulate(k.cuda_source, k.name, k.grid, k.block, args, check_races=False)
+    np.testing.assert_array_equal(c, 2)  # the emulator's values stay
+    compared, _, not_compared = twin.take()
+    assert compared == 0 and [n for _, n in not_compared] == [1]
+    assert "check_races=False" in not_compared[0][0]
+
+
+def test_real_gpu_tolerances_follow_the_dtype():
+    e = np.array([1.0, 2.0, np.nan, -4.0], np.float32)
+    assert real_gpu.first_mismatch(e + np.float32(1e-5), e) is None
+    assert "index 1" in real_gpu.first_mismatch(e + np.array([0, 1e-2, 0, 0], np.float32), e)
+    assert real_gpu.first_mismatch(np.array([1, 2], np.int32), np.array([1, 2], np.int32)) is None
+    assert "must be equal" in real_gpu.first_mismatch(np.array([1, 3]), np.array([1, 2]))
+    h = np.array([100.0, -3.0], np.float16)
+    assert real_gpu.first_mismatch((h.astype(np.float32) + 0.5).astype(np.float16), h) is None
+    assert real_gpu.first_mismatch((h.astype(np.float32) + 5).astype(np.float16), h)
+
+
+def test_real_gpu_without_a_gpu_skips_every_test_saying_why():
+    if real_gpu.gpu_problem() is None:
+        pytest.skip("a GPU is present: --real-gpu runs for real here")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                        "--real-gpu", "tests/test_emulation.py", "-k", "matmul and not race"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"SKIPPED \[\d+\] .*--real-gpu needs a GPU: ", r.stdout), r.stdout
+    assert "passed" not in r.stdout and "--real-gpu: every test skipped, no GPU" in r.stdout
