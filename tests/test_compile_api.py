@@ -12,7 +12,7 @@ import pytest
 
 import tcstage as tc
 from tcstage.cuda.emulate import EmulationRaceError, emulate
-from tcstage.cuda.launch import device_pointer
+from tcstage.cuda.launch import _allocator, device_pointer
 
 M = tc.MappingOptions
 TMM = "def tmm(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,kk) * B(n,kk) }"
@@ -165,6 +165,19 @@ def test_device_arrays_bind_by_shape_and_dtype():
     assert device_pointer(fake_a, "A") == 4096
     with pytest.raises(tc.TCArgumentError, match="not C-contiguous"):
         device_pointer(FakeDeviceArray((3, 2), strides=(4, 12)), "A")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="PyTorch is not installed")
+def test_outputs_for_torch_inputs_are_torch_tensors_of_every_kernel_dtype():
+    # (the GPU launch allocates outputs with this; a CPU tensor stands in for a CUDA one)
+    import ml_dtypes
+    import torch
+    zeros = _allocator([np.zeros(1), torch.ones(1)], gpuarray=None)
+    for dtype, want in ((np.float32, torch.float32), (np.float16, torch.float16),
+                        (ml_dtypes.bfloat16, torch.bfloat16), (np.int64, torch.int64)):
+        t = zeros((2, 3), np.dtype(dtype))
+        assert isinstance(t, torch.Tensor) and t.dtype == want and t.shape == (2, 3)
+        assert not t.any()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("pycuda") is not None,

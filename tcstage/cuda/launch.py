@@ -111,7 +111,9 @@ def _allocator(arrays, gpuarray):
             import torch
 
             def torch_zeros(shape, dtype, like=a):
-                t = torch.from_numpy(np.empty(0, dtype)).dtype
+                # (torch.from_numpy knows no bfloat16: numpy has none but ml_dtypes')
+                t = torch.bfloat16 if np.dtype(dtype).name == "bfloat16" else \
+                    torch.from_numpy(np.empty(0, dtype)).dtype
                 return torch.zeros(shape, dtype=t, device=like.device)
             return torch_zeros
         if framework == "cupy":
