@@ -9,6 +9,7 @@ Figure 2), each a function of its own module.
     tile        the outermost band                               (poly/tiling.py)
     map         blocks, threads, barriers, unrolling, reductions (poly/mapping.py, reduction.py)
     promote     shared and private memory, copies and barriers   (poly/promotion.py)
+                (then contraction tiles as warp mma.sync steps:   poly/tensorcore.py)
     codegen     CUDA source from the isl AST                     (cuda/codegen.py)
 
 Sizes: the scop is extracted once with symbolic sizes. The scheduler sees them symbolic, as in
@@ -40,6 +41,7 @@ from tcstage.poly.mapping import Mapped, map_to_gpu
 from tcstage.poly.notes import OptionNote
 from tcstage.poly.promotion import Promoted, promote
 from tcstage.poly.reduction import splittable_reductions
+from tcstage.poly.tensorcore import find_contractions, map_tensor_cores
 from tcstage.poly.schedule import compute_schedule, scheduled_scop
 from tcstage.poly.scop import Scop, check_bounds, extract_scop, specialize
 from tcstage.poly.tiling import Tiled, tile_outer_band
@@ -111,14 +113,30 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
     with stage("map"):
         dtypes = {name: t.type.name for name, t in lowered.fn.tensors.items()}
         reductions = splittable_reductions(scop, lowered.halide_names(), dtypes)
+        contractions, not_contractions = find_contractions(
+            scop, lowered.halide_names(), dtypes) if options.use_tensor_cores else ({}, [])
+        reductions = {k: r for k, r in reductions.items() if k not in contractions}
         mapped = map_to_gpu(tiled.schedule, dependences.intersect_params(scop.context),
-                            scop.context, options, scop, reductions)
+                            scop.context, options, scop, reductions,
+                            whole_warps=bool(contractions))
     with stage("promote"):
-        promoted = promote(scop, mapped, options, dtypes)
+        promoted = promote(
+            scop, mapped, options, dtypes,
+            keep_global=frozenset(c.accumulator for c in contractions.values()),
+            shared_only=frozenset(t for c in contractions.values()
+                                  for t in (c.a.tensor, c.b.tensor)))
+        schedule_tc, tensor_tiles, tc_notes = map_tensor_cores(
+            promoted.schedule, scop, contractions, dependences.intersect_params(scop.context))
+        promoted = attrs.evolve(promoted, schedule=schedule_tc)
+        if options.use_tensor_cores and not contractions:
+            tc_notes += (OptionNote("useTensorCores(True)", "no contraction of half or "
+                                    "bfloat16 operands into a float32 accumulator"
+                                    + (f" ({'; '.join(not_contractions)})"
+                                       if not_contractions else "")),)
     with stage("codegen"):
         cuda = generate(lowered, scop, mapped, promoted, str(options),
-                        options.use_read_only_cache)
-    notes = tiled.notes + mapped.notes + promoted.notes
+                        options.use_read_only_cache, tensor_tiles)
+    notes = tiled.notes + mapped.notes + promoted.notes + tc_notes
     for note in notes:
         warn(f"in '{fn.name}', option {note}")
     return Compiled(fn, options, binding, lowered, scop, schedule, tiled, mapped, promoted, cuda,

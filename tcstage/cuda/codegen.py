@@ -29,6 +29,8 @@ from tcstage.poly import budget
 from tcstage.poly.budget import WorkLimitExceeded, bounded
 from tcstage.cuda.reduction import PRELUDE as REDUCTION_PRELUDE
 from tcstage.cuda.reduction import reduction_code
+from tcstage.cuda.tensorcore import tensor_core_code
+from tcstage.poly.tensorcore import MMA
 from tcstage.poly.mapping import (BLOCK_IDS, REDUCTION_COMBINE, REDUCTION_INIT, SYNC, THREAD_IDS,
                                   Mapped)
 from tcstage.poly.promotion import Promoted, Promotion
@@ -156,15 +158,19 @@ def c_type(t: str | ScalarType) -> str:
 
 
 def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
-             options_text: str = "", read_only_cache: bool = False) -> CudaKernel:
+             options_text: str = "", read_only_cache: bool = False,
+             tensor_tiles: tuple = ()) -> CudaKernel:
     """The CUDA kernel running `promoted.schedule`: a schedule of `scop` mapped to blocks and
-    threads (`mapped`), with its promoted array tiles."""
+    threads (`mapped`), with its promoted array tiles (and contraction tiles on tensor cores,
+    poly/tensorcore.py)."""
     fn = lowered.fn
     index = index_type(scop)
     printer = _ValuePrinter(lowered, scop, promoted.promotions, read_only_cache, index)
     declarations, macros, printer.accumulators, scratch = reduction_code(
         mapped.reductions, mapped.block, printer.element_of, c_type, _float_literal,
         lambda tensor: _elements(scop.tensor_extents[tensor]))
+    tc_macros, tc_prelude = tensor_core_code(tensor_tiles, scop, printer, c_type,
+                                             lambda text: _index_text(text, index), _c_of)
     for p in promoted.promotions:
         dims = "".join(f"[{d}]" for d in p.padded) or "[1]"
         space = "__shared__ " if p.memory == "shared" else ""
@@ -174,8 +180,10 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
                 macros.append(f"// {'copy-in to' if inward else 'copy-out from'} {p.memory} "
                               f"memory: {p.tensor}")
                 macros.append(printer.copy(name, p, inward))
+    on_tensor_cores = {t.contraction.statement: t.index for t in tensor_tiles}
     for s in scop.statements:
-        body = printer.statement(s)
+        # (a contraction on tensor cores keeps its loops, empty: its _mma statement runs it)
+        body = printer.statement(s) if s.name not in on_tensor_cores else ""
         args = ", ".join(s.iterators)
         tc_statement = fn.statements[s.tc_statement]
         text = statement_text(tc_statement)  # (an inlined one in its function's names)
@@ -187,8 +195,9 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
     ast = _ast(promoted.schedule, mapped.context, fn.name)
     loops = _index_text(ast.to_C_str().rstrip(), index)
     syncs = sorted(set(re.findall(rf"\b({SYNC}\d*)\(\);", loops)))
-    extensions = sorted(set(re.findall(rf"\b((?:{REDUCTION_INIT}|{REDUCTION_COMBINE})\d+)\(",
-                                       loops)))
+    extensions = sorted(set(re.findall(
+        rf"\b((?:{REDUCTION_INIT}|{REDUCTION_COMBINE}|{MMA})\d+)\(", loops)))
+    macros += tc_macros
     macros = [f"#define {b}() __syncthreads()" for b in syncs or [SYNC]] + macros
     params = printer.parameters() + [
         Parameter(a.name, f"{c_type(a.dtype)}* __restrict__ {a.name}", "scratch", a.name,
@@ -212,7 +221,7 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
     undef = "\n".join(f"#undef {m}" for m in (syncs or [SYNC]) + copies + extensions
                        + [s.name for s in scop.statements])
     threads = math.prod(mapped.block)
-    prelude = PRELUDE + (REDUCTION_PRELUDE if mapped.reductions else "")
+    prelude = PRELUDE + (REDUCTION_PRELUDE if mapped.reductions else "") + tc_prelude
     if any(t.type.name == "float16" for t in fn.tensors.values()) or "half" in "".join(macros):
         prelude = "#include <cuda_fp16.h>\n" + prelude
     if any(t.type.name == "bfloat16" for t in fn.tensors.values()) \
@@ -424,6 +433,21 @@ class _ValuePrinter:
                                 write=True, promoted=False)
         finally:
             self.current = current
+
+    def element_at(self, statement: str, access, local, write: bool) -> str:
+        """An element statement reads or writes (access: ("lhs", its Halide arguments) or
+        ("read", Access)) at the C values `local` gives its Halide iterators, promoted or not,
+        never through __ldg (the caller takes its address)."""
+        kind, what = access
+        tensor = next(s.tensor for s in self.scop.statements if s.name == statement) \
+            if kind == "lhs" else what.tensor
+        args = what if kind == "lhs" else tuple(reversed(what.subscripts))
+        saved = self.current, self.read_only
+        self.current, self.read_only = statement, set()
+        try:
+            return self.element(tensor, args, local, write=write)
+        finally:
+            self.current, self.read_only = saved
 
     def _tile_offsets(self, p: Promotion) -> list[str]:
         """The offsets of p's tile in the current statement, printed once per statement."""

@@ -516,25 +516,8 @@ class _ThreadDecisions:
                                    .intersect_range(parts[i]), block_map, member)
                        for i in reducing):
                 continue
-            # distributing runs each group's loops after the earlier groups' whole loops
-            same = outer.apply_range(outer.reverse())
-
-            def before(i, j) -> bool:  # some instance of group j must precede one of group i
-                return not deps.intersect_domain(parts[j]).intersect_range(parts[i]) \
-                    .intersect(same).is_empty()
-            # (the band's values ordered the groups, the sequence only broke ties: their
-            # dependences order them now, the sequence where none does)
-            order, left = [], list(range(len(parts)))
-            while left:
-                ready = [i for i in left if not any(before(i, j) for j in left if j != i)]
-                if not ready:
-                    return None
-                order.append(ready[0])
-                left.remove(ready[0])
-            if any(before(order[a], order[b]) for a in range(len(order))
-                   for b in range(a + 1, len(order))):
-                return None
-            return k, [parts[i] for i in order]
+            order = dependence_order(parts, deps, outer)
+            return None if order is None else (k, order)
         return None
 
     def scop_space(self, statement: str) -> isl.Space:
@@ -735,6 +718,28 @@ class _Insert:
             self.unrolled += 1
             self.unrolled_loops.append((member_map(node, k), trips))
         return node, copies, full
+
+
+def dependence_order(parts: list[isl.UnionSet], deps: isl.UnionMap, outer: isl.UnionMap
+                     ) -> list[isl.UnionSet] | None:
+    """The groups of instances in an order that lets each group's loops run after the whole
+    loops of the groups before it (loop distribution) under one value of the loops `outer`
+    gives: the order of the dependences between them, the given order where none orders two;
+    None where dependences go both ways. (A band's values ordered the groups before, and a
+    sequence below it only broke ties.)"""
+    same = outer.apply_range(outer.reverse())
+
+    def before(i, j) -> bool:  # some instance of group j must precede one of group i
+        return not deps.intersect_domain(parts[j]).intersect_range(parts[i]) \
+            .intersect(same).is_empty()
+    order, left = [], list(range(len(parts)))
+    while left:
+        ready = [i for i in left if not any(before(i, j) for j in left if j != i)]
+        if not ready:
+            return None
+        order.append(ready[0])
+        left.remove(ready[0])
+    return [parts[i] for i in order]
 
 
 def _distribute_reductions(node: isl.ScheduleNode, path: tuple[int, ...],

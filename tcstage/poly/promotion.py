@@ -187,9 +187,14 @@ class Promoted:
         return "\n".join(lines)
 
 
-def promote(scop: Scop, mapped: Mapped, options: MappingOptions, dtypes: dict) -> Promoted:
-    """Promotes array tiles of `mapped` as `options` ask; dtypes: tensor -> element type name."""
-    state = _State(scop, mapped, options, dtypes)
+def promote(scop: Scop, mapped: Mapped, options: MappingOptions, dtypes: dict,
+            keep_global: frozenset = frozenset(), shared_only: frozenset = frozenset()
+            ) -> Promoted:
+    """Promotes array tiles of `mapped` as `options` ask; dtypes: tensor -> element type name.
+    Tensors in keep_global are never promoted, those in shared_only never to private memory
+    (the tensor cores' warps read a contraction's operands from anywhere in a block's tile,
+    and write its accumulator in global memory)."""
+    state = _State(scop, mapped, options, dtypes, keep_global, shared_only)
     node = mapped.schedule.get_root()
     scopes = _find(node, KERNEL)
     try:
@@ -198,7 +203,7 @@ def promote(scop: Scop, mapped: Mapped, options: MappingOptions, dtypes: dict) -
                 state.promote_at(path)
     except WorkLimitExceeded as exceeded:  # promotion is an optimisation: go without it
         warn(f"in '{scop.name}', {exceeded.message}: every tensor stays in global memory")
-        state = _State(scop, mapped, options, dtypes)
+        state = _State(scop, mapped, options, dtypes, keep_global, shared_only)
         state.declined.append(f"everything: {exceeded.message}")
     schedule = _strip_marks(state.schedule.get_root()).get_schedule()
     notes = [OptionNote(call(option, [depth]), f"has no effect without {use}(True)")
@@ -224,8 +229,10 @@ class _Plan:
 
 
 class _State:
-    def __init__(self, scop, mapped, options, dtypes):
+    def __init__(self, scop, mapped, options, dtypes, keep_global=frozenset(),
+                 shared_only=frozenset()):
         self.scop, self.mapped, self.options, self.dtypes = scop, mapped, options, dtypes
+        self.keep_global, self.shared_only = keep_global, shared_only
         self.itemsize = {t: np.dtype(d).itemsize for t, d in dtypes.items()}
         self.shared_left = min(SHARED_BYTES, options.max_shared_memory
                                if options.max_shared_memory is not None else SHARED_BYTES)
@@ -300,7 +307,7 @@ class _State:
         out: dict[str, list[Reference]] = {}
         # a tensor reduced across threads is combined into global memory by thread 0 after its
         # loop: a buffer's copy-out would overwrite it
-        reduced = {r.reduction.tensor for r in self.mapped.reductions}
+        reduced = {r.reduction.tensor for r in self.mapped.reductions} | self.keep_global
         for s in self.scop.statements:
             mine = domain.extract_set(s.domain.get_space())
             if mine.is_empty():
@@ -458,7 +465,7 @@ class _State:
         budget = PRIVATE_ELEMENTS
         chosen = []
         for label, tensor, refs, tile, prefix in self._candidates(node, per_thread, "private"):
-            if tensor in shared_tensors:
+            if tensor in shared_tensors or tensor in self.shared_only:
                 continue
             if tile is None:
                 self._no_tile(label, refs, "private")

@@ -1,0 +1,254 @@
+"""Tensor cores (`useTensorCores`): contraction tiles run as warp-level `mma.sync` steps.
+
+A *contraction* is a reduction statement `C(...) = C(...) + A(...) * B(...)` (a `+=!` of a
+product of two reads, each possibly converted to float) where A and B are both half or both
+bfloat16, C is float32 (the float32 accumulator that narrow reductions get by default, or a
+float tensor), and every subscript of the three is one loop variable: then the variables that
+index C and A but not B are rows (M), those of C and B but not A columns (N), those of A and B
+but not C the reduction (K), and those of all three a batch. tmm, tbmm and MLP layers have one
+of each (the batch being optional).
+
+After memory promotion, the band of thread-mapped point loops running the contraction (one
+block's work on one tile of C for one tile of the reduction) loses the contraction's instances,
+and an extension statement `_mma<i>` takes their place after it, once per value of the loops
+around it: the whole block computes the tile with the tensor cores (cuda/tensorcore.py): its
+warps share the 16 x 8 pieces of the C tile and run `mma.sync.m16n8k16` steps over the
+reduction tile, reading A and B where promotion left them (shared memory tiles or global
+memory), C in global memory. Tiles may be partial (at the edges of C or K): the fragments are
+loaded with zeros past them and stored back only within them.
+
+Where the kernel does not allow it, the contraction keeps its CUDA-core loops and a note says
+why (poly/notes.py): no contraction, other types, a statement that reads the contraction's
+result under the same tile loops (tile the reduction loop), a batch loop with more than one
+value per tile (tile it by 1), or a tile whose points are not one box per tile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+import islpy as isl
+
+from tcstage.poly.mapping import dependence_order, instances
+from tcstage.poly.notes import OptionNote
+from tcstage.poly.scop import Access, Scop, Statement
+
+NARROW = ("float16", "bfloat16")
+MMA_M, MMA_N, MMA_K = 16, 8, 16  # the shape of one mma.sync step
+NOTE = "useTensorCores(True)"
+MMA = "_mma"  # the extension statement, + its index
+
+
+@attrs.frozen
+class Contraction:
+    statement: str
+    accumulator: str  # C, the tensor written
+    a: Access  # the read with rows and reduction (M, K)
+    b: Access  # the read with reduction and columns (K, N)
+    m: str  # isl iterator names
+    n: str
+    k: str
+    batch: tuple[str, ...]
+    dtype: str  # the operands' type: float16 or bfloat16
+
+
+@attrs.frozen
+class TensorCoreTile:
+    """One `_mma<index>` statement: the contraction over the box of points that one value of
+    the loops around it (its arguments) covers."""
+
+    index: int
+    contraction: Contraction
+    origin: isl.PwMultiAff  # [loop values] -> [m, n, k, batch...]: the box's first point
+    extent: isl.PwMultiAff  # [loop values] -> [m, n, k]: the box's extents
+    sizes: tuple[int, int, int]  # the largest extents (the tile sizes)
+
+
+def find_contractions(scop: Scop, halide_names: Mapping[str, str],
+                      dtypes: Mapping[str, str]) -> tuple[dict[str, Contraction], list[str]]:
+    """The contractions of the scop by statement, and why other reductions are not ones."""
+    found, why = {}, []
+    for s in scop.statements:
+        if not s.reduction_vars:
+            continue
+        reason = _contraction(s, halide_names, dtypes)
+        if isinstance(reason, Contraction):
+            found[s.name] = reason
+        else:
+            why.append(f"{s.name} ({s.tensor}): {reason}")
+    return found, why
+
+
+def _strip_cast(tree):
+    while isinstance(tree, tuple) and tree[0] == "cast" and tree[1] == "float32":
+        tree = tree[2]
+    return tree
+
+
+def _contraction(s: Statement, halide_names, dtypes) -> Contraction | str:
+    value = s.value
+    if not (isinstance(value, tuple) and value[0] == "add"):
+        return "not a sum"
+    product = None
+    for x, y in ((value[1], value[2]), (value[2], value[1])):
+        if isinstance(x, tuple) and x[0] == "read" and halide_names.get(x[1]) == s.tensor \
+                and tuple(x[2]) == tuple(s.lhs):
+            product = y
+    if product is None or not (isinstance(product, tuple) and product[0] == "mul"):
+        return "not a sum of products"
+    a_tree, b_tree = _strip_cast(product[1]), _strip_cast(product[2])
+    if not (a_tree[0] == "read" and b_tree[0] == "read"):
+        return "a factor is not a tensor read"
+    if dtypes.get(s.tensor) != "float32":
+        return f"its accumulator is {dtypes.get(s.tensor)}, not float32"
+    reads = {(halide_names.get(r.halide_name), tuple(r.subscripts)): r for r in s.reads}
+    a = reads.get((halide_names.get(a_tree[1]), tuple(reversed(a_tree[2]))))
+    b = reads.get((halide_names.get(b_tree[1]), tuple(reversed(b_tree[2]))))
+    if a is None or b is None:
+        return "its reads could not be matched"
+    if dtypes.get(a.tensor) not in NARROW or dtypes.get(a.tensor) != dtypes.get(b.tensor):
+        return f"its operands are {dtypes.get(a.tensor)} and {dtypes.get(b.tensor)}, not both " \
+               "half or both bfloat16"
+    names = dict(zip(s.halide_iterators, s.iterators))
+
+    def variables(subscripts) -> list[str] | None:
+        out = []
+        for t in subscripts:
+            if not (isinstance(t, tuple) and t[0] == "var" and t[1] in names):
+                return None
+            out.append(names[t[1]])
+        return out if len(set(out)) == len(out) else None
+
+    c_vars = variables(reversed(s.lhs))
+    a_vars, b_vars = variables(a.subscripts), variables(b.subscripts)
+    if c_vars is None or a_vars is None or b_vars is None:
+        return "a subscript is not a single loop variable"
+    c, av, bv = set(c_vars), set(a_vars), set(b_vars)
+    m = [v for v in a_vars if v in c and v not in bv]
+    n = [v for v in b_vars if v in c and v not in av]
+    k = [v for v in a_vars if v in bv and v not in c]
+    batch = tuple(v for v in c_vars if v in av and v in bv)
+    if len(m) != 1 or len(n) != 1 or len(k) != 1 or \
+            len(m) + len(n) + len(k) + len(batch) != len(s.iterators):
+        # (the first factor may be the columns' one: B(n, k) * A(m, k) swaps the roles)
+        return "its loops are not one row, one column and one reduction loop (and batches)"
+    return Contraction(s.name, s.tensor, a, b, m[0], n[0], k[0], batch, dtypes[a.tensor])
+
+
+def map_tensor_cores(schedule: isl.Schedule, scop: Scop,
+                     contractions: Mapping[str, Contraction], deps: isl.UnionMap
+                     ) -> tuple[isl.Schedule, tuple[TensorCoreTile, ...], tuple[OptionNote, ...]]:
+    """The contractions' point bands handed to `_mma<i>` statements where they can be.
+
+    Where other statements share the point band (the identity of C before, its rounding to
+    half after, under the same tile loops when a reduction tile is partial), the band is first
+    distributed over them (each statement's points after the whole of the ones it depends on:
+    mapping.dependence_order), so that the whole contraction can run between them."""
+    tiles, notes = [], []
+    for name, contraction in contractions.items():
+        statement = next(s for s in scop.statements if s.name == name)
+        node = _innermost_band(schedule.get_root(), statement.domain.get_space())
+        if node is None:
+            notes.append(OptionNote(NOTE, f"{name} runs under no band"))
+            continue
+        parent = node.parent()
+        if parent.get_type() != isl.schedule_node_type.filter:
+            notes.append(OptionNote(NOTE, f"the points of {name} are not mapped to threads "
+                                    "(mapToThreads)"))
+            continue
+        result = _tile(parent, statement, contraction, len(tiles))
+        if isinstance(result, str):
+            notes.append(OptionNote(NOTE, result))
+            continue
+        tile, filter_node = result
+        mine = isl.UnionSet.from_set(statement.domain)
+        values = _prefix(filter_node).intersect_domain(mine).range()
+        mma = instances(values, f"{MMA}{tile.index}")
+        # The contraction's points stay in the tree (code generation visits a branch only at
+        # the loop values where it has instances), with a macro that does nothing.
+        band = filter_node.child(0)
+        below = band.child(0)
+        if below.get_type() in (isl.schedule_node_type.sequence, isl.schedule_node_type.set) \
+                and below.n_children() > 1:
+            parts = [below.child(i).filter_get_filter() for i in range(below.n_children())]
+            order = dependence_order(parts, deps, _prefix(filter_node))
+            if order is None:
+                notes.append(OptionNote(NOTE, f"{name} shares its loops with statements that "
+                                        "cannot run before or after all of it"))
+                continue
+            filters = isl.UnionSetList.alloc(isl.DEFAULT_CONTEXT, len(order))
+            for part in order:
+                filters = filters.add(part)
+            sequence = band.insert_sequence(filters)
+            at = next(i for i, part in enumerate(order)
+                      if not part.extract_set(statement.domain.get_space()).is_empty())
+            schedule = sequence.child(at).child(0).graft_after(mma).get_schedule()
+        else:
+            schedule = filter_node.graft_after(mma).get_schedule()
+        tiles.append(tile)
+    return schedule, tuple(tiles), tuple(notes)
+
+
+def _prefix(filter_node: isl.ScheduleNode) -> isl.UnionMap:
+    """The loop values around a (thread) filter node of the instances that reach it, all the
+    block's (isl's get_domain cannot see past the extension nodes that promotion adds above;
+    the prefix schedule can, and it is taken before the filter's own thread conditions)."""
+    return filter_node.get_prefix_schedule_union_map()
+
+
+def _innermost_band(node: isl.ScheduleNode, space: isl.Space) -> isl.ScheduleNode | None:
+    """The deepest band whose instances include some of the statement's."""
+    found = None
+    if node.get_type() == isl.schedule_node_type.band and \
+            not node.band_get_partial_schedule().domain().extract_set(space).is_empty():
+        found = node
+    for i in range(node.n_children()):
+        deeper = _innermost_band(node.child(i), space)
+        if deeper is not None:
+            found = deeper
+    return found
+
+
+def _tile(filter_node: isl.ScheduleNode, s: Statement, c: Contraction, index: int
+          ) -> tuple[TensorCoreTile, isl.ScheduleNode] | str:
+    """The box of points per value of the loops around filter_node, or why there is none."""
+    prefix = _prefix(filter_node).intersect_domain(isl.UnionSet.from_set(s.domain))
+    maps: list[isl.Map] = []
+    prefix.foreach_map(maps.append)
+    if len(maps) != 1:
+        return f"the points of {s.name} fall into several pieces"
+    points = maps[0].reverse()  # loop values -> instances
+    position = {v: k for k, v in enumerate(s.iterators)}
+    n_vars = len(s.iterators)
+    along = {v: points.project_out(isl.dim_type.out, position[v] + 1, n_vars - position[v] - 1)
+             .project_out(isl.dim_type.out, 0, position[v]).reset_tuple_id(isl.dim_type.out)
+             for v in s.iterators}
+    # the points of one tile must be the box of their projections
+    box = along[s.iterators[0]]
+    for v in s.iterators[1:]:
+        box = box.flat_range_product(along[v])
+    if not box.is_equal(points.reset_tuple_id(isl.dim_type.out)):
+        return f"the points of {s.name} under one tile are not a box"
+    origin, extent, sizes = [], [], []
+    for v in [c.m, c.n, c.k] + list(c.batch):
+        lo, hi = along[v].lexmin_pw_multi_aff(), along[v].lexmax_pw_multi_aff()
+        origin.append(lo)
+        size = hi.get_pw_aff(0).sub(lo.get_pw_aff(0)).add_constant_val(isl.Val(1))
+        top = isl.Map.from_pw_aff(size).range().dim_max_val(0)
+        if not top.is_int():
+            return f"the tiles of {s.name} have no fixed size (a dynamic size?)"
+        if v in c.batch:
+            if top.to_python() != 1:
+                return f"the batch loop of {s.name} takes several values per tile (tile it by 1)"
+            continue
+        extent.append(size)
+        sizes.append(int(top.to_python()))
+    origin_pma = origin[0]
+    for o in origin[1:]:
+        origin_pma = origin_pma.flat_range_product(o)
+    extent_pma = isl.PwMultiAff.from_pw_aff(extent[0])
+    for e in extent[1:]:
+        extent_pma = extent_pma.flat_range_product(isl.PwMultiAff.from_pw_aff(e))
+    return TensorCoreTile(index, c, origin_pma, extent_pma, tuple(sizes)), filter_node
+
