@@ -1,0 +1,154 @@
+"""Tensor cores (useTensorCores, issue 15): half and bfloat16 tmm, tbmm and MLP1 under several
+options, run as emulated CUDA (the emulator implements mma.sync's fragment semantics) and
+compared with float64 numpy; the PTX has the instruction; kernels that cannot use them say why.
+
+Tolerance: the operands are exact in float32, so each product is exact and each of the K
+additions into the float32 accumulator errs by at most 2^-24 of the partial sum, which is at
+most sum |a| |b|; the result is then rounded once to the output type (unit roundoff u):
+|got - exact| <= u |exact| + K 2^-24 sum_k |a| |b|, doubled for safety.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tcstage as tc
+from tcstage.cuda import nvcc
+
+M = tc.MappingOptions
+TYPES = {"half": (np.float16, 2.0**-11), "bfloat16": (ml_dtypes.bfloat16, 2.0**-8)}
+
+SOURCE = """
+def tmm(T(M, K) A, T(N, K) B) -> (C) { C(m, n) +=! A(m, k) * B(n, k) }
+def tbmm(T(B, N, M) X, T(B, K, M) Y) -> (Z) { Z(b, n, k) +=! X(b, n, m) * Y(b, k, m) }
+def mlp1(T(B, M) I, T(N, M) W1, T(N) B1) -> (O1) {
+    O1(b, n) +=! I(b, m) * W1(n, m)
+    O1(b, n) = O1(b, n) + B1(n)
+    O1(b, n) = fmax(O1(b, n), 0)
+}
+"""
+
+_programs: dict = {}
+
+
+def program(type_name):
+    if type_name not in _programs:
+        _programs[type_name] = tc.define(SOURCE.replace("T(", f"{type_name}("))
+    return _programs[type_name]
+
+
+def check(got, exact, abs_products, k, u, rounded_before=0.0):
+    """rounded_before: values rounded to the output type on the way (the sum before a bias)."""
+    bound = 2 * (u * (np.abs(exact) + np.abs(rounded_before)) + k * 2.0**-24 * abs_products) \
+        + 1e-30
+    err = np.abs(got.astype(np.float64) - exact)
+    assert (err <= bound).all(), f"worst error {err.max()} against {bound.ravel()[err.argmax()]}"
+
+
+def on_tensor_cores(kernel) -> bool:
+    return "_mma0(" in kernel.cuda_source and "tc::mma_tile" in kernel.cuda_source
+
+
+OPTIONS = [
+    M().tile(32, 32, 32).mapToThreads(32, 8).mapToBlocks(4, 4).useSharedMemory(True),
+    M().tile(16, 16, 16).mapToThreads(32),  # operands straight from global memory
+    M().tile(64, 32, 16).mapToThreads(64, 2).mapToBlocks(2, 2).useSharedMemory(True)
+    .usePrivateMemory(True).unroll(4),
+    M().tile(16, 8, 48).mapToThreads(8, 4),  # one warp, a reduction tile of three steps
+]
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("options", OPTIONS, ids=range(len(OPTIONS)))
+@pytest.mark.parametrize("sizes", [(64, 48, 80), (37, 29, 53)], ids=["whole", "partial"])
+def test_tmm(type_name, options, sizes):
+    dtype, u = TYPES[type_name]
+    m, n, k = sizes
+    rng = np.random.default_rng(m + n + k)
+    A = rng.standard_normal((m, k)).astype(dtype)
+    B = rng.standard_normal((n, k)).astype(dtype)
+    kernel = tc.compile(program(type_name), "tmm", A, B, options=options.useTensorCores(True),
+                        target="cuda-emulated")
+    assert on_tensor_cores(kernel)
+    a, b = A.astype(np.float64), B.astype(np.float64)
+    check(kernel(A, B), a @ b.T, np.abs(a) @ np.abs(b).T, k, u)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("options", [
+    M().tile(1, 16, 16, 16).mapToThreads(32, 4).mapToBlocks(3, 2, 2).useSharedMemory(True),
+    M().tile(1, 32, 32, 32).mapToThreads(128).mapToBlocks(4),
+], ids=["shared", "global"])
+def test_tbmm(type_name, options):
+    dtype, u = TYPES[type_name]
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((3, 20, 40)).astype(dtype)
+    Y = rng.standard_normal((3, 24, 40)).astype(dtype)
+    kernel = tc.compile(program(type_name), "tbmm", X, Y, options=options.useTensorCores(True),
+                        target="cuda-emulated")
+    assert on_tensor_cores(kernel)
+    x, y = X.astype(np.float64), Y.astype(np.float64)
+    check(kernel(X, Y), np.einsum("bnm,bkm->bnk", x, y),
+          np.einsum("bnm,bkm->bnk", np.abs(x), np.abs(y)), 40, u)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("options", [
+    M().tile(16, 16, 16).mapToThreads(32, 4).mapToBlocks(2, 2).useSharedMemory(True),
+    M().tile(32, 32, 64).mapToThreads(32, 8).mapToBlocks(1, 1),
+], ids=["tiled", "one-block"])
+def test_mlp1_with_bias_and_relu(type_name, options):
+    dtype, u = TYPES[type_name]
+    rng = np.random.default_rng(2)
+    I = rng.standard_normal((20, 40)).astype(dtype)
+    W = rng.standard_normal((24, 40)).astype(dtype)
+    b = rng.standard_normal(24).astype(dtype)
+    kernel = tc.compile(program(type_name), "mlp1", I, W, b,
+                        options=options.useTensorCores(True), target="cuda-emulated")
+    assert on_tensor_cores(kernel)
+    i, w, bias = (v.astype(np.float64) for v in (I, W, b))
+    # (the sum is rounded to the narrow type, then the bias added in it: two roundings)
+    check(kernel(I, W, b), np.maximum(i @ w.T + bias, 0), np.abs(i) @ np.abs(w).T, 40, u,
+          rounded_before=i @ w.T)
+
+
+def test_without_the_option_the_same_kernel_stays_on_cuda_cores():
+    A = np.ones((32, 32), np.float16)
+    kernel = tc.compile(program("half"), "tmm", A, A, options=OPTIONS[0],
+                        target="cuda-emulated")
+    assert not on_tensor_cores(kernel)
+    np.testing.assert_array_equal(kernel(A, A), np.full((32, 32), 32, np.float16))
+
+
+def test_kernels_that_cannot_use_them_say_why():
+    a = np.ones((16, 16), np.float32)
+    with pytest.warns(tc.TCWarning, match=r"useTensorCores\(True\): no contraction of half or "
+                      r"bfloat16 operands .*not both half or both bfloat16"):
+        k = tc.compile("def f(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k) }",
+                       "f", a, a, options=OPTIONS[1].useTensorCores(True), target="cuda-emulated")
+    assert not on_tensor_cores(k)
+    narrow = tc.define(SOURCE.replace("T(", "half("), narrow_accumulation=True)
+    h = np.ones((16, 16), np.float16)
+    with pytest.warns(tc.TCWarning, match="its accumulator is float16, not float32"):
+        k = tc.compile(narrow, "tmm", h, h, options=OPTIONS[1].useTensorCores(True),
+                       target="cuda-emulated")
+    np.testing.assert_array_equal(k(h, h), np.full((16, 16), 16, np.float16))
+
+
+def test_option_text_round_trip():
+    o = OPTIONS[0].useTensorCores(True)
+    assert "useTensorCores(True)" in str(o) and M.parse(str(o)) == o
+
+
+@pytest.mark.skipif(nvcc.nvcc_path() is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("type_name,ptx_type", [("half", "f16"), ("bfloat16", "bf16")])
+def test_ptx_has_mma_sync(type_name, ptx_type):
+    A = np.zeros((32, 32), TYPES[type_name][0])
+    kernel = tc.compile(program(type_name), "tmm", A, A,
+                        options=OPTIONS[0].useTensorCores(True), target="cuda-emulated")
+    for arch in ("sm_80", "sm_90"):
+        ptx = nvcc.ptx(kernel.cuda_source, arch=arch)
+        assert ptx is not None
+        assert f"mma.sync.aligned.m16n8k16.row.col.f32.{ptx_type}.{ptx_type}.f32" in ptx
