@@ -1,26 +1,41 @@
 #!/usr/bin/env python3
-"""The paper's kernels on a GPU at the paper's sizes, tcstage against PyTorch (cuBLAS, cuDNN).
+"""tcstage's CUDA kernels on a GPU against PyTorch, in one process and one report.
 
-    python benchmarks/gpu_bench.py [--runs N] [--only tmm-small,2LUT] [--out FILE]
+    python benchmarks/gpu_bench.py [--runs N] [--only tmm-small,row_sum] [--out FILE]
     python benchmarks/gpu_bench.py --compile-only      # no GPU: compile every case, nvcc-check
 
-Every case of `schedules/paper-manual.txt` (a TC, sizes and manual MappingOptions) is compiled
-once, checked against PyTorch's implementation of the same computation, then both are timed in
-this one process: fp32 with TF32 off, CUDA events around each launch after a warm-up, p0 / p50
-/ p90 in microseconds over `--runs` launches, and the ratio of the medians (tcstage / PyTorch:
-below 1 means tcstage is faster). tcstage is timed through a prepared call (arrays bound once),
-PyTorch through its Python call. For the look-up tables the report adds the achieved memory
-bandwidth (bytes of rows gathered, indices read and outputs written, per second) against the
-device's peak.
+Two groups of cases:
+
+* the paper's kernels (`schedules/paper-manual.txt`: a TC, sizes and manual MappingOptions per
+  line), fp32 with TF32 off, against PyTorch's implementation of the same computation;
+* issue 15's kernels (`MODERN`, TC source in this script): a row sum of 32 x 2^20 floats against
+  torch.sum(dim=1) and a full sum of 2^25 floats against torch.sum, with the achieved bandwidth
+  as a share of the GPU's HBM peak (a figure per GPU model, `hbm_peak`); softmax and layernorm
+  over (4096, 4096) against torch.softmax and layer_norm; tmm 4096^3 in half and bfloat16 with
+  and without `useTensorCores`, against torch.matmul in the same type, in TFLOP/s. Each has the
+  issue's goal, judged met or not met when measured.
+
+Every case is compiled once, checked against PyTorch's result, then both are timed in this one
+process: CUDA events around each launch after a warm-up, p0 / p50 / p90 in microseconds over
+`--runs` launches (fewer for slow kernels: about `--seconds` per case and side), and the ratio
+of the medians (tcstage / PyTorch: below 1 means tcstage is faster). tcstage is timed through a
+prepared call (arrays bound once), PyTorch through its Python call. A case that fails to compile,
+crashes or computes a wrong result is a row saying so; the others still run. The report is
+rewritten after every row, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+
+import attrs
 
 import tcstage as tc
 
@@ -106,6 +121,211 @@ def lut_bytes(name: str, args) -> int:
     return total
 
 
+# -- issue 15's kernels: reductions, normalisations, half and bfloat16 ---------------------------
+
+ROW_SUM = """
+def row_sum(float(R, C) A) -> (O) {
+  O(r) +=! A(r, c)
+}
+"""
+FULL_SUM = """
+def full_sum(float(N) A) -> (O) {
+  O() +=! A(i)
+}
+"""
+# (the layers of examples/layers.tc)
+SOFTMAX = """
+def softmax(float(N,C) X) -> (Y) {
+  M(n) max=! X(n,c)
+  E(n,c) = exp(X(n,c) - M(n))
+  S(n) +=! E(n,c)
+  Y(n,c) = E(n,c) / S(n)
+}
+"""
+LAYERNORM = """
+def layernorm(float(N,C) X, float(C) G, float(C) Bt) -> (Y) {
+  mean(n) +=! X(n,c) / C
+  xc(n,c) = X(n,c) - mean(n)
+  var(n) +=! xc(n,c) * xc(n,c) / C
+  Y(n,c) = G(c) * xc(n,c) * rsqrt(var(n) + 1e-5) + Bt(c)
+}
+"""
+
+
+def tmm_source(scalar: str) -> str:
+    return f"""
+def tmm_{scalar}({scalar}(M,K) A, {scalar}(N,K) B) -> (C) {{
+  C(m,n) +=! A(m,k) * B(n,k)
+}}
+"""
+
+
+M = tc.MappingOptions
+# Sums: 256 threads cooperate on each reduction (parallelReductions, on by default); the row sum
+# has one block per row, or 32 per row combining atomically (its 32 rows alone fill a quarter of
+# an H100's 132 SMs); the full sum spreads over 1024 blocks.
+ROW_SUM_OPTIONS = M().mapToThreads(256).mapToBlocks(32)
+ROW_SUM_BLOCKS_OPTIONS = M().mapToThreads(256).mapToBlocks(32, 32)
+FULL_SUM_OPTIONS = M().mapToThreads(256).mapToBlocks(1024)
+# Softmax and layernorm: one row per block (tile(1), 4096 blocks), every statement fused into
+# it, its 256 threads across the row, a row of a temporary (16 KiB) in shared memory.
+ROW_OPTIONS = (M().outerScheduleFusionStrategy("Max").tile(1).mapToThreads(256)
+               .mapToBlocks(4096).useSharedMemory(True))
+# tmm: a 128 x 128 output tile per block of 8 warps, k in steps of 32 through shared memory, each
+# thread's outputs in registers; the tensor-core variants add useTensorCores alone.
+TMM_NARROW_OPTIONS = (M().tile(128, 128, 32).mapToThreads(32, 8).mapToBlocks(32, 32)
+                      .useSharedMemory(True).usePrivateMemory(True).useRegisterTiling(True)
+                      .unroll(4))
+
+
+@attrs.frozen
+class Goal:
+    """One of issue 15's targets, judged on a measured row."""
+
+    text: str
+    min_peak_share: float | None = None  # achieved bandwidth / the HBM peak
+    max_ratio: float | None = None  # tcstage time / PyTorch time (p50)
+
+    def met(self, ratio: float, peak_share: float | None) -> bool:
+        if self.min_peak_share is not None and (peak_share is None
+                                                or peak_share < self.min_peak_share):
+            return False
+        return self.max_ratio is None or ratio <= self.max_ratio
+
+
+ROW_SUM_GOAL = Goal(">= 80% of HBM peak and >= torch.sum", min_peak_share=0.8, max_ratio=1.0)
+TORCH_GOAL = Goal(">= PyTorch (ratio <= 1)", max_ratio=1.0)
+BF16_GOAL = Goal(">= 50% of torch.matmul's bf16 TFLOP/s (ratio <= 2)", max_ratio=2.0)
+
+
+@attrs.frozen(eq=False)
+class Bench:
+    """One benchmark case: a TC function at fixed sizes with its options, and PyTorch's version."""
+
+    name: str
+    group: str  # "paper" or "issue 15"
+    source: str
+    function: str
+    sizes: dict
+    options: tc.MappingOptions
+    baseline: Callable  # torch inputs -> a call computing the same with PyTorch
+    baseline_text: str = ""
+    bytes_moved: Callable | None = None  # torch inputs -> the bytes the computation must move
+    flops: Callable | None = None  # torch inputs -> floating-point operations
+    goal: Goal | None = None
+
+
+def _sum_rows(A):
+    import torch
+    return lambda: torch.sum(A, dim=1)
+
+
+def _sum_all(A):
+    import torch
+    return lambda: torch.sum(A).reshape(())
+
+
+def _softmax(X):
+    import torch
+    return lambda: torch.softmax(X, dim=1)
+
+
+def _layernorm(X, G, Bt):
+    import torch.nn.functional as F
+    return lambda: F.layer_norm(X, (X.shape[1],), G, Bt, eps=1e-5)
+
+
+def _matmul_t(A, B):
+    import torch
+    return lambda: torch.matmul(A, B.t())
+
+
+def _nbytes(*tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def issue15_benches() -> list[Bench]:
+    def read_all(*args):  # inputs read once, outputs (as many bytes as the first input) written
+        return _nbytes(*args) + _nbytes(args[0])
+
+    def tmm_flops(A, B):
+        return 2 * A.shape[0] * A.shape[1] * B.shape[0]
+
+    out = [
+        Bench("row_sum", "issue 15", ROW_SUM, "row_sum", {"R": 32, "C": 1 << 20},
+              ROW_SUM_OPTIONS, _sum_rows, "torch.sum(A, dim=1)",
+              bytes_moved=lambda A: _nbytes(A) + 4 * A.shape[0], goal=ROW_SUM_GOAL),
+        Bench("row_sum-blocks", "issue 15", ROW_SUM, "row_sum", {"R": 32, "C": 1 << 20},
+              ROW_SUM_BLOCKS_OPTIONS, _sum_rows, "torch.sum(A, dim=1)",
+              bytes_moved=lambda A: _nbytes(A) + 4 * A.shape[0], goal=ROW_SUM_GOAL),
+        Bench("full_sum", "issue 15", FULL_SUM, "full_sum", {"N": 1 << 25}, FULL_SUM_OPTIONS,
+              _sum_all, "torch.sum(A)", bytes_moved=lambda A: _nbytes(A) + 4),
+        Bench("softmax", "issue 15", SOFTMAX, "softmax", {"N": 4096, "C": 4096}, ROW_OPTIONS,
+              _softmax, "torch.softmax(X, dim=1)", bytes_moved=read_all, goal=TORCH_GOAL),
+        Bench("layernorm", "issue 15", LAYERNORM, "layernorm", {"N": 4096, "C": 4096},
+              ROW_OPTIONS, _layernorm, "F.layer_norm(X, (C,), G, Bt, eps=1e-5)",
+              bytes_moved=read_all, goal=TORCH_GOAL),
+    ]
+    for scalar, short in (("half", "half"), ("bfloat16", "bf16")):
+        for cores in (False, True):
+            out.append(Bench(
+                f"tmm-{short}" + ("-tc" if cores else ""), "issue 15", tmm_source(scalar),
+                f"tmm_{scalar}", {"M": 4096, "N": 4096, "K": 4096},
+                TMM_NARROW_OPTIONS.useTensorCores(True) if cores else TMM_NARROW_OPTIONS,
+                _matmul_t, f"torch.matmul(A, B.t()) in {short}", flops=tmm_flops,
+                goal=BF16_GOAL if cores and short == "bf16" else None))
+    return out
+
+
+def paper_benches() -> list[Bench]:
+    out = []
+    for case in cases():
+        name = case["name"]
+        out.append(Bench(
+            name, "paper", (ROOT / "examples" / case["file"]).read_text(), case["function"],
+            case["sizes"], case["options"], lambda *args, n=name: reference(n, args),
+            bytes_moved=(lambda *args, n=name: lut_bytes(n, args)) if "LUT" in name else None))
+    return out
+
+
+def all_benches() -> list[Bench]:
+    return paper_benches() + issue15_benches()
+
+
+# -- the GPU's peak bandwidth ----------------------------------------------------------------
+
+# HBM peaks by GPU model (NVIDIA's data sheets), matched against the name nvidia-smi gives, in
+# this order (the PCIe and NVL H100s before the SXM one, whose name says neither).
+HBM_PEAKS = (("H200", 4.8e12, "H200"), ("H100 PCIe", 2.0e12, "H100 PCIe"),
+             ("H100 NVL", 3.9e12, "H100 NVL"), ("H100", 3.35e12, "H100 SXM"))
+
+
+def gpu_name() -> str:
+    """The GPU's name as nvidia-smi gives it (PyTorch's where nvidia-smi is missing)."""
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30)
+        if r.returncode == 0 and r.stdout.strip():
+            return r.stdout.strip().splitlines()[0].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    import torch
+    return torch.cuda.get_device_name()
+
+
+def hbm_peak(name: str) -> tuple[float | None, str]:
+    """(peak bytes per second, where the figure comes from) for the GPU named `name`."""
+    for key, peak, model in HBM_PEAKS:
+        if key.lower() in name.lower():
+            return peak, f"{peak / 1e12:.2f} TB/s, the {model} data-sheet figure (by the name " \
+                         f"'{name}')"
+    computed = peak_bandwidth()
+    if computed:
+        return computed, f"{computed / 1e12:.2f} TB/s from the memory clock and bus width the " \
+                         f"driver reports (no data-sheet figure known for '{name}')"
+    return None, f"unknown (no figure for '{name}')"
+
+
 def peak_bandwidth() -> float | None:
     """The device's peak DRAM bandwidth in bytes per second (pycuda's attributes)."""
     try:
@@ -118,9 +338,21 @@ def peak_bandwidth() -> float | None:
         return None
 
 
-def timings_us(fn, runs: int, warmup: int = 20) -> list[float]:
+# -- measuring -------------------------------------------------------------------------------
+
+def timings_us(fn, runs: int, seconds: float | None = None, warmup: int = 20) -> list[float]:
+    """CUDA-event times of `runs` calls after a warm-up; with `seconds`, fewer calls where one
+    takes long (at least 3), so that a slow kernel does not eat the whole run."""
     import torch
-    for _ in range(warmup):
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    once = time.perf_counter() - start
+    if seconds is not None:
+        runs = max(3, min(runs, int(seconds / max(once, 1e-7))))
+    for _ in range(min(warmup, runs)):
         fn()
     torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(runs)]
@@ -144,51 +376,235 @@ def make_inputs(fn, sizes, device: str):
     gen = torch.Generator(device=device).manual_seed(0)
     args = []
     for name, shape, dtype in shapes(fn, sizes):
-        if dtype.startswith("float"):
-            args.append(torch.randn(shape, generator=gen, device=device))
+        if dtype.startswith(("float", "bfloat")):
+            args.append(torch.randn(shape, generator=gen, device=device,
+                                    dtype=getattr(torch, dtype)))
         else:
             args.append(torch.randint(0, bounds.get(name, 2), shape, generator=gen,
                                       device=device, dtype=getattr(torch, dtype)))
     return args
 
 
-def compile_only(selected) -> int:
+def mismatch(got, want) -> str | None:
+    """None if `got` equals PyTorch's `want` within a tolerance for its dtype (relative, and
+    absolute times the largest magnitude of `want`), else the largest error."""
+    import torch
+    narrow = want.dtype in (torch.float16, torch.bfloat16)
+    rtol = 2e-2 if narrow else 1e-3
+    g, w = got.double(), want.double()
+    scale = max(1.0, float(w.abs().max())) if w.numel() else 1.0
+    err = (g - w).abs()
+    if bool((err <= rtol * scale + rtol * w.abs()).all()):
+        return None
+    return f"max error {float(err.max()):.3g} (scale {scale:.3g}, rtol {rtol:g})"
+
+
+@attrs.frozen
+class Row:
+    """One measured (or failed) case."""
+
+    bench: Bench
+    mine: tuple[float, ...] = ()
+    theirs: tuple[float, ...] = ()
+    wrong: str | None = None  # how tcstage's result differs from PyTorch's
+    failed: str | None = None  # the error that stopped the case
+    peak: float | None = None  # HBM bytes per second
+
+    @property
+    def ratio(self) -> float:
+        return percentile(self.mine, 0.5) / percentile(self.theirs, 0.5)
+
+    def _rate(self, times, inputs_bytes, flops) -> str:
+        t = percentile(times, 0.5) * 1e-6
+        if flops is not None:
+            return f"{flops / t / 1e12:.1f} TFLOP/s"
+        if inputs_bytes is not None:
+            text = f"{inputs_bytes / t / 1e9:.0f} GB/s"
+            return text + (f" ({inputs_bytes / t / self.peak:.0%} of HBM)" if self.peak else "")
+        return ""
+
+    def peak_share(self, moved: int | None) -> float | None:
+        if moved is None or not self.peak:
+            return None
+        return moved / (percentile(self.mine, 0.5) * 1e-6) / self.peak
+
+
+def measure(bench: Bench, runs: int, seconds: float, peak: float | None) -> tuple[Row, dict]:
+    """Compiles, checks and times one case on the GPU; (row, its figures) or a failed row."""
+    try:
+        prog = _define(bench.source)
+        fn = prog[bench.function]
+        inputs = make_inputs(fn, bench.sizes, "cuda")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", tc.TCWarning)
+            kernel = tc.compile(prog, bench.function, *inputs, options=bench.options,
+                                target="cuda")
+        ref = bench.baseline(*inputs)
+        got, want = kernel(*inputs), ref()
+        got = got if isinstance(got, tuple) else (got,)
+        want = want if isinstance(want, tuple) else (want,)
+        wrong = next((m for m in (mismatch(g, w) for g, w in zip(got, want)) if m), None)
+        prepared = kernel.prepare(*inputs)
+        mine = timings_us(prepared.launch, runs, seconds)
+        if not wrong:  # still right after many launches on the same arrays (scratch reset)?
+            again = prepared.results()
+            again = again if isinstance(again, tuple) else (again,)
+            wrong = next((f"after {len(mine)}+ launches: {m}" for m in
+                          (mismatch(g, w) for g, w in zip(again, want)) if m), None)
+        theirs = timings_us(ref, runs, seconds)
+        figures = {"bytes": bench.bytes_moved(*inputs) if bench.bytes_moved else None,
+                   "flops": bench.flops(*inputs) if bench.flops else None}
+        return Row(bench, tuple(mine), tuple(theirs), wrong=wrong, peak=peak), figures
+    except Exception as e:  # noqa: BLE001 - one failing case must not hide the others
+        return Row(bench, failed=f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200]}"
+                   if str(e).strip() else type(e).__name__), {}
+
+
+def _sizes(bench: Bench) -> str:
+    return ",".join(f"{k}={v}" for k, v in bench.sizes.items())
+
+
+def paper_line(row: Row, figures: dict) -> str:
+    b = row.bench
+    if row.failed:
+        return f"| {b.name} | {_sizes(b)} | | | | | | | | FAILED: {row.failed} |"
+    values = [percentile(row.mine, q) for q in (0, 0.5, 0.9)] + \
+        [percentile(row.theirs, q) for q in (0, 0.5, 0.9)]
+    note = row._rate(row.mine, figures.get("bytes"), None)
+    if row.wrong:
+        note = f"WRONG: {row.wrong}" + (f"; {note}" if note else "")
+    return f"| {b.name} | {_sizes(b)} | " + " | ".join(f"{v:.1f}" for v in values) + \
+        f" | {row.ratio:.2f} | {note} |"
+
+
+def issue15_line(row: Row, figures: dict) -> str:
+    b = row.bench
+    goal = b.goal.text if b.goal else "-"
+    if row.failed:
+        verdict = "not met (failed)" if b.goal else "-"
+        return f"| {b.name} | {_sizes(b)} | | | | | | {goal} | {verdict} | FAILED: {row.failed} |"
+    mine = row._rate(row.mine, figures.get("bytes"), figures.get("flops"))
+    theirs = row._rate(row.theirs, figures.get("bytes"), figures.get("flops"))
+    verdict = "-"
+    if b.goal:
+        verdict = "not met (wrong result)" if row.wrong else \
+            ("met" if b.goal.met(row.ratio, row.peak_share(figures.get("bytes"))) else "not met")
+    note = f"WRONG: {row.wrong}" if row.wrong else ""
+    return (f"| {b.name} | {_sizes(b)} | {percentile(row.mine, 0.5):.1f} | "
+            f"{percentile(row.theirs, 0.5):.1f} | {row.ratio:.2f} | {mine} | {theirs} | {goal} | "
+            f"{verdict} | {note} |")
+
+
+PAPER_HEADER = ["| case | sizes | tcstage p0 | p50 | p90 | PyTorch p0 | p50 | p90 | "
+                "tcstage / PyTorch (p50) | note |",
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+ISSUE15_HEADER = ["| case | sizes | tcstage p50 us | PyTorch p50 us | tcstage / PyTorch | "
+                  "tcstage achieved | PyTorch achieved | goal | goal met | note |",
+                  "|---|---|---:|---:|---:|---|---|---|---|---|"]
+
+
+def report(title: list[str], paper: list[str], issue15: list[str], selected: list[Bench],
+           footer: list[str]) -> str:
+    lines = list(title)
+    if paper:
+        lines += ["", "## The paper's kernels (fp32, TF32 off; options: "
+                  "schedules/paper-manual.txt)", "", *PAPER_HEADER, *paper]
+    if issue15:
+        lines += ["", "## Reductions, normalisations, half and bfloat16 (issue 15)", "",
+                  *ISSUE15_HEADER, *issue15, "", "Baselines and options:", ""]
+        lines += [f"- {b.name}: PyTorch `{b.baseline_text}`; tcstage `{b.options}`"
+                  for b in selected if b.group == "issue 15"]
+    return "\n".join(lines + [""] + footer) + "\n"
+
+
+@functools.cache
+def _define(source: str):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        return tc.define(source)
+
+
+# -- without a GPU ---------------------------------------------------------------------------
+
+def compile_only(selected: list[Bench], out: str | None = None) -> int:
     """Compiles every case (TC -> CUDA, then nvcc for sm_90) and prints what ptxas reports:
-    registers per thread and spilled bytes (private arrays that stayed in local memory)."""
+    registers per thread, spilled bytes (private arrays that stayed in local memory) and static
+    shared memory. A case that does not compile is a row saying why; the exit status is then 1."""
     from tcstage.cuda.nvcc import resources
-    print("| case | compile s | grid | block | shared bytes | private | registers | spill "
-          "bytes (st/ld) | nvcc |")
-    print("|---|---:|---|---|---:|---|---:|---|---|")
-    for case in selected:
-        prog = program(case["file"])
-        fn = prog[case["function"]]
+    lines = ["# gpu_bench --compile-only: every case compiled for sm_90, nothing run", "",
+             "No GPU was used: the timings, bandwidths and goals of the benchmark are "
+             "unmeasured.", "",
+             "| case | group | compile s | grid | block | promoted shared bytes | private | "
+             "registers | smem bytes (ptxas) | spill bytes (st/ld) | nvcc |",
+             "|---|---|---:|---|---|---:|---|---:|---:|---|---|"]
+    notes, status = [], 0
+
+    def text() -> str:
+        said = ["", "What the compiler said about the options (TCWarnings):", "", *notes] \
+            if notes else []
+        return "\n".join(lines + said) + "\n"
+
+    def emit(line):
+        lines.append(line)
+        print(line, flush=True)
+        if out:
+            Path(out).write_text(text(), encoding="utf-8")
+
+    print("\n".join(lines))
+    for b in selected:
         start = time.perf_counter()
-        k = tc.compile(prog, case["function"], *[s for _, s, _ in shapes(fn, case["sizes"])],
-                       options=case["options"], target="cuda-emulated")
-        seconds = time.perf_counter() - start
-        promos = k.compiled.promoted.promotions
-        shared = sum(p.nbytes for p in promos if p.memory == "shared")
-        private = ", ".join(p.buffer + "".join(f"[{d}]" for d in p.padded)
-                            for p in promos if p.memory == "private") or "-"
-        usage = resources(k.cuda_source)  # raises with nvcc's message if it does not compile
-        regs, spills = ("-", "-") if usage is None else (
-            usage["registers"], f"{usage['spill_stores']}/{usage['spill_loads']}")
-        print(f"| {case['name']} | {seconds:.2f} | {k.grid} | {k.block} | {shared} | {private} "
-              f"| {regs} | {spills} | {'no nvcc' if usage is None else 'ok'} |")
-    return 0
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", tc.TCWarning)
+                prog = _define(b.source)
+                fn = prog[b.function]
+                k = tc.compile(prog, b.function, *[s for _, s, _ in shapes(fn, b.sizes)],
+                               options=b.options, target="cuda-emulated")
+            seconds = time.perf_counter() - start
+            promos = k.compiled.promoted.promotions
+            shared = sum(p.nbytes for p in promos if p.memory == "shared")
+            private = ", ".join(p.buffer + "".join(f"[{d}]" for d in p.padded)
+                                for p in promos if p.memory == "private") or "-"
+            usage = resources(k.cuda_source)  # raises with nvcc's message if it does not compile
+            regs, smem, spills = ("-", "-", "-") if usage is None else (
+                usage["registers"], usage["shared"],
+                f"{usage['spill_stores']}/{usage['spill_loads']}")
+            notes += [f"- {b.name}: {str(w.message).splitlines()[0]}" for w in caught
+                      if issubclass(w.category, tc.TCWarning)]
+            emit(f"| {b.name} | {b.group} | {seconds:.2f} | {k.grid} | {k.block} | {shared} | "
+                 f"{private} | {regs} | {smem} | {spills} | "
+                 f"{'no nvcc' if usage is None else 'ok'} |")
+        except Exception as e:  # noqa: BLE001 - one failing case must not hide the others
+            status = 1
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+            emit(f"| {b.name} | {b.group} | | | | | | | | | FAILED: {type(e).__name__}: {first} |")
+    if notes:
+        print(text()[len("\n".join(lines)):].rstrip())
+    if out:
+        Path(out).write_text(text(), encoding="utf-8")
+    return status
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--seconds", type=float, default=2.0,
+                        help="about how long to time each side of a case (fewer runs if slow)")
     parser.add_argument("--only", help="comma-separated case names")
     parser.add_argument("--out", help="also write the report to this file")
     parser.add_argument("--compile-only", action="store_true")
     args = parser.parse_args(argv)
-    selected = [c for c in cases() if not args.only or c["name"] in args.only.split(",")]
+    benches = all_benches()
+    if args.only:
+        wanted = [n.strip() for n in args.only.split(",") if n.strip()]
+        unknown = sorted(set(wanted) - {b.name for b in benches})
+        if unknown:
+            parser.error(f"unknown case(s) {', '.join(unknown)}; known: "
+                         f"{', '.join(b.name for b in benches)}")
+        benches = [b for b in benches if b.name in wanted]
     if args.compile_only:
-        return compile_only(selected)
+        return compile_only(benches, args.out)
     import torch
     if not torch.cuda.is_available():
         print("gpu_bench needs a GPU (torch.cuda.is_available() is False); "
@@ -196,50 +612,26 @@ def main(argv=None) -> int:
         return 1
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    peak = None
-    lines = [f"# The paper's kernels on {torch.cuda.get_device_name()}: tcstage vs PyTorch "
-             f"{torch.__version__} (us, {args.runs} runs after warm-up, CUDA events, fp32, "
-             "TF32 off)", "",
-             "| case | sizes | tcstage p0 | p50 | p90 | PyTorch p0 | p50 | p90 | "
-             "tcstage / PyTorch (p50) | note |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    status = 0
-    for case in selected:
-        name = case["name"]
-        try:
-            prog = program(case["file"])
-            fn = prog[case["function"]]
-            inputs = make_inputs(fn, case["sizes"], "cuda")
-            kernel = tc.compile(prog, case["function"], *inputs, options=case["options"],
-                                target="cuda")
-            ref = reference(name, inputs)
-            got, want = kernel(*inputs), ref()
-            got = got if isinstance(got, tuple) else (got,)
-            want = want if isinstance(want, tuple) else (want,)
-            for g, w in zip(got, want):
-                torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-3)
-            prepared = kernel.prepare(*inputs)
-            mine, theirs = timings_us(prepared.launch, args.runs), timings_us(ref, args.runs)
-            note = ""
-            if "LUT" in name:
-                peak = peak or peak_bandwidth()
-                gbs = lut_bytes(name, inputs) / (percentile(mine, 0.5) * 1e-6) / 1e9
-                note = f"{gbs:.0f} GB/s" + (f" of {peak / 1e9:.0f} peak" if peak else "")
-            sizes = ",".join(f"{k}={v}" for k, v in case["sizes"].items())
-            row = [percentile(mine, q) for q in (0, 0.5, 0.9)] + \
-                [percentile(theirs, q) for q in (0, 0.5, 0.9)]
-            lines.append(f"| {name} | {sizes} | " + " | ".join(f"{v:.1f}" for v in row) +
-                         f" | {row[1] / row[4]:.2f} | {note} |")
-        except Exception as e:  # noqa: BLE001 - one failing case must not hide the others
-            status = 1
-            lines.append(f"| {name} | | | | | | | | | FAILED: {type(e).__name__}: "
-                         f"{str(e).splitlines()[0][:200]} |")
-        print(lines[-1], flush=True)
-    lines.append("")
-    lines.append("Options per case: schedules/paper-manual.txt.")
+    name = gpu_name()
+    peak, peak_text = hbm_peak(name)
+    title = [f"# tcstage vs PyTorch {torch.__version__} on {name}", "",
+             f"Times in us (CUDA events, up to {args.runs} runs or about {args.seconds:g} s per "
+             "side after a warm-up); tcstage / PyTorch below 1: tcstage is faster. HBM peak "
+             f"used for bandwidth shares: {peak_text}."]
+    paper, issue15, status = [], [], 0
+    for b in benches:
+        row, figures = measure(b, args.runs, args.seconds, peak)
+        line = (paper_line if b.group == "paper" else issue15_line)(row, figures)
+        (paper if b.group == "paper" else issue15).append(line)
+        status |= bool(row.failed or row.wrong)
+        print(line, flush=True)
+        if args.out:
+            Path(args.out).write_text(report(title, paper, issue15, benches, []),
+                                      encoding="utf-8")
+    text = report(title, paper, issue15, benches, [])
     if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print("\n".join(lines[:4]))
+        Path(args.out).write_text(text, encoding="utf-8")
+    print(text)
     return status
 
 
