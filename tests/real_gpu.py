@@ -123,7 +123,10 @@ class PycudaLauncher:
         values, device = [], {}
         for i, (p, a) in enumerate(zip(params, args)):
             if not p.pointer:
-                values.append(np.array(a, dtype=p.dtype)[()])
+                value = np.array(a, dtype=p.dtype)
+                if not isinstance(value[()], np.number):  # (ml_dtypes' bfloat16: its bits)
+                    value = value.view(f"u{value.itemsize}")
+                values.append(value[()])
                 continue
             twin = next((j for j in device if emu._same_buffer(args[j], a)), None)
             if twin is None:

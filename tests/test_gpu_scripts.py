@@ -1,14 +1,19 @@
 """What a lent GPU runs, checked without one: the kernels scripts/gpu_examples.py launches (under
-compute-sanitizer) run correctly under emulation; `pytest --real-gpu` compares and hands over the
-GPU's values (with a stand-in for the GPU), and skips, saying why, where there is no GPU."""
+compute-sanitizer) run correctly under emulation; benchmarks/gpu_check.sh's CPU-side mode works
+and says the GPU part is unmeasured; gpu_bench.py judges the goals; `pytest --real-gpu` compares
+and hands over the GPU's values (with a stand-in for the GPU), and skips, saying why, where
+there is no GPU."""
 
+import os
 import re
 import runpy
+import shutil
 import subprocess
 import sys
 import warnings
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -28,6 +33,47 @@ def test_gpu_examples_pass_under_emulation(capsys):
         assert module["main"](["--target", "cuda-emulated"]) == 0
     out = capsys.readouterr().out
     assert out.count(" ok") == 13 and "WRONG" not in out and "FAILED" not in out, out
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
+                    reason="gpu_check.sh needs bash and coreutils' timeout")
+def test_gpu_check_cpu_side_mode_runs_and_says_the_gpu_part_is_unmeasured(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path), "GPU_CHECK_CPU": "1", "GPU_CHECK_QUICK": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=240)
+    results = list(tmp_path.glob("gpu-check-no-GPU-*.md"))
+    assert r.returncode == 0 and len(results) == 1, r.stdout + r.stderr
+    text = results[0].read_text()
+    assert "GPU part is unmeasured" in text
+    steps = dict(re.findall(r"^\| ([\w-]+) \| (pass|fail|timeout|skipped) \|", text, re.M))
+    assert steps == {"build": "pass", "emulated-tests": "pass", "examples-emulated": "pass",
+                     "examples-nvcc": "pass", "bench-compile": "pass"}, text
+    assert re.search(r"^\| row_sum \| issue 15 \| [\d.]+ \| \(32, ", text, re.M), text
+    assert "passed" in (tmp_path / "emulated-tests.log").read_text()
+
+
+def test_gpu_bench_picks_the_hbm_peak_by_name_and_judges_the_goals():
+    bench = runpy.run_path(str(ROOT / "benchmarks" / "gpu_bench.py"), run_name="gpu_bench")
+    hbm = bench["hbm_peak"]
+    sxm = hbm("NVIDIA H100 80GB HBM3")
+    assert sxm[0] == 3.35e12 and "H100 SXM" in sxm[1]
+    assert hbm("NVIDIA H100 PCIe")[0] == 2.0e12 and hbm("NVIDIA H200")[0] == 4.8e12
+    row_sum = next(b for b in bench["issue15_benches"]() if b.name == "row_sum")
+    moved = {"bytes": 32 * 2**20 * 4 + 32 * 4}
+
+    def line(mine_us, theirs_us, **kw):
+        row = bench["Row"](row_sum, (mine_us,) * 5, (theirs_us,) * 5, peak=3.35e12, **kw)
+        return bench["issue15_line"](row, moved)
+    # 134 MB in 50 us: 2.68 TB/s, 80% of 3.35; faster than torch.sum
+    assert "| 2684 GB/s (80% of HBM) |" in line(50.0, 55.0) and "| met |" in line(50.0, 55.0)
+    assert "| not met |" in line(50.0, 45.0)  # bandwidth enough, slower than torch.sum
+    assert "| not met |" in line(60.0, 70.0)  # faster than torch.sum, 67% of HBM
+    assert "| not met (wrong result) |" in line(50.0, 55.0, wrong="max error 3")
+    failed = bench["issue15_line"](bench["Row"](row_sum, failed="TCError: no"), {})
+    assert "| not met (failed) | FAILED: TCError: no |" in failed
+    bf16 = bench["BF16_GOAL"]
+    assert bf16.met(1.9, None) and not bf16.met(2.1, None)
 
 
 # -- --real-gpu, with a stand-in for the GPU ----------------------------------------------------
@@ -117,6 +163,9 @@ def test_real_gpu_tolerances_follow_the_dtype():
     h = np.array([100.0, -3.0], np.float16)
     assert real_gpu.first_mismatch((h.astype(np.float32) + 0.5).astype(np.float16), h) is None
     assert real_gpu.first_mismatch((h.astype(np.float32) + 5).astype(np.float16), h)
+    bf = np.array([1.0, 256.0], ml_dtypes.bfloat16)
+    assert real_gpu.first_mismatch(bf.copy(), bf) is None
+    assert "index 1" in real_gpu.first_mismatch(np.array([1.0, 300.0], ml_dtypes.bfloat16), bf)
 
 
 def test_real_gpu_without_a_gpu_skips_every_test_saying_why():
