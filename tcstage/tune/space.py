@@ -72,7 +72,9 @@ class Space:
             unroll_copy_shared=g["shared"] and g["unroll_copy_shared"],
             max_shared_memory=g["max_shared"] if g["shared"] else None,
             shared_depth=g["shared_depth"] if g["shared"] else None,
-            private_depth=g["private_depth"] if g["private"] else None)
+            private_depth=g["private_depth"] if g["private"] else None,
+            parallel_reductions=g.get("parallel_reductions", True),
+            use_tensor_cores=g.get("tensor_cores", False))
         return opts
 
     def encode(self, options: MappingOptions) -> dict:
@@ -88,7 +90,9 @@ class Space:
                   "private": o.use_private_memory, "register_tiling": o.use_register_tiling,
                   "read_only": o.use_read_only_cache, "unroll_copy_shared": o.unroll_copy_shared,
                   "max_shared": o.max_shared_memory, "shared_depth": o.shared_depth,
-                  "private_depth": o.private_depth}
+                  "private_depth": o.private_depth,
+                  "parallel_reductions": o.parallel_reductions,
+                  "tensor_cores": o.use_tensor_cores}
         for k in range(len(self.loops)):
             genome[f"tile{k}"] = o.tile_sizes[k] if k < len(o.tile_sizes) else None
         for k, axis in enumerate("xyz"):
@@ -155,8 +159,9 @@ def loop_extents(reports) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(sorted(p)) for p in positions)
 
 
-def build_space(loops: Sequence[Sequence[int]]) -> Space:
-    """The space for a kernel whose loop positions have these extents."""
+def build_space(loops: Sequence[Sequence[int]], narrow_operands: bool = False) -> Space:
+    """The space for a kernel whose loop positions have these extents; `narrow_operands` (half
+    or bfloat16 inputs, which contractions can take to tensor cores) adds useTensorCores."""
     loops = tuple(tuple(p) for p in loops) or ((1,),)
     all_extents = [e for p in loops for e in p]
     threads = size_values(all_extents, max(MAX_BLOCK_DIM))
@@ -178,5 +183,8 @@ def build_space(loops: Sequence[Sequence[int]]) -> Space:
              Gene("unroll_copy_shared", (False, True)),
              Gene("max_shared", SHARED_LIMITS),
              Gene("shared_depth", (None, *range(_DEPTHS))),
-             Gene("private_depth", (None, *range(_DEPTHS)))]
+             Gene("private_depth", (None, *range(_DEPTHS))),
+             Gene("parallel_reductions", (True, False))]
+    if narrow_operands:  # (elsewhere the option only adds a note: the same kernel again)
+        genes.append(Gene("tensor_cores", (False, True)))
     return Space(tuple(genes), loops)

@@ -179,7 +179,8 @@ class _Session:
         self.given = (inputs, out) if all(not _is_shape(a) for a in inputs) and \
             any(isinstance(a, np.ndarray) for a in inputs) else None
         self.reports = fn.ranges(*self.shape_args, out=self.out_shapes)
-        self.space = build_space(loop_extents(self.reports))
+        self.space = build_space(loop_extents(self.reports), narrow_operands=any(
+            t.type.name in ("float16", "bfloat16") for t in fn.checked.inputs))
         self.measure = _measure(measure)
         if isinstance(device, model.Device):
             self.model_device = device
@@ -382,7 +383,9 @@ class _Session:
         for kind, n in (("block", blocks), ("thread", threads)):
             if n is not None and genome[f"{kind}_dims"] > max(n, 1):
                 genome[f"{kind}_dims"] = max(n, 1)
-            if n == 0:
+            # (with parallel reductions a reduction loop may take threadIdx.x when the probe's
+            # few threads find no other loop)
+            if n == 0 and not (kind == "thread" and genome.get("parallel_reductions", True)):
                 genome[f"{kind}_x"] = 1
         return genome
 
