@@ -128,6 +128,18 @@ pytest_args() {  # pytest_args MAX DIVISOR: -n <cores / DIVISOR, at most MAX> wh
     fi
 }
 
+gpu_pytest() {  # pytest, failing where it ran nothing on a GPU (each test skipped for want of one)
+    local log; log=$(mktemp)
+    python3 -m pytest -q -rs -p no:cacheprovider "$@" 2>&1 | tee "$log"
+    local rc=${PIPESTATUS[0]}
+    if grep -qE -- '--real-gpu: every test skipped|GPU tests need a GPU' "$log"; then
+        echo "gpu_check: these tests ran nothing on a GPU (skipped, reason above): a failure here"
+        rc=1
+    fi
+    rm -f "$log"
+    return "$rc"
+}
+
 sanitizer() {
     command -v compute-sanitizer 2>/dev/null && return
     local nvcc; nvcc=$(command -v nvcc) || return 1
@@ -167,7 +179,7 @@ setup_gpu_machine() {  # .gpu/ unpacked, the test tools it carries, tcstage inst
     install_check pycuda.driver
 }
 
-export -f install_check build_wheel setup_gpu_machine
+export -f install_check build_wheel setup_gpu_machine gpu_pytest
 
 # -- the results file ---------------------------------------------------------------------------
 
@@ -178,7 +190,7 @@ revision() {
 }
 
 summary() {  # summary FILE TITLE MODE-LINE
-    local file=$1 title=$2 mode=$3 name result seconds note all=pass
+    local file=$1 title=$2 mode=$3 name result seconds note log all=pass
     {
         echo "# $title"
         echo
@@ -200,7 +212,9 @@ summary() {  # summary FILE TITLE MODE-LINE
                 result=skipped seconds=0 note="not run"
             fi
             [ "$result" = pass ] || all=fail
-            echo "| $name | $result | $seconds | $note | $name.log |"
+            log=-
+            [ -f "$out/$name.log" ] && log="$name.log"
+            echo "| $name | $result | $seconds | $note | $log |"
         done
         echo
         echo "Overall: $all."
@@ -283,18 +297,17 @@ if has_gpu; then
     # (unpack.sh's PYTHONPATH, for the steps below: record ran setup in a subshell)
     [ -f .gpu/unpack.sh ] && source .gpu/unpack.sh > /dev/null 2>&1
     workers=$(pytest_args 12 1)
-    pytest=(python3 -m pytest -q -rs -p no:cacheprovider)
     case "$stage" in
     check)
         steps+=(gpu-tests gpu-bench real-gpu memcheck racecheck)
         if ((quick)); then
-            record gpu-tests 120 "${pytest[@]}" -m gpu tests/test_gpu.py -k "tmm-0"
+            record gpu-tests 120 gpu_pytest -m gpu tests/test_gpu.py -k "tmm-0"
             record gpu-bench 120 python3 benchmarks/gpu_bench.py --only tmm-small,row_sum \
                 --runs 20 --out "$out/gpu-bench.md"
             tests=(tests/test_emulation.py -k "matmul and not race")
             examples=(--only tmm,row_sum)
         else
-            record gpu-tests 120 "${pytest[@]}" -m gpu tests
+            record gpu-tests 120 gpu_pytest -m gpu tests
             record gpu-bench 200 python3 benchmarks/gpu_bench.py --out "$out/gpu-bench.md"
             mapfile -t tests < <(gpu_tests)
             examples=()
@@ -302,10 +315,10 @@ if has_gpu; then
         san=$(sanitizer) || san=compute-sanitizer
         for tool in memcheck racecheck; do
             record "$tool" 240 "$san" --tool "$tool" --error-exitcode 1 \
-                python3 scripts/gpu_examples.py "${examples[@]}" &
+                python3 -W ignore scripts/gpu_examples.py "${examples[@]}" &
         done
         # shellcheck disable=SC2086
-        record real-gpu 400 "${pytest[@]}" --real-gpu $workers "${tests[@]}" &
+        record real-gpu 400 gpu_pytest --real-gpu $workers "${tests[@]}" &
         wait ;;
     torch)
         steps+=(train-mlp torch-bench)
@@ -319,7 +332,7 @@ if has_gpu; then
     suite)
         steps+=(suite)
         # shellcheck disable=SC2086
-        record suite 520 "${pytest[@]}" --real-gpu $workers tests ;;
+        record suite 520 gpu_pytest --real-gpu $workers tests ;;
     extras)
         steps+=(launch-bench halide-bench)
         record launch-bench 150 python3 benchmarks/launch_bench.py --out "$out/launch-$tag-$day.md"
