@@ -80,13 +80,18 @@ def test_in_out_outputs_are_updated_in_place_even_when_not_contiguous():
     np.testing.assert_allclose(C, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_reductions_never_split_across_blocks_or_threads():
+def test_reductions_split_only_where_parallel_reductions_allow():
     prog = tc.define("def rowsum(float(N,K) A) -> (S) { S(n) +=! A(n,k) }")
     A = f32(6, 40)
-    k = tc.compile(prog, "rowsum", A, options=M().tile(2, 8).mapToBlocks(64, 64)
-                   .mapToThreads(32, 32), target="cuda-emulated")
+    options = M().tile(2, 8).mapToBlocks(64, 64).mapToThreads(32, 32)
+    k = tc.compile(prog, "rowsum", A, options=options.parallelReductions(False),
+                   target="cuda-emulated")
     assert k.grid == (3, 1, 1)  # only n; k carries the reduction
     assert k.block == (2, 1, 1)
+    np.testing.assert_allclose(k(A), A.sum(axis=1), rtol=1e-5, atol=1e-5)
+    # by default the 8 values of a k tile outnumber n's 2: threads split k, blocks keep n
+    k = tc.compile(prog, "rowsum", A, options=options, target="cuda-emulated")
+    assert k.grid == (3, 1, 1) and k.block == (32, 1, 1)
     np.testing.assert_allclose(k(A), A.sum(axis=1), rtol=1e-5, atol=1e-5)
 
 

@@ -197,6 +197,27 @@ def test_tc_moments_sum_and_var():
     np.testing.assert_allclose(v, (i64 ** 2).mean(1) - mean.astype(np.float64) ** 2, atol=1e-5)
 
 
+@pytest.mark.parametrize("options", [
+    WIDE.useSharedMemory(True).usePrivateMemory(True),
+    # E's private copy in the first loop nest is read by other threads in the second: a
+    # scope must see the statements outside it (promotion once looked only inside)
+    WIDE.tile(1, 64).usePrivateMemory(True),
+    M().tile(4, 32).mapToThreads(32, 4).mapToBlocks(8).useSharedMemory(True),
+    WIDE.scheduleFusionStrategy("Min"),
+], ids=["promoted", "tiled-private", "tiled-xy", "unfused"])
+@pytest.mark.parametrize("name", ["softmax", "layernorm", "moments"])
+def test_row_statistics_under_promotion_and_fusion(name, options):
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((7, 300)).astype(np.float32)
+    args = [x] + ([rng.standard_normal(300).astype(np.float32) for _ in range(2)]
+                  if name == "layernorm" else [])
+    k, got = run(name, *args, options=options)
+    assert len(split(k)) == 2 and k.grid[0] > 1  # rows on blocks, both statistics split
+    expected = program()[name](*args)  # Halide's CPU result
+    for g, e in zip(got, expected if isinstance(expected, tuple) else (expected,)):
+        np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
+
+
 def test_explain_says_how_the_reduction_was_split():
     a = np.zeros((4, 100), np.float32)
     k = tc.compile(program(), "row_sum", a, options=M().mapToThreads(128).mapToBlocks(4),

@@ -246,7 +246,8 @@ def _map_blocks(schedule, deps, blocks: Sequence[int]) -> tuple[isl.Schedule, _B
                 members.append((k, min(blocks[len(members)], count)))
                 if len(members) == len(blocks):
                     break
-        chosen = {path_of(b): members for b in bands}
+        # (none: one block runs them all, one kernel scope above them, as for one band)
+        chosen = {path_of(b): members for b in bands} if members else {}
     for band in bands if not connected else ():
         members = []
         for k in range(band.band_n_member()):

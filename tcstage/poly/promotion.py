@@ -1013,6 +1013,10 @@ def _leaves(scope: isl.ScheduleNode) -> list[_Leaf]:
         for i in range(n.n_children()):
             walk(n.child(i), domain, schedule, depth, x)
 
+    if scope.get_type() == _T.domain:  # (the root: what reaches it is nothing, it holds all)
+        domain = scope.domain_get_domain()
+        walk(scope, domain, isl.UnionMap.from_domain(domain), 0, None)
+        return out
     domain = scope.get_domain()
     walk(scope, domain, scope.get_prefix_schedule_union_map().intersect_domain(domain),
          scope.get_schedule_depth(), None)
