@@ -11,7 +11,7 @@ Kernels: the paper's tmm, tbmm, MLP1, 2LUT (shared and private memory, register 
 two-stage promotion of indirectly read tables), a convolution, the backward TCs of MLP1 and of a
 table read (a scatter), one kernel with a dynamic batch size run at two sizes, and issue 15's
 kernels: a full sum and a row sum split across threads and blocks (shuffles, shared memory,
-atomics), softmax and layernorm as TCs, and a half tmm with tensor cores.
+atomics), softmax and layernorm as TCs, and half and bfloat16 tmm with tensor cores.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,15 +47,18 @@ def row_sum(float(R, C) A) -> (O) {
   O(r) +=! A(r, c)
 }
 """
-TMM_HALF = """
+TMM_NARROW = """
 def tmm_half(half(M,K) A, half(N,K) B) -> (C) {
+  C(m,n) +=! A(m,k) * B(n,k)
+}
+def tmm_bf16(bfloat16(M,K) A, bfloat16(N,K) B) -> (C) {
   C(m,n) +=! A(m,k) * B(n,k)
 }
 """
 # Relative tolerance against the CPU path by output dtype (times the output's largest magnitude,
 # at least 1, for the absolute one): reductions are reassociated across threads, and half
 # rounds every partial result.
-RTOL = {np.dtype(np.float16): 1e-2}
+RTOL = {np.dtype(np.float16): 1e-2, np.dtype(ml_dtypes.bfloat16): 2e-2}
 
 
 def cases(rng):
@@ -91,11 +95,12 @@ def cases(rng):
     yield "softmax", example("layers"), "softmax", (f32(rng, 12, 300),), rows, ()
     yield "layernorm", example("layers"), "layernorm", (f32(rng, 12, 300), f32(rng, 300),
                                                         f32(rng, 300)), rows, ()
-    half = (rng.standard_normal((64, 96)).astype(np.float16),
-            rng.standard_normal((80, 96)).astype(np.float16))
-    yield "tmm_half_tc", TMM_HALF, "tmm_half", half, \
-        M().tile(32, 32, 32).mapToThreads(32, 4).mapToBlocks(2, 3).useSharedMemory(True) \
-        .useTensorCores(True), ()
+    cores = M().tile(32, 32, 32).mapToThreads(32, 4).mapToBlocks(2, 3).useSharedMemory(True) \
+        .useTensorCores(True)
+    for name, dtype in (("half", np.float16), ("bf16", ml_dtypes.bfloat16)):
+        operands = (rng.standard_normal((64, 96)).astype(dtype),
+                    rng.standard_normal((80, 96)).astype(dtype))
+        yield f"tmm_{name}_tc", TMM_NARROW, f"tmm_{name}", operands, cores, ()
 
 
 def close(got, expected) -> bool:

@@ -32,7 +32,7 @@ def test_gpu_examples_pass_under_emulation(capsys):
         warnings.simplefilter("ignore", tc.TCWarning)
         assert module["main"](["--target", "cuda-emulated"]) == 0
     out = capsys.readouterr().out
-    assert out.count(" ok") == 13 and "WRONG" not in out and "FAILED" not in out, out
+    assert out.count(" ok") == 14 and "WRONG" not in out and "FAILED" not in out, out
 
 
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
