@@ -16,10 +16,23 @@ import numpy as np
 from tcstage.cuda.codegen import CudaKernel
 from tcstage.errors import TCArgumentError, TCError
 
-# numpy dtype -> struct code of pycuda's prepared calls
+# numpy dtype -> struct code of pycuda's prepared calls (a bfloat16 scalar travels as its bits)
 _STRUCT = {"int8": "b", "uint8": "B", "int16": "h", "uint16": "H", "int32": "i", "uint32": "I",
            "int64": "q", "uint64": "Q", "float16": "e", "float32": "f", "float64": "d",
-           "bool": "?"}
+           "bool": "?", "bfloat16": "H"}
+_POINTERS = ("output", "temp", "input", "scratch")
+
+
+def _bits16(value) -> int:
+    """A bfloat16 scalar's bits (it reaches the launch as the float of its rounded value)."""
+    import ml_dtypes
+    return int(np.array(value, ml_dtypes.bfloat16).view(np.uint16))
+
+
+def _host(dtype) -> np.dtype:
+    """The dtype pycuda moves an array as: bfloat16 (ml_dtypes, which pycuda's kernels for
+    filling and copying do not know) as its 16-bit words."""
+    return np.dtype(np.uint16) if np.dtype(dtype).name == "bfloat16" else np.dtype(dtype)
 
 
 @functools.cache  # a failure raises, and is not cached: a later call tries again
@@ -73,19 +86,27 @@ class Launcher:
             module = compiler.SourceModule(cuda.source, no_extern_c=True, arch=arch,
                                            options=["-std=c++17"])
             self.function = module.get_function(cuda.name)
-            self.function.prepare("".join("P" if p.kind in ("output", "temp", "input")
-                                          else _STRUCT[p.dtype] for p in cuda.parameters))
+            self.function.prepare("".join("P" if p.kind in _POINTERS else _STRUCT[p.dtype]
+                                          for p in cuda.parameters))
+        self.bits16 = [p.kind == "scalar" and p.dtype == "bfloat16" for p in cuda.parameters]
 
     def __call__(self, values, grid=None) -> None:
         """Launches on `grid` (a dynamic kernel's, for the call's sizes), else the compiled one."""
         grid = self.cuda.grid if grid is None else grid
+        values = [_bits16(v) if b else v for v, b in zip(values, self.bits16)]
         with driver_errors(f"launching kernel '{self.cuda.name}' on grid {grid}, "
                            f"block {self.cuda.block}"):
             self.function.prepared_call(grid, self.cuda.block, *values)
 
 
 def device_pointer(a, name: str) -> int:
-    """The device address of a C-contiguous array exposing `__cuda_array_interface__`."""
+    """The device address of a C-contiguous array exposing `__cuda_array_interface__` (or of a
+    PyTorch tensor: bfloat16 ones expose none)."""
+    if type(a).__module__.split(".")[0] == "torch" and str(a.dtype) == "torch.bfloat16":
+        if not a.is_contiguous():
+            raise TCArgumentError(f"{name} is not C-contiguous on the device; pass a contiguous "
+                                  "copy (.contiguous())")
+        return int(a.data_ptr())
     iface = a.__cuda_array_interface__
     shape, strides = tuple(iface["shape"]), iface.get("strides")
     itemsize = np.dtype(iface["typestr"]).itemsize
@@ -139,7 +160,8 @@ def stage_on_gpu(kernel, binding):
         if isinstance(a, np.ndarray):
             copy = staged.get(id(a))
             if copy is None:
-                copy = staged[id(a)] = gpuarray.to_gpu(np.ascontiguousarray(a))
+                copy = staged[id(a)] = gpuarray.to_gpu(
+                    np.ascontiguousarray(a).view(_host(a.dtype)))
             return np.intp(int(copy.gpudata))
         return np.intp(device_pointer(a, name))
 
@@ -148,7 +170,7 @@ def stage_on_gpu(kernel, binding):
         for name, shape in kernel.buffer_shapes_for(binding.sizes).items():
             dtype = fn.checked.tensors[name].type.numpy
             buffers[name] = binding.inout[name] if name in binding.inout else \
-                (zeros(shape, dtype) if device else gpuarray.zeros(shape, dtype))
+                (zeros(shape, dtype) if device else gpuarray.zeros(shape, _host(dtype)))
         for name, (shape, dtype) in kernel.scratch.items():
             buffers[name] = zeros(shape, dtype) if device else gpuarray.zeros(shape, dtype)
         values = kernel.launch_values(binding, buffers, pointer)
@@ -159,11 +181,12 @@ def stage_on_gpu(kernel, binding):
         with driver_errors(f"running kernel '{kernel.name}' and copying its outputs back"):
             for name in fn.checked.outputs:
                 b = buffers[name]
+                dtype = fn.checked.tensors[name].type.numpy
                 if isinstance(b, np.ndarray):  # an in/out numpy output: copy back in place
-                    b[...] = staged[id(b)].get()
+                    b[...] = staged[id(b)].get().view(dtype)
                     results.append(b)
                 elif not device and isinstance(b, gpuarray.GPUArray):
-                    results.append(b.get())
+                    results.append(b.get().view(dtype))
                 else:
                     results.append(b)
         return results[0] if len(results) == 1 else tuple(results)
