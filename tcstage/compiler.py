@@ -67,6 +67,7 @@ class Compiled:
     timings: dict  # stage -> seconds
     notes: tuple[OptionNote, ...] = ()  # options that could not take effect, and why
     dynamic: tuple[str, ...] = ()  # size variables left symbolic: any value at launch
+    tensor_tiles: tuple = ()  # contraction tiles on tensor cores (poly/tensorcore.py)
 
 
 def as_options(options) -> MappingOptions:
@@ -140,7 +141,7 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
     for note in notes:
         warn(f"in '{fn.name}', option {note}")
     return Compiled(fn, options, binding, lowered, scop, schedule, tiled, mapped, promoted, cuda,
-                    timings, notes, dynamic)
+                    timings, notes, dynamic, tensor_tiles)
 
 
 def check_dynamic(fn: TCFunction, dynamic) -> tuple[str, ...]:

@@ -24,6 +24,13 @@ barriers included), per leaf and per statement reaching it:
 - arithmetic: operations of the statement's value per instance (flops; an add of a product is
   one FMA instruction).
 - barriers: instances of the `__syncthreads()` extension statements.
+- tensor cores (useTensorCores): the contraction keeps its loops in the tree, so its instances
+  are counted as above, but its arithmetic goes to the tensor-core term (the dense half/bf16
+  rate with float32 accumulation; mma.sync reaches a fraction of it), its instructions are a
+  sixteenth (one mma.sync does 64 FMAs per lane, plus twelve operand loads), and its
+  accumulator's accesses are left out (C is read and written once per reduction tile).
+- parallel reductions: the statement's accesses to the reduced tensor are registers (its
+  accumulator), left out; the combine's shuffles and barriers are the barriers above.
 
 Occupancy: blocks per SM from the threads per block, registers (ptxas's, when `resources` is
 given; else 32 plus the private buffers' words) and shared memory (the promotions', or ptxas's
@@ -80,6 +87,7 @@ class Device:
     shared_reserved_per_block: int = 1024  # the system's share of each block's shared memory
     dram_bandwidth: float = 3.35e12  # bytes/s
     fp32_flops: float = 66.9e12  # flop/s, FMA as 2
+    tensor_flops: float = 989e12  # flop/s, dense FP16/BF16 with FP32 accumulation (datasheet)
     clock: float = 1.98e9  # Hz (boost)
     l2_bytes: int = 50 * 1024 * 1024
     l2_bandwidth: float = 5.5e12  # bytes/s (estimate)
@@ -466,6 +474,7 @@ class _Counts:
     shared_wavefronts: float = 0.0
     alu_instrs: float = 0.0
     flops: float = 0.0
+    tensor_flops: float = 0.0
     syncs: float = 0.0  # per block
     chain: float = 0.0  # cycles of one thread's dependent chain, global loads aside
     chain_loads: float = 0.0  # the global loads one thread waits for
@@ -497,12 +506,18 @@ def predict(compiled, device: Device = H100, resources: dict | None = None) -> P
                 copies[c] = p
     counts = _Counts()
     block_zero = {b: 0 for b in BLOCK_IDS}
+    on_tensor_cores = {t.contraction.statement: t.contraction.accumulator
+                       for t in getattr(compiled, "tensor_tiles", ())}
+    in_registers = {r.reduction.statement: r.reduction.tensor for r in mapped.reductions}
     for leaf in _leaves(promoted.schedule):
         for s in _sets(leaf.domain):
             name = s.get_tuple_name()
+            tensor_cores = name in on_tensor_cores
             if name in statements:
                 stmt = statements[name]
                 refs = _statement_refs(stmt, by_ref, shapes, itemsize)
+                kept = on_tensor_cores.get(name, in_registers.get(name))
+                refs = [r for r in refs if r.tensor != kept]
                 ops, instrs = _ops(stmt.value)
             elif name in copies:
                 refs = _copy_refs(name, copies[name], s, shapes, itemsize)
@@ -515,13 +530,13 @@ def predict(compiled, device: Device = H100, resources: dict | None = None) -> P
             else:
                 continue
             _statement_at_leaf(counts, s, leaf, refs, ops, instrs, grid, block, blocks,
-                               device)
+                               device, tensor_cores)
     return _time(counts, compiled, device, resources, grid, block, blocks, threads, shapes,
                  itemsize)
 
 
 def _statement_at_leaf(counts: _Counts, s: isl.Set, leaf: _Leaf, refs, ops, instrs, grid,
-                       block, blocks, device: Device) -> None:
+                       block, blocks, device: Device, tensor_cores: bool = False) -> None:
     # every instance once, whichever block and thread runs it; threads that no filter
     # constrains run it all
     instances = _count(_drop_params(s, BLOCK_IDS + THREAD_IDS))
@@ -605,8 +620,12 @@ def _statement_at_leaf(counts: _Counts, s: isl.Set, leaf: _Leaf, refs, ops, inst
             if not ref.write:
                 latency_shared = True
                 counts.shared_loads += executions
-    counts.alu_instrs += warp_execs * (instrs + 1)  # + address arithmetic and the loop
-    counts.flops += executions * ops
+    if tensor_cores:
+        counts.alu_instrs += warp_execs * (instrs + 1) / 16
+        counts.tensor_flops += executions * ops
+    else:
+        counts.alu_instrs += warp_execs * (instrs + 1)  # + address arithmetic and the loop
+        counts.flops += executions * ops
     # a thread waits for an instance's loads (issued together), then computes
     counts.chain += per_thread * (serial + (device.shared_latency if latency_shared else 0)
                                   + max(instrs, 1) * device.alu_latency)
@@ -676,6 +695,7 @@ def _time(counts: _Counts, compiled, device: Device, resources, grid, block, blo
         "issue": (counts.alu_instrs + counts.global_instrs + counts.shared_instrs) * share
         / device.issue_per_clock / clock,
         "fp32": counts.flops * share / (device.fp32_flops / device.sms),
+        "tensor": counts.tensor_flops * share / (device.tensor_flops / device.sms),
         "l1": counts.global_sectors * device.sector_bytes * share
         / device.l1_bytes_per_clock / clock,
         "shared": counts.shared_wavefronts * share / clock,
@@ -691,7 +711,8 @@ def _time(counts: _Counts, compiled, device: Device, resources, grid, block, blo
         + counts.syncs * device.sync_latency
     terms["latency"] = waves * chain / clock
     slowest = max(terms, key=terms.get)
-    bound = {"issue": "compute", "fp32": "compute", "latency": "latency"}.get(slowest, "memory")
+    bound = {"issue": "compute", "fp32": "compute", "tensor": "compute",
+             "latency": "latency"}.get(slowest, "memory")
     time = terms[slowest] + device.launch_overhead
     terms["launch"] = device.launch_overhead
     return Prediction(
@@ -701,7 +722,8 @@ def _time(counts: _Counts, compiled, device: Device, resources, grid, block, blo
         shared_accesses=counts.shared_instrs, shared_wavefronts=counts.shared_wavefronts,
         bank_conflict_factor=counts.shared_wavefronts / counts.shared_instrs
         if counts.shared_instrs else 1.0,
-        flops=counts.flops, syncs=counts.syncs, threads_per_block=threads, blocks=blocks,
+        flops=counts.flops + counts.tensor_flops, syncs=counts.syncs,
+        threads_per_block=threads, blocks=blocks,
         registers=registers, shared_bytes=shared, blocks_per_sm=per_sm, occupancy=occupancy,
         waves=waves)
 
