@@ -10,6 +10,7 @@ reductions are compared exactly.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -117,6 +118,34 @@ def test_row_sum_under_several_options(options):
                                  sum_tolerance(a, axis=1))
 
 
+@pytest.mark.parametrize("name,shape,blocks", [
+    ("full_sum", (5000,), (8,)),
+    ("row_sum", (3, 3000), (3, 4)),
+    ("row_max", (3, 3000), (3, 5)),
+    ("col_min", (2000, 3), (3, 6)),
+])
+def test_split_across_blocks_combines_in_block_order(name, shape, blocks):
+    rng = np.random.default_rng(9)
+    a = (rng.integers(-1000, 1000, shape).astype(np.int32) if name == "col_min"
+         else rng.standard_normal(shape).astype(np.float32))
+    k = tc.compile(program(), name, a, options=M().mapToThreads(256).mapToBlocks(*blocks),
+                   target="cuda-emulated")
+    (r,) = split(k)
+    d, n = r.across
+    assert k.grid[d] == n > 1 and set(k.scratch) == {"_part0", "_count0"}
+    call = k.prepare(a)  # the same arrays launched twice: the last block resets the count
+    call.launch()
+    got = call()
+    reference = {"full_sum": lambda x: x.astype(np.float64).sum(),
+                 "row_sum": lambda x: x.astype(np.float64).sum(1),
+                 "row_max": lambda x: x.max(1), "col_min": lambda x: x.min(0)}[name](a)
+    if name in ("row_max", "col_min"):
+        np.testing.assert_array_equal(got, reference)
+    else:
+        axis = None if a.ndim == 1 else 1
+        np.testing.assert_array_less(np.abs(got - reference), sum_tolerance(a, axis=axis))
+
+
 def test_product_max_min_and_integers():
     rng = np.random.default_rng(2)
     p = rng.uniform(0.9, 1.1, (3, 300))
@@ -139,6 +168,38 @@ def test_product_max_min_and_integers():
     k, (o,) = run("int_sum", j)
     assert split(k)
     np.testing.assert_array_equal(o, j.sum(1))
+
+
+NARROW = {"float": np.float32, "half": np.float16, "bfloat16": ml_dtypes.bfloat16}
+OPERATORS = {"+=!": np.sum, "*=!": np.prod, "min=!": np.min, "max=!": np.max}
+
+
+@pytest.mark.parametrize("op", OPERATORS)
+@pytest.mark.parametrize("type_name", NARROW)
+def test_every_operator_for_float_half_and_bfloat16(type_name, op):
+    """Row reductions split over 128 threads: + and * accumulate in float32 (the narrow types'
+    default accumulator), min and max shuffle the narrow values themselves."""
+    dtype = NARROW[type_name]
+    rng = np.random.default_rng(len(op) + len(type_name))
+    values = rng.uniform(0.99, 1.01, (3, 300)) if op == "*=!" else rng.standard_normal((3, 300))
+    a = values.astype(dtype)
+    k = tc.compile(f"def f({type_name}(R, C) A) -> (O) {{ O(r) {op} A(r, c) }}", "f", a,
+                   options=M().mapToThreads(128).mapToBlocks(3), target="cuda-emulated")
+    (r,) = split(k)
+    assert r.threads == 128 and r.reduction.dtype == (
+        "float32" if op in ("+=!", "*=!") else {"float": "float32", "half": "float16",
+                                                "bfloat16": "bfloat16"}[type_name])
+    got = k(a).astype(np.float64)
+    exact = OPERATORS[op](a.astype(np.float64), axis=1)
+    if op in ("min=!", "max=!"):
+        np.testing.assert_array_equal(got, exact)
+        return
+    u = {"float": 2.0**-24, "half": 2.0**-11, "bfloat16": 2.0**-8}[type_name]
+    terms = np.abs(a.astype(np.float64)) if op == "+=!" else np.abs(np.log(a.astype(np.float64)))
+    # float32 partial results in any order, then one rounding to the tensor's type
+    bound = 300 * 2.0**-24 * (terms.sum(1) if op == "+=!" else np.abs(exact)) * 2 \
+        + u * np.abs(exact) + 1e-30
+    np.testing.assert_array_less(np.abs(got - exact), bound)
 
 
 def test_several_reduction_loops_keep_the_outer_ones_sequential_per_thread():
