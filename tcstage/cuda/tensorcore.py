@@ -30,42 +30,60 @@ template <typename T> __device__ __forceinline__ unsigned pack16x2(T lo, T hi) {
        | ((unsigned)*reinterpret_cast<const unsigned short*>(&hi) << 16);
 }
 // C[me x ne] += A[me x ke] * B[ke x ne] by the block's warps on tensor cores (a tile of at most
-// TM x TN x TK); x[i * xi + j * xj] is element (i, j) of x.
+// TM x TN x TK); x[i * xi + j * xj] is element (i, j) of x. A warp takes WM x WN pieces of
+// 16 x 8 at a time, their accumulators in registers, so that each fragment of A serves WN
+// instructions and each of B WM.
 template <int TM, int TN, int TK, typename T>
 __device__ void mma_tile(float* C, long long cm, long long cn, const T* A, long long am,
                          long long ak, const T* B, long long bk, long long bn, int me, int ne,
                          int ke) {
+  constexpr int FM = (TM + 15) / 16, FN = (TN + 7) / 8;
+  constexpr int WM = FM < 2 ? FM : 2, WN = FN < 4 ? FN : 4;
+  constexpr int GN = (FN + WN - 1) / WN, GROUPS = ((FM + WM - 1) / WM) * GN;
   const int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
   const int warps = blockDim.x * blockDim.y * blockDim.z / 32;
   const int lane = tid % 32, group = lane >> 2, pair = 2 * (lane & 3);
-  constexpr int FN = (TN + 7) / 8, PIECES = ((TM + 15) / 16) * FN;
+  // two neighbours along the reduction in one 32-bit load, where they are adjacent and aligned
+  const bool a_pairs = ak == 1 && am % 2 == 0 && ((uintptr_t)A & 3) == 0;
+  const bool b_pairs = bk == 1 && bn % 2 == 0 && ((uintptr_t)B & 3) == 0;
   const T zero = T(0.0f);
-  for (int f = tid / 32; f < PIECES; f += warps) {  // (the same for every lane of a warp)
-    const int m0 = f / FN * 16, n0 = f % FN * 8;
+  for (int g = tid / 32; g < GROUPS; g += warps) {  // (the same for every lane of a warp)
+    const int m0 = g / GN * WM * 16, n0 = g % GN * WN * 8;
     if (m0 >= me || n0 >= ne) continue;
-    float c[4];
-    for (int r = 0; r < 4; ++r) {
-      const int m = m0 + group + (r >> 1) * 8, n = n0 + pair + (r & 1);
-      c[r] = m < me && n < ne ? C[m * cm + n * cn] : 0.0f;
-    }
+    float c[WM][WN][4];
+    for (int i = 0; i < WM; ++i)
+      for (int j = 0; j < WN; ++j)
+        for (int r = 0; r < 4; ++r) {
+          const int m = m0 + 16 * i + group + (r >> 1) * 8, n = n0 + 8 * j + pair + (r & 1);
+          c[i][j][r] = m < me && n < ne ? C[m * cm + n * cn] : 0.0f;
+        }
     for (int k0 = 0; k0 < ke; k0 += 16) {
-      unsigned a[4], b[2];
-      for (int r = 0; r < 4; ++r) {
-        const int m = m0 + group + (r & 1) * 8, k = k0 + pair + (r >> 1) * 8;
-        a[r] = pack16x2(m < me && k < ke ? A[m * am + k * ak] : zero,
-                        m < me && k + 1 < ke ? A[m * am + (k + 1) * ak] : zero);
-      }
-      for (int r = 0; r < 2; ++r) {
-        const int n = n0 + group, k = k0 + pair + r * 8;
-        b[r] = pack16x2(n < ne && k < ke ? B[k * bk + n * bn] : zero,
-                        n < ne && k + 1 < ke ? B[(k + 1) * bk + n * bn] : zero);
-      }
-      mma_m16n8k16<T>(c, a, b, c);
+      unsigned a[WM][4], b[WN][2];
+      for (int i = 0; i < WM; ++i)
+        for (int r = 0; r < 4; ++r) {
+          const int m = m0 + 16 * i + group + (r & 1) * 8, k = k0 + pair + (r >> 1) * 8;
+          a[i][r] = a_pairs && m < me && k + 1 < ke
+              ? *reinterpret_cast<const unsigned*>(A + m * am + k)
+              : pack16x2(m < me && k < ke ? A[m * am + k * ak] : zero,
+                         m < me && k + 1 < ke ? A[m * am + (k + 1) * ak] : zero);
+        }
+      for (int j = 0; j < WN; ++j)
+        for (int r = 0; r < 2; ++r) {
+          const int n = n0 + 8 * j + group, k = k0 + pair + r * 8;
+          b[j][r] = b_pairs && n < ne && k + 1 < ke
+              ? *reinterpret_cast<const unsigned*>(B + n * bn + k)
+              : pack16x2(n < ne && k < ke ? B[k * bk + n * bn] : zero,
+                         n < ne && k + 1 < ke ? B[(k + 1) * bk + n * bn] : zero);
+        }
+      for (int i = 0; i < WM; ++i)
+        for (int j = 0; j < WN; ++j) mma_m16n8k16<T>(c[i][j], a[i], b[j], c[i][j]);
     }
-    for (int r = 0; r < 4; ++r) {
-      const int m = m0 + group + (r >> 1) * 8, n = n0 + pair + (r & 1);
-      if (m < me && n < ne) C[m * cm + n * cn] = c[r];
-    }
+    for (int i = 0; i < WM; ++i)
+      for (int j = 0; j < WN; ++j)
+        for (int r = 0; r < 4; ++r) {
+          const int m = m0 + 16 * i + group + (r >> 1) * 8, n = n0 + 8 * j + pair + (r & 1);
+          if (m < me && n < ne) C[m * cm + n * cn] = c[i][j][r];
+        }
   }
 }
 }  // namespace tc

@@ -401,7 +401,7 @@ class _State:
                 self.declined.append(f"{label}: every access is coalesced")
                 continue
             sizes = tile.sizes
-            padded = _padded(sizes)
+            padded = _padded(sizes, tensor in self.shared_only and self.itemsize[tensor] == 2)
             nbytes = math.prod(padded) * self.itemsize[tensor]
             if nbytes > self.shared_left:
                 self.declined.append(f"{label}: {nbytes} bytes exceed the {self.shared_left} "
@@ -743,8 +743,15 @@ def _must_group(refs, fa: isl.Map | None, fb: isl.Map | None) -> bool:
     return fa is not None and fb is not None and not fa.intersect(fb).is_empty()
 
 
-def _padded(sizes: tuple[int, ...]) -> tuple[int, ...]:
-    """Rows of odd length, so that a warp reading a column hits 32 different banks."""
+def _padded(sizes: tuple[int, ...], fragments: bool = False) -> tuple[int, ...]:
+    """Rows of odd length, so that a warp reading a column hits 32 different banks. A tensor
+    core operand of 16-bit elements (`fragments`) is read two neighbours at a time (32-bit
+    words) by 8 rows x 4 pairs of lanes: its rows get a multiple of 8 elements plus 8, which
+    keeps the pairs aligned and puts the 8 rows 4 words apart modulo 32 banks (conflict-free
+    when the length is an odd multiple of 8)."""
+    if fragments and len(sizes) >= 2:
+        length = -(-sizes[-1] // 8) * 8
+        return sizes[:-1] + (length + 8 if length // 8 % 2 == 0 else length,)
     if len(sizes) >= 2 and sizes[-1] % 2 == 0 and sizes[-1] > 1:
         return sizes[:-1] + (sizes[-1] + 1,)
     return sizes
