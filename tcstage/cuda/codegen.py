@@ -169,8 +169,10 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
     declarations, macros, printer.accumulators, scratch = reduction_code(
         mapped.reductions, mapped.block, printer.element_of, c_type, _float_literal,
         lambda tensor: _elements(scop.tensor_extents[tensor]))
-    tc_macros, tc_prelude = tensor_core_code(tensor_tiles, scop, printer, c_type,
-                                             lambda text: _index_text(text, index), _c_of)
+    tc_declarations, tc_macros, tc_prelude = tensor_core_code(
+        tensor_tiles, scop, printer, c_type, lambda text: _index_text(text, index), _c_of,
+        math.prod(mapped.block))
+    declarations += tc_declarations
     for p in promoted.promotions:
         dims = "".join(f"[{d}]" for d in p.padded) or "[1]"
         space = "__shared__ " if p.memory == "shared" else ""

@@ -29,37 +29,53 @@ template <typename T> __device__ __forceinline__ unsigned pack16x2(T lo, T hi) {
   return (unsigned)*reinterpret_cast<const unsigned short*>(&lo)
        | ((unsigned)*reinterpret_cast<const unsigned short*>(&hi) << 16);
 }
-// C[me x ne] += A[me x ke] * B[ke x ne] by the block's warps on tensor cores (a tile of at most
-// TM x TN x TK); x[i * xi + j * xj] is element (i, j) of x. A warp takes WM x WN pieces of
-// 16 x 8 at a time, their accumulators in registers, so that each fragment of A serves WN
-// instructions and each of B WM.
-template <int TM, int TN, int TK, typename T>
-__device__ void mma_tile(float* C, long long cm, long long cn, const T* A, long long am,
-                         long long ak, const T* B, long long bk, long long bn, int me, int ne,
-                         int ke) {
-  constexpr int FM = (TM + 15) / 16, FN = (TN + 7) / 8;
-  constexpr int WM = FM < 2 ? FM : 2, WN = FN < 4 ? FN : 4;
-  constexpr int GN = (FN + WN - 1) / WN, GROUPS = ((FM + WM - 1) / WM) * GN;
+// Pieces of C (16 x 8) per warp: WM x WN at a time, their accumulators in registers, so that
+// each fragment of A serves WN instructions and each of B WM.
+template <int TM, int TN> struct mma_shape {
+  static constexpr int FM = (TM + 15) / 16, FN = (TN + 7) / 8;
+  static constexpr int WM = FM < 2 ? FM : 2, WN = FN < 4 ? FN : 4;
+  static constexpr int GN = (FN + WN - 1) / WN, GROUPS = ((FM + WM - 1) / WM) * GN;
+};
+// C[me x ne] += A[me x ke] * B[ke x ne] by the block's WARPS warps on tensor cores (a tile of
+// at most TM x TN x TK); x[i * xi + j * xj] is element (i, j) of x. acc: the thread's
+// accumulators, which persist between the calls for one tile of C: loaded from C when
+// `first`, stored to C when `last`.
+template <int TM, int TN, int TK, int WARPS, typename T>
+__device__ __forceinline__ void mma_tile(float* acc, bool first, bool last, float* C,
+                                         long long cm, long long cn, const T* A, long long am,
+                                         long long ak, const T* B, long long bk, long long bn,
+                                         int me, int ne, int ke) {
+  using S = mma_shape<TM, TN>;
+  constexpr int WM = S::WM, WN = S::WN, GN = S::GN, GROUPS = S::GROUPS;
+  constexpr int PER_WARP = (GROUPS + WARPS - 1) / WARPS;
   const int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
-  const int warps = blockDim.x * blockDim.y * blockDim.z / 32;
   const int lane = tid % 32, group = lane >> 2, pair = 2 * (lane & 3);
   // two neighbours along the reduction in one 32-bit load, where they are adjacent and aligned
   const bool a_pairs = ak == 1 && am % 2 == 0 && ((uintptr_t)A & 3) == 0;
   const bool b_pairs = bk == 1 && bn % 2 == 0 && ((uintptr_t)B & 3) == 0;
   const T zero = T(0.0f);
-  for (int g = tid / 32; g < GROUPS; g += warps) {  // (the same for every lane of a warp)
+#pragma unroll
+  for (int slot = 0; slot < PER_WARP; ++slot) {
+    const int g = tid / 32 + slot * WARPS;  // (the same for every lane of a warp)
+    if (g >= GROUPS) break;
     const int m0 = g / GN * WM * 16, n0 = g % GN * WN * 8;
     if (m0 >= me || n0 >= ne) continue;
-    float c[WM][WN][4];
-    for (int i = 0; i < WM; ++i)
-      for (int j = 0; j < WN; ++j)
-        for (int r = 0; r < 4; ++r) {
-          const int m = m0 + 16 * i + group + (r >> 1) * 8, n = n0 + 8 * j + pair + (r & 1);
-          c[i][j][r] = m < me && n < ne ? C[m * cm + n * cn] : 0.0f;
-        }
+    float (&c)[WM][WN][4] = *reinterpret_cast<float (*)[WM][WN][4]>(acc + slot * WM * WN * 4);
+    if (first)
+#pragma unroll
+      for (int i = 0; i < WM; ++i)
+#pragma unroll
+        for (int j = 0; j < WN; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int m = m0 + 16 * i + group + (r >> 1) * 8, n = n0 + 8 * j + pair + (r & 1);
+            c[i][j][r] = m < me && n < ne ? C[m * cm + n * cn] : 0.0f;
+          }
     for (int k0 = 0; k0 < ke; k0 += 16) {
       unsigned a[WM][4], b[WN][2];
+#pragma unroll
       for (int i = 0; i < WM; ++i)
+#pragma unroll
         for (int r = 0; r < 4; ++r) {
           const int m = m0 + 16 * i + group + (r & 1) * 8, k = k0 + pair + (r >> 1) * 8;
           a[i][r] = a_pairs && m < me && k + 1 < ke
@@ -67,7 +83,9 @@ __device__ void mma_tile(float* C, long long cm, long long cn, const T* A, long 
               : pack16x2(m < me && k < ke ? A[m * am + k * ak] : zero,
                          m < me && k + 1 < ke ? A[m * am + (k + 1) * ak] : zero);
         }
+#pragma unroll
       for (int j = 0; j < WN; ++j)
+#pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int n = n0 + 8 * j + group, k = k0 + pair + r * 8;
           b[j][r] = b_pairs && n < ne && k + 1 < ke
@@ -75,28 +93,44 @@ __device__ void mma_tile(float* C, long long cm, long long cn, const T* A, long 
               : pack16x2(n < ne && k < ke ? B[k * bk + n * bn] : zero,
                          n < ne && k + 1 < ke ? B[(k + 1) * bk + n * bn] : zero);
         }
+#pragma unroll
       for (int i = 0; i < WM; ++i)
+#pragma unroll
         for (int j = 0; j < WN; ++j) mma_m16n8k16<T>(c[i][j], a[i], b[j], c[i][j]);
     }
-    for (int i = 0; i < WM; ++i)
-      for (int j = 0; j < WN; ++j)
-        for (int r = 0; r < 4; ++r) {
-          const int m = m0 + 16 * i + group + (r >> 1) * 8, n = n0 + 8 * j + pair + (r & 1);
-          if (m < me && n < ne) C[m * cm + n * cn] = c[i][j][r];
-        }
+    if (last)
+#pragma unroll
+      for (int i = 0; i < WM; ++i)
+#pragma unroll
+        for (int j = 0; j < WN; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const int m = m0 + 16 * i + group + (r >> 1) * 8, n = n0 + 8 * j + pair + (r & 1);
+            if (m < me && n < ne) C[m * cm + n * cn] = c[i][j][r];
+          }
   }
 }
 }  // namespace tc
 """
 
 
+def accumulators(tile: TensorCoreTile, threads: int) -> int:
+    """The floats of one thread's persistent accumulators (mma_tile's acc): its warp's groups
+    of pieces, at most 2 x 4 pieces of 4 floats each (mma_shape)."""
+    fm, fn = -(-tile.sizes[0] // 16), -(-tile.sizes[1] // 8)
+    wm, wn = min(fm, 2), min(fn, 4)
+    groups = -(-fm // wm) * -(-fn // wn)
+    return -(-groups // (threads // 32)) * wm * wn * 4
+
+
 def tensor_core_code(tiles: tuple[TensorCoreTile, ...], scop, printer, c_type, index_text,
-                     c_of) -> tuple[list[str], str]:
-    """(macros, prelude) of the kernel's `_mma<i>` statements. printer: codegen's value
-    printer (for the elements, promoted or global, at the tile's first point)."""
+                     c_of, threads: int) -> tuple[list[str], list[str], str]:
+    """(declarations, macros, prelude) of the kernel's `_mma<i>` statements. printer:
+    codegen's value printer (for the elements, promoted or global, at the tile's first
+    point); threads: the block's."""
     if not tiles:
-        return [], ""
-    macros = []
+        return [], [], ""
+    macros, declarations = [], []
     for tile in tiles:
         c = tile.contraction
         s = next(st for st in scop.statements if st.name == c.statement)
@@ -119,8 +153,15 @@ def tensor_core_code(tiles: tuple[TensorCoreTile, ...], scop, printer, c_type, i
 
         lhs = ("lhs", s.lhs)
         a, b = ("read", c.a), ("read", c.b)
+        acc = f"_cacc{tile.index}"
+        declarations.append(f"float {acc}[{accumulators(tile, threads)}];")
+        if tile.first is not None:  # (the innermost argument is the reduction's tile loop)
+            first = f"(_{n_args - 1} == {index_text(c_of(tile.first, args[:-1]))})"
+            last = f"(_{n_args - 1} == {index_text(c_of(tile.last, args[:-1]))})"
+        else:
+            first = last = "true"
         call = (f"tc::mma_tile<{tile.sizes[0]}, {tile.sizes[1]}, {tile.sizes[2]}, "
-                f"{c_type(c.dtype)}>("
+                f"{threads // 32}, {c_type(c.dtype)}>({acc}, {first}, {last}, "
                 f"{at(lhs, True)}, {stride(lhs, True, c.m)}, {stride(lhs, True, c.n)}, "
                 f"{at(a, False)}, {stride(a, False, c.m)}, {stride(a, False, c.k)}, "
                 f"{at(b, False)}, {stride(b, False, c.k)}, {stride(b, False, c.n)}, "
@@ -131,4 +172,4 @@ def tensor_core_code(tiles: tuple[TensorCoreTile, ...], scop, printer, c_type, i
         first = ", ".join(f"{v} = {origin[v]}" for v in dims)
         macros.append(f"#define {MMA}{tile.index}({', '.join(args)}) "
                       f"{{ __syncthreads(); const {index} {first}; {call}; __syncthreads(); }}")
-    return macros, PRELUDE
+    return declarations, macros, PRELUDE

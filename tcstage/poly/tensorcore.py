@@ -63,6 +63,13 @@ class TensorCoreTile:
     origin: isl.PwMultiAff  # [loop values] -> [m, n, k, batch...]: the box's first point
     extent: isl.PwMultiAff  # [loop values] -> [m, n, k]: the box's extents
     sizes: tuple[int, int, int]  # the largest extents (the tile sizes)
+    # Where the innermost loop around the tile is the reduction's tile loop and the others fix
+    # the tile of C, consecutive calls accumulate one tile of C: the accumulators stay in
+    # registers between them, loaded from C at the first and stored at the last. These give
+    # that loop's first and last value from the other loops' values (None: every call loads
+    # and stores C).
+    first: isl.PwAff | None = None
+    last: isl.PwAff | None = None
 
 
 def find_contractions(scop: Scop, halide_names: Mapping[str, str],
@@ -164,6 +171,7 @@ def map_tensor_cores(schedule: isl.Schedule, scop: Scop,
         tile, filter_node = result
         mine = isl.UnionSet.from_set(statement.domain)
         values = _prefix(filter_node).intersect_domain(mine).range()
+        tile = _with_run(tile, values)
         mma = instances(values, f"{MMA}{tile.index}")
         # The contraction's points stay in the tree (code generation visits a branch only at
         # the loop values where it has instances), with a macro that does nothing.
@@ -188,6 +196,32 @@ def map_tensor_cores(schedule: isl.Schedule, scop: Scop,
             schedule = filter_node.graft_after(mma).get_schedule()
         tiles.append(tile)
     return schedule, tuple(tiles), tuple(notes)
+
+
+def _with_run(tile: TensorCoreTile, values: isl.UnionSet) -> TensorCoreTile:
+    """tile with `first` and `last` where its calls for one tile of C are consecutive: the
+    innermost loop value moves the reduction's origin and no other one (see TensorCoreTile)."""
+    n = tile.origin.dim(isl.dim_type.in_)
+    sets: list[isl.Set] = []
+    values.foreach_set(sets.append)
+    if n == 0 or len(sets) != 1:
+        return tile
+    # (whether the value moves with the innermost loop: without it, it is no longer a function)
+    innermost = [not isl.Map.from_pw_aff(tile.origin.get_pw_aff(d))
+                 .project_out(isl.dim_type.in_, n - 1, 1).is_single_valued()
+                 for d in range(tile.origin.dim(isl.dim_type.out))]
+    if not innermost[2] or any(innermost[:2] + innermost[3:]):
+        return tile
+    # [outer loop values] -> [innermost value]: its least and greatest per tile of C
+    run = _split_last(sets[0].reset_tuple_id())
+    return attrs.evolve(tile, first=run.lexmin_pw_multi_aff().get_pw_aff(0),
+                        last=run.lexmax_pw_multi_aff().get_pw_aff(0))
+
+
+def _split_last(s: isl.Set) -> isl.Map:
+    """A set of [v0, ..., vn-1] as the map [v0, ..., vn-2] -> [vn-1]."""
+    n = s.dim(isl.dim_type.set)
+    return isl.Map.from_range(s).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, n - 1)
 
 
 def _prefix(filter_node: isl.ScheduleNode) -> isl.UnionMap:
