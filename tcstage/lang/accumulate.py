@@ -119,15 +119,7 @@ def _reads_renamed(e: C.Expr, tensor: str, acc: str) -> C.Expr:
     new = tuple(_reads_renamed(k, tensor, acc) for k in kids)
     if all(a is b for a, b in zip(new, kids)):
         return e
-    if isinstance(e, (C.Read, C.Call)):
-        return attrs.evolve(e, args=new)
-    if isinstance(e, C.Padded):
-        return attrs.evolve(e, read=new[0], value=new[1])
-    if isinstance(e, (C.Unary, C.Cast)):
-        return attrs.evolve(e, operand=new[0])
-    if isinstance(e, C.Binary):
-        return attrs.evolve(e, lhs=new[0], rhs=new[1])
-    return attrs.evolve(e, cond=new[0], then=new[1], other=new[2])
+    return C.with_children(e, new)
 
 
 def _assign(st: C.Statement, tensor: str, index: tuple[str, ...], source: str,

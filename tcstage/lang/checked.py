@@ -217,6 +217,21 @@ def children(e: Expr) -> tuple[Expr, ...]:
     return ()
 
 
+def with_children(e: Expr, new: tuple[Expr, ...]) -> Expr:
+    """e with its children (in `children` order) replaced by `new`."""
+    if isinstance(e, (Read, Call)):
+        return attrs.evolve(e, args=tuple(new))
+    if isinstance(e, Padded):
+        return attrs.evolve(e, read=new[0], value=new[1])
+    if isinstance(e, (Unary, Cast)):
+        return attrs.evolve(e, operand=new[0])
+    if isinstance(e, Binary):
+        return attrs.evolve(e, lhs=new[0], rhs=new[1])
+    if isinstance(e, Select):
+        return attrs.evolve(e, cond=new[0], then=new[1], other=new[2])
+    return e
+
+
 def walk(e: Expr):
     """Every node of e, parents before children."""
     yield e

@@ -610,15 +610,7 @@ def _retype_self(e: C.Expr, name: str, t: ScalarType) -> C.Expr:
     new = []
     for k in kids:  # a loop, not a generator: one Python frame per level of e
         new.append(_retype_self(k, name, t))
-    if isinstance(e, (C.Read, C.Call)):
-        return attrs.evolve(e, args=tuple(new))
-    if isinstance(e, C.Padded):
-        return attrs.evolve(e, read=new[0], value=new[1])
-    if isinstance(e, (C.Unary, C.Cast)):
-        return attrs.evolve(e, operand=new[0])
-    if isinstance(e, C.Binary):
-        return attrs.evolve(e, lhs=new[0], rhs=new[1])
-    return attrs.evolve(e, cond=new[0], then=new[1], other=new[2])
+    return C.with_children(e, tuple(new))
 
 
 def _number(n: ast.Number) -> C.Const:

@@ -603,14 +603,7 @@ class _Insert:
         (with the kernel mark of a block-mapped band, which belongs below the blocks' loops),
         then the thread filter and the marks. Returns the node at the band's position."""
         k = band.members[0]
-        inner = node
-        if k:
-            node = node.band_split(k)
-            inner = node.child(0)
-            below = inner.child(0)
-            if below.get_type() == _T.mark and below.mark_get_id().get_name().startswith(KERNEL):
-                mark = below.mark_get_id()
-                inner = below.delete().parent().insert_mark(mark).child(0)
+        inner = _split(node, k) if k else node
         threads = _ThreadBand((0,), band.sizes, band.reductions)
         inner = inner.insert_filter(self._thread_filter(inner, threads))
         if band.across is not None:  # blocks take consecutive runs of threads' values
@@ -765,14 +758,21 @@ def _distribute_reductions(node: isl.ScheduleNode, path: tuple[int, ...],
         filters = filters.add(g)
     if not k:
         return node.insert_sequence(filters)
-    node = node.band_split(k)
-    inner = node.child(0)
+    depth = node.get_tree_depth()
+    inner = _split(node, k).insert_sequence(filters)
+    return inner.ancestor(inner.get_tree_depth() - depth)
+
+
+def _split(band: isl.ScheduleNode, k: int) -> isl.ScheduleNode:
+    """The band's members from k on as a band of their own below the others (returned); a
+    kernel mark that was right below the band (a block-mapped one's) moves between the two,
+    below the blocks' loops, where a block's work on one tile begins."""
+    inner = band.band_split(k).child(0)
     below = inner.child(0)
     if below.get_type() == _T.mark and below.mark_get_id().get_name().startswith(KERNEL):
         mark = below.mark_get_id()
         inner = below.delete().parent().insert_mark(mark).child(0)
-    inner = inner.insert_sequence(filters)
-    return inner.ancestor(inner.get_tree_depth() - node.get_tree_depth())
+    return inner
 
 
 def _pin_to_first_block(node: isl.ScheduleNode, decide: _ThreadDecisions) -> isl.ScheduleNode:
