@@ -114,6 +114,66 @@ def test_mlp1_with_bias_and_relu(type_name, options):
           rounded_before=i @ w.T)
 
 
+MORE = """
+def kron(T(I, J, M) A, T(K, L, M) B) -> (X) { X(i, j, k, l) +=! A(i, j, m) * B(k, l, m) }
+def conv(T(N, C, H, W) I, T(F, C, KH, KW) Wt) -> (O) {
+    O(n, f, h, w) +=! I(n, c, h + kh, w + kw) * Wt(f, c, kh, kw)
+}
+def tnn(T(K, M) A, T(K, N) B) -> (C) { C(m, n) +=! A(k, m) * B(k, n) }
+"""
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_kronecker_convolution_and_transposed_operands(type_name):
+    """Roles follow the subscripts: Kronecker's outer row and column loops tiled by 1, a
+    convolution as an implicit GEMM (rows: output columns w, columns: filters, reduction:
+    channels, its 3 x 3 window a loop of calls into the same accumulators), A read as A(k, m)."""
+    dtype, u = TYPES[type_name]
+    p = tc.define(MORE.replace("T(", f"{type_name}("))
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((3, 20, 40)).astype(dtype)
+    B = rng.standard_normal((4, 24, 40)).astype(dtype)
+    k = tc.compile(p, "kron", A, B, options=M().tile(1, 16, 1, 16, 16).mapToThreads(32, 4)
+                   .mapToBlocks(3, 2, 4).useSharedMemory(True).useTensorCores(True),
+                   target="cuda-emulated")
+    assert on_tensor_cores(k)
+    a, b = A.astype(np.float64), B.astype(np.float64)
+    check(k(A, B), np.einsum("ijm,klm->ijkl", a, b),
+          np.einsum("ijm,klm->ijkl", np.abs(a), np.abs(b)), 40, u)
+
+    I = rng.standard_normal((2, 32, 10, 12)).astype(dtype)
+    W = rng.standard_normal((16, 32, 3, 3)).astype(dtype)
+    k = tc.compile(p, "conv", I, W, options=M().tile(1, 16, 1, 16, 32).mapToThreads(32, 4)
+                   .mapToBlocks(2).useTensorCores(True), target="cuda-emulated")
+    assert on_tensor_cores(k)
+    i, w = I.astype(np.float64), W.astype(np.float64)
+    exact, absolute = np.zeros((2, 16, 8, 10)), np.zeros((2, 16, 8, 10))
+    for kh in range(3):
+        for kw in range(3):
+            window = i[:, :, kh:kh + 8, kw:kw + 10]
+            exact += np.einsum("nchw,fc->nfhw", window, w[:, :, kh, kw])
+            absolute += np.einsum("nchw,fc->nfhw", np.abs(window), np.abs(w[:, :, kh, kw]))
+    check(k(I, W), exact, absolute, 32 * 9, u)
+
+    A, B = rng.standard_normal((40, 20)).astype(dtype), rng.standard_normal((40, 24)).astype(dtype)
+    k = tc.compile(p, "tnn", A, B, options=M().tile(16, 16, 16).mapToThreads(32, 4)
+                   .useSharedMemory(True).useTensorCores(True), target="cuda-emulated")
+    assert on_tensor_cores(k)
+    a, b = A.astype(np.float64), B.astype(np.float64)
+    check(k(A, B), a.T @ b, np.abs(a).T @ np.abs(b), 40, u)
+
+
+def test_a_second_row_loop_must_be_tiled_by_one():
+    p = tc.define(MORE.replace("T(", "half("))
+    A, B = np.ones((3, 20, 16), np.float16), np.ones((4, 24, 16), np.float16)
+    with pytest.warns(tc.TCWarning, match=r"loop i of S1 takes 3 values per tile; tensor cores "
+                      r"take one row, one column and reduction loops \(tile the others by 1\)"):
+        k = tc.compile(p, "kron", A, B, options=M().tile(4, 16, 1, 16, 16).mapToThreads(32, 4)
+                       .useTensorCores(True), target="cuda-emulated")
+    assert not on_tensor_cores(k)
+    np.testing.assert_array_equal(k(A, B), np.full((3, 20, 4, 24), 16, np.float16))
+
+
 def test_without_the_option_the_same_kernel_stays_on_cuda_cores():
     A = np.ones((32, 32), np.float16)
     kernel = tc.compile(program("half"), "tmm", A, A, options=OPTIONS[0],

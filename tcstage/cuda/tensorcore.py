@@ -137,10 +137,13 @@ def tensor_core_code(tiles: tuple[TensorCoreTile, ...], scop, printer, c_type, i
         n_args = tile.origin.dim(isl.dim_type.in_)
         args = [f"_{d}" for d in range(n_args)]
         halide = dict(zip(s.iterators, s.halide_iterators))
-        dims = [c.m, c.n, c.k] + list(c.batch)
+        dims = list(tile.dims)
+        m, n, k = dims[:3]
+        looped = dims[3:3 + tile.looped]
         origin = {v: f"({index_text(c_of(tile.origin.get_pw_aff(d), args))})"
                   for d, v in enumerate(dims)}
-        extents = [index_text(c_of(tile.extent.get_pw_aff(d), args)) for d in range(3)]
+        extents = [index_text(c_of(tile.extent.get_pw_aff(d), args))
+                   for d in range(3 + tile.looped)]
 
         def at(access, write: bool, shift: str | None = None) -> str:
             # (a promoted tile's offsets are printed over the statement's iterators, bound
@@ -160,16 +163,25 @@ def tensor_core_code(tiles: tuple[TensorCoreTile, ...], scop, printer, c_type, i
             last = f"(_{n_args - 1} == {index_text(c_of(tile.last, args[:-1]))})"
         else:
             first = last = "true"
+        # a loop of calls over the other reduction loops: the first call loads, the last stores
+        counters = [f"_l{j}" for j in range(tile.looped)]
+        for j, counter in enumerate(counters):
+            first += f" && {counter} == 0"
+            last += f" && {counter} == {extents[3 + j]} - 1"
         call = (f"tc::mma_tile<{tile.sizes[0]}, {tile.sizes[1]}, {tile.sizes[2]}, "
                 f"{threads // 32}, {c_type(c.dtype)}>({acc}, {first}, {last}, "
-                f"{at(lhs, True)}, {stride(lhs, True, c.m)}, {stride(lhs, True, c.n)}, "
-                f"{at(a, False)}, {stride(a, False, c.m)}, {stride(a, False, c.k)}, "
-                f"{at(b, False)}, {stride(b, False, c.k)}, {stride(b, False, c.n)}, "
-                f"{', '.join(extents)})")
+                f"{at(lhs, True)}, {stride(lhs, True, m)}, {stride(lhs, True, n)}, "
+                f"{at(a, False)}, {stride(a, False, m)}, {stride(a, False, k)}, "
+                f"{at(b, False)}, {stride(b, False, k)}, {stride(b, False, n)}, "
+                f"{', '.join(extents[:3])})")
         macros.append(f"// tensor cores: {c.accumulator} += {c.a.text} * {c.b.text} over one "
                       f"tile (at most {' x '.join(map(str, tile.sizes))}), by every warp")
         index = index_text("int")
-        first = ", ".join(f"{v} = {origin[v]}" for v in dims)
+        fixed = ", ".join(f"{v} = {origin[v]}" for v in dims if v not in looped)
+        loops = "".join(f"for (int {counter} = 0; {counter} < {extents[3 + j]}; ++{counter}) "
+                        f"{{ const {index} {v} = {origin[v]} + {counter}; "
+                        for j, (counter, v) in enumerate(zip(counters, looped)))
         macros.append(f"#define {MMA}{tile.index}({', '.join(args)}) "
-                      f"{{ __syncthreads(); const {index} {first}; {call}; __syncthreads(); }}")
+                      f"{{ __syncthreads(); const {index} {fixed}; {loops}{call}; "
+                      f"{'}' * len(looped)} __syncthreads(); }}")
     return declarations, macros, PRELUDE

@@ -3,10 +3,13 @@
 A *contraction* is a reduction statement `C(...) = C(...) + A(...) * B(...)` (a `+=!` of a
 product of two reads, each possibly converted to float) where A and B are both half or both
 bfloat16, C is float32 (the float32 accumulator that narrow reductions get by default, or a
-float tensor), and every subscript of the three is one loop variable: then the variables that
-index C and A but not B are rows (M), those of C and B but not A columns (N), those of A and B
-but not C the reduction (K), and those of all three a batch. tmm, tbmm and MLP layers have one
-of each (the batch being optional).
+float tensor), and the subscripts of the three are affine: then the loops that index C and A
+but not B can be rows (M), those of C and B but not A columns (N), those of A and B but not C
+the reduction (K). Each tile takes, per role, the loop with the most values in it; every other
+loop (a batch, a second row loop of a Kronecker product, a convolution's kernel window) must
+take one value per tile. tmm, tbmm and MLP layers have one of each; a convolution tiled by 1
+over its window is an implicit GEMM (rows: its output positions along one axis, columns: its
+filters, reduction: its input channels).
 
 After memory promotion, the band of thread-mapped point loops running the contraction (one
 block's work on one tile of C for one tile of the reduction) loses the contraction's instances,
@@ -19,8 +22,8 @@ loaded with zeros past them and stored back only within them.
 
 Where the kernel does not allow it, the contraction keeps its CUDA-core loops and a note says
 why (poly/notes.py): no contraction, other types, a statement that reads the contraction's
-result under the same tile loops (tile the reduction loop), a batch loop with more than one
-value per tile (tile it by 1), or a tile whose points are not one box per tile.
+result under the same tile loops that cannot run around it, a loop outside the three roles
+with more than one value per tile (tile it by 1), or a tile whose points are not one box.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from collections.abc import Mapping
 import attrs
 import islpy as isl
 
+from tcstage.halide.solver import tree_vars
 from tcstage.poly.mapping import dependence_order, instances
 from tcstage.poly.notes import OptionNote
 from tcstage.poly.scop import Access, Scop, Statement
@@ -46,10 +50,11 @@ class Contraction:
     accumulator: str  # C, the tensor written
     a: Access  # the read with rows and reduction (M, K)
     b: Access  # the read with reduction and columns (K, N)
-    m: str  # isl iterator names
-    n: str
-    k: str
-    batch: tuple[str, ...]
+    # isl iterator names: the loops that could be each role (a tile picks one per role, the
+    # one with the most values in it; the others, and every other loop, take one per tile)
+    rows: tuple[str, ...]  # in C and A, not B
+    columns: tuple[str, ...]  # in C and B, not A
+    reduction: tuple[str, ...]  # in A and B, not C
     dtype: str  # the operands' type: float16 or bfloat16
 
 
@@ -60,9 +65,13 @@ class TensorCoreTile:
 
     index: int
     contraction: Contraction
-    origin: isl.PwMultiAff  # [loop values] -> [m, n, k, batch...]: the box's first point
-    extent: isl.PwMultiAff  # [loop values] -> [m, n, k]: the box's extents
-    sizes: tuple[int, int, int]  # the largest extents (the tile sizes)
+    # the row, column and reduction loops, the reduction loops run as a loop of calls, then
+    # the loops with one value per tile
+    dims: tuple[str, ...]
+    origin: isl.PwMultiAff  # [loop values] -> [dims]: the box's first point
+    extent: isl.PwMultiAff  # [loop values] -> [m, n, k, looped...]: the box's extents
+    sizes: tuple[int, int, int]  # the largest extents of m, n and k (the tile sizes)
+    looped: int = 0  # how many of dims, after the first three, the calls loop over
     # Where the innermost loop around the tile is the reduction's tile loop and the others fix
     # the tile of C, consecutive calls accumulate one tile of C: the accumulators stay in
     # registers between them, loaded from C at the first and stored at the last. These give
@@ -117,30 +126,25 @@ def _contraction(s: Statement, halide_names, dtypes) -> Contraction | str:
     if dtypes.get(a.tensor) not in NARROW or dtypes.get(a.tensor) != dtypes.get(b.tensor):
         return f"its operands are {dtypes.get(a.tensor)} and {dtypes.get(b.tensor)}, not both " \
                "half or both bfloat16"
+    if not (a.exact and b.exact and s.write.exact):
+        return "a subscript depends on tensor values"
     names = dict(zip(s.halide_iterators, s.iterators))
 
-    def variables(subscripts) -> list[str] | None:
-        out = []
-        for t in subscripts:
-            if not (isinstance(t, tuple) and t[0] == "var" and t[1] in names):
-                return None
-            out.append(names[t[1]])
-        return out if len(set(out)) == len(out) else None
+    def variables(subscripts) -> set[str]:  # the loops the (affine) subscripts involve
+        return {names[v] for sub in subscripts for v in tree_vars(sub) if v in names}
 
-    c_vars = variables(reversed(s.lhs))
-    a_vars, b_vars = variables(a.subscripts), variables(b.subscripts)
-    if c_vars is None or a_vars is None or b_vars is None:
-        return "a subscript is not a single loop variable"
-    c, av, bv = set(c_vars), set(a_vars), set(b_vars)
-    m = [v for v in a_vars if v in c and v not in bv]
-    n = [v for v in b_vars if v in c and v not in av]
-    k = [v for v in a_vars if v in bv and v not in c]
-    batch = tuple(v for v in c_vars if v in av and v in bv)
-    if len(m) != 1 or len(n) != 1 or len(k) != 1 or \
-            len(m) + len(n) + len(k) + len(batch) != len(s.iterators):
-        # (the first factor may be the columns' one: B(n, k) * A(m, k) swaps the roles)
-        return "its loops are not one row, one column and one reduction loop (and batches)"
-    return Contraction(s.name, s.tensor, a, b, m[0], n[0], k[0], batch, dtypes[a.tensor])
+    c, av, bv = variables(s.lhs), variables(a.subscripts), variables(b.subscripts)
+    order = s.iterators  # (innermost last: a tie goes to the inner loop)
+    rows = tuple(v for v in order if v in c and v in av and v not in bv)
+    columns = tuple(v for v in order if v in c and v in bv and v not in av)
+    reduction = tuple(v for v in order if v in av and v in bv and v not in c)
+    if not (rows and columns and reduction):
+        return "it has no " + ("row" if not rows else "column" if not columns else
+                               "reduction") + " loop (a loop that indexes C and A but not B, " \
+            "C and B but not A, or A and B but not C)"
+    # (B(n, k) * A(m, k) works too: the roles follow the subscripts, not the order)
+    return Contraction(s.name, s.tensor, a, b, rows, columns, reduction, dtypes[a.tensor])
+
 
 
 def map_tensor_cores(schedule: isl.Schedule, scop: Scop,
@@ -159,6 +163,10 @@ def map_tensor_cores(schedule: isl.Schedule, scop: Scop,
         if node is None:
             notes.append(OptionNote(NOTE, f"{name} runs under no band"))
             continue
+        # the thread-mapped band: below a filter (loops nested deeper, a convolution's window,
+        # are points of the tile too)
+        while node.parent().get_type() == isl.schedule_node_type.band:
+            node = node.parent()
         parent = node.parent()
         if parent.get_type() != isl.schedule_node_type.filter:
             notes.append(OptionNote(NOTE, f"the points of {name} are not mapped to threads "
@@ -177,6 +185,8 @@ def map_tensor_cores(schedule: isl.Schedule, scop: Scop,
         # the loop values where it has instances), with a macro that does nothing.
         band = filter_node.child(0)
         below = band.child(0)
+        while below.get_type() == isl.schedule_node_type.band:  # (a convolution's window)
+            below = below.child(0)
         if below.get_type() in (isl.schedule_node_type.sequence, isl.schedule_node_type.set) \
                 and below.n_children() > 1:
             parts = [below.child(i).filter_get_filter() for i in range(below.n_children())]
@@ -264,25 +274,35 @@ def _tile(filter_node: isl.ScheduleNode, s: Statement, c: Contraction, index: in
         box = box.flat_range_product(along[v])
     if not box.is_equal(points.reset_tuple_id(isl.dim_type.out)):
         return f"the points of {s.name} under one tile are not a box"
-    origin, extent, sizes = [], [], []
-    for v in [c.m, c.n, c.k] + list(c.batch):
+    first, size, most = {}, {}, {}
+    for v in s.iterators:
         lo, hi = along[v].lexmin_pw_multi_aff(), along[v].lexmax_pw_multi_aff()
-        origin.append(lo)
-        size = hi.get_pw_aff(0).sub(lo.get_pw_aff(0)).add_constant_val(isl.Val(1))
-        top = isl.Map.from_pw_aff(size).range().dim_max_val(0)
+        first[v] = lo
+        size[v] = hi.get_pw_aff(0).sub(lo.get_pw_aff(0)).add_constant_val(isl.Val(1))
+        top = isl.Map.from_pw_aff(size[v]).range().dim_max_val(0)
         if not top.is_int():
             return f"the tiles of {s.name} have no fixed size (a dynamic size?)"
-        if v in c.batch:
-            if top.to_python() != 1:
-                return f"the batch loop of {s.name} takes several values per tile (tile it by 1)"
-            continue
-        extent.append(size)
-        sizes.append(int(top.to_python()))
-    origin_pma = origin[0]
-    for o in origin[1:]:
-        origin_pma = origin_pma.flat_range_product(o)
-    extent_pma = isl.PwMultiAff.from_pw_aff(extent[0])
-    for e in extent[1:]:
-        extent_pma = extent_pma.flat_range_product(isl.PwMultiAff.from_pw_aff(e))
-    return TensorCoreTile(index, c, origin_pma, extent_pma, tuple(sizes)), filter_node
+        most[v] = int(top.to_python())
+    # each role: its loop with the most values per tile (the inner one in a tie)
+    roles = [max(reversed(loops), key=lambda v: most[v])
+             for loops in (c.rows, c.columns, c.reduction)]
+    loops = {v: n for v, n in zip(s.iterators, s.halide_iterators)}
+    # other reduction loops with several values per tile (a convolution's window) become a
+    # loop of calls, all into the same accumulators; any other loop must have one value
+    looped = tuple(v for v in s.iterators if v not in roles and most[v] != 1
+                   and v in c.reduction)
+    for v in s.iterators:
+        if v not in roles and v not in looped and most[v] != 1:
+            return (f"loop {loops[v]} of {s.name} takes {most[v]} values per tile; tensor cores "
+                    "take one row, one column and reduction loops (tile the others by 1)")
+    dims = tuple(roles) + looped + tuple(v for v in s.iterators
+                                         if v not in roles and v not in looped)
+    origin_pma = first[dims[0]]
+    for v in dims[1:]:
+        origin_pma = origin_pma.flat_range_product(first[v])
+    extent_pma = isl.PwMultiAff.from_pw_aff(size[dims[0]])
+    for v in dims[1:3 + len(looped)]:
+        extent_pma = extent_pma.flat_range_product(isl.PwMultiAff.from_pw_aff(size[v]))
+    return TensorCoreTile(index, c, dims, origin_pma, extent_pma,
+                          tuple(most[v] for v in roles), len(looped)), filter_node
 
