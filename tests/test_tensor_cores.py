@@ -197,6 +197,14 @@ def test_kernels_that_cannot_use_them_say_why():
     np.testing.assert_array_equal(k(h, h), np.full((16, 16), 16, np.float16))
 
 
+def test_explain_names_the_roles():
+    A = np.zeros((32, 32), np.float16)
+    k = tc.compile(program("half"), "tmm", A, A, options=OPTIONS[0].useTensorCores(True),
+                   target="cuda-emulated")
+    assert "useTensorCores        C_acc += A(m, k) * B(n, k) (S1) runs on tensor cores: tiles " \
+        "of at most 32 x 32 x 32 (rows m, columns n, reduction k)" in k.explain()
+
+
 def test_option_text_round_trip():
     o = OPTIONS[0].useTensorCores(True)
     assert "useTensorCores(True)" in str(o) and M.parse(str(o)) == o

@@ -273,6 +273,23 @@ class _Explainer:
                           "outside each thread's points" + (
                               "; private scope just below the blocks" if private else "")))
 
+    def on_useTensorCores(self, args) -> None:
+        """(a kernel that cannot use them has a note saying why, among the notes)"""
+        for tile in getattr(self.c, "tensor_tiles", ()):
+            c = tile.contraction
+            names = self.loop_names.get(c.statement, [])
+            loop = dict(zip(next(s.iterators for s in self.c.scop.statements
+                                 if s.name == c.statement), names))
+            m, n, k = (loop.get(v, v) for v in tile.dims[:3])
+            rows = " x ".join(map(str, tile.sizes))
+            windows = [loop.get(v, v) for v in tile.dims[3:3 + tile.looped]]
+            self.rows.append(("useTensorCores", (
+                f"{c.accumulator} += {c.a.text} * {c.b.text} ({c.statement}) runs on tensor "
+                f"cores: tiles of at most {rows} (rows {m}, columns {n}, reduction {k}"
+                + (f", calls looping over {', '.join(windows)}" if windows else "")
+                + f") as mma.sync.m16n8k16 steps of the block's warps, {c.dtype} operands, "
+                "float32 accumulators in registers")))
+
     def on_useReadOnlyCache(self, args) -> None:
         inputs = [n for n, t in self.c.fn.checked.tensors.items() if t.kind == "input"
                   and n not in self.writes.values() and not t.type.name == "bool"]
