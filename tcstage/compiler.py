@@ -26,6 +26,7 @@ import collections
 import contextlib
 import difflib
 import functools
+import math
 import threading
 import time
 from collections.abc import Sequence
@@ -127,7 +128,8 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
             shared_only=frozenset(t for c in contractions.values()
                                   for t in (c.a.tensor, c.b.tensor)))
         schedule_tc, tensor_tiles, tc_notes = map_tensor_cores(
-            promoted.schedule, scop, contractions, dependences.intersect_params(scop.context))
+            promoted.schedule, scop, contractions, dependences.intersect_params(scop.context),
+            math.prod(mapped.block))
         promoted = attrs.evolve(promoted, schedule=schedule_tc)
         if options.use_tensor_cores and not contractions:
             tc_notes += (OptionNote("useTensorCores(True)", "no contraction of half or "

@@ -10,6 +10,8 @@ reductions are compared exactly.
 
 from __future__ import annotations
 
+import math
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -144,6 +146,56 @@ def test_split_across_blocks_combines_in_block_order(name, shape, blocks):
     else:
         axis = None if a.ndim == 1 else 1
         np.testing.assert_array_less(np.abs(got - reference), sum_tolerance(a, axis=axis))
+
+
+def test_blocks_split_only_a_reduction_that_waits_for_nothing():
+    """Blocks cannot wait for each other: a reduction that reads what the kernel computes, or
+    shares its loops with another statement, stays within a block (review findings: T's points
+    spread over blocks and then pinned to the first ones; Q read O from other blocks)."""
+    rng = np.random.default_rng(10)
+    a = rng.standard_normal((4, 300)).astype(np.float32)
+    k = tc.compile("def f(float(N,K) A) -> (T, O) { T(i,j) = A(i,j)*2\n O(i) +=! T(i,j) }", "f",
+                   a, options=M().mapToThreads(32).mapToBlocks(4, 8), target="cuda-emulated")
+    assert all(r.across is None for r in split(k))
+    t, o = k(a)
+    np.testing.assert_array_equal(t, 2 * a)
+    np.testing.assert_array_less(np.abs(o - 2 * a.astype(np.float64).sum(1)),
+                                 2 * sum_tolerance(a, axis=1))
+    b = rng.standard_normal((9, 130)).astype(np.float32)
+    k = tc.compile("def f(float(N,K) A) -> (O, Q) { O(i) +=! A(i,j)\n Q(i) +=! A(i,j) - O(i) }",
+                   "f", b, options=M().mapToThreads(32).mapToBlocks(16, 2),
+                   target="cuda-emulated")
+    o, q = k(b)
+    b64 = b.astype(np.float64)
+    np.testing.assert_allclose(q, (b64 - b64.sum(1, keepdims=True)).sum(1), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("shape,blocks", [((6, 70), (4,)), ((6, 300), (4, 4))])
+def test_dynamic_sizes_keep_reductions_within_blocks(shape, blocks):
+    a = np.random.default_rng(11).standard_normal(shape).astype(np.float32)
+    source = "def f(float(N,K) A) -> (O) { O(i) +=! A(i,j) }" if len(blocks) > 1 else \
+        "def f(float(N,K) A) -> (O) { O() +=! A(i,j) }"
+    k = tc.compile(source, "f", a, options=M().mapToThreads(64).mapToBlocks(*blocks),
+                   dynamic=("N",), target="cuda-emulated")
+    assert all(r.across is None for r in split(k))
+    axis = 1 if len(blocks) > 1 else None
+    exact = a.astype(np.float64).sum(axis=axis)
+    np.testing.assert_array_less(np.abs(k(a) - exact), sum_tolerance(a, axis=axis))
+
+
+def test_whole_warps_never_exceed_a_block():
+    """Rounding x up to whole warps would give 32 x 8 x 8 threads: the reduction stays
+    sequential instead, and the kernel keeps the 4 x 8 x 8 it had."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((8, 8, 4)).astype(np.float32)
+    a = rng.standard_normal((2, 300)).astype(np.float32)
+    k = tc.compile("def f(float(P,Q,R) X, float(N,K) A) -> (B, S) { B(p,q,r) = X(p,q,r) * 2.0\n"
+                   " S(i) +=! A(i,j) }", "f", x, a, options=M().mapToThreads(4, 8, 8),
+                   target="cuda-emulated")
+    assert math.prod(k.block) <= 1024 and not split(k)
+    b, s = k(x, a)
+    np.testing.assert_array_equal(b, 2 * x)
+    np.testing.assert_allclose(s, a.astype(np.float64).sum(1), rtol=1e-5, atol=1e-4)
 
 
 def test_product_max_min_and_integers():

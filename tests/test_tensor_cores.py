@@ -174,6 +174,40 @@ def test_a_second_row_loop_must_be_tiled_by_one():
     np.testing.assert_array_equal(k(A, B), np.full((3, 20, 4, 24), 16, np.float16))
 
 
+@pytest.mark.parametrize("source", [
+    # in/out C updated with += (a copy in, the update, a copy back)
+    "def f(half(M,K) A, half(N,K) B) -> (C) { C(m,n) += A(m,k) * B(n,k) }",
+    # two contractions into one tensor
+    "def f(half(M,K) A, half(N,K) B) -> (C) { C(m,n) +=! A(m,k) * B(n,k)\n"
+    " C(m,n) += A(m,k) * B(n,k) }",
+])
+@pytest.mark.parametrize("options", [
+    M().tile(16, 8, 16).mapToThreads(32).useTensorCores(True),
+    M().tile(256, 256, 16).mapToThreads(33, 31).useTensorCores(True),  # not whole warps
+], ids=["tiled", "odd-threads"])
+def test_contractions_the_mapping_cannot_hand_over_keep_their_loops(source, options):
+    rng = np.random.default_rng(4)
+    A = rng.integers(-2, 3, (37, 53)).astype(np.float16)
+    B = rng.integers(-2, 3, (29, 53)).astype(np.float16)
+    product = A.astype(np.float64) @ B.astype(np.float64).T
+    inout = "+= A" in source.split("\n")[0]
+    C = np.ones((37, 29), np.float16)
+    with pytest.warns(tc.TCWarning) if "33" in str(options) else _no_warning():
+        k = tc.compile(source, "f", A, B, out=C if inout else None, options=options,
+                       target="cuda-emulated")
+    got = k(A, B, out=C.copy()) if inout else k(A, B)
+    expected = 1 + product if inout else 2 * product
+    np.testing.assert_array_equal(got.astype(np.float64), expected)
+
+
+class _no_warning:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 def test_without_the_option_the_same_kernel_stays_on_cuda_cores():
     A = np.ones((32, 32), np.float16)
     kernel = tc.compile(program("half"), "tmm", A, A, options=OPTIONS[0],

@@ -172,7 +172,7 @@ def stage_on_gpu(kernel, binding):
             buffers[name] = binding.inout[name] if name in binding.inout else \
                 (zeros(shape, dtype) if device else gpuarray.zeros(shape, _host(dtype)))
         for name, (shape, dtype) in kernel.scratch.items():
-            buffers[name] = zeros(shape, dtype) if device else gpuarray.zeros(shape, dtype)
+            buffers[name] = zeros(shape, dtype) if device else gpuarray.zeros(shape, _host(dtype))
         values = kernel.launch_values(binding, buffers, pointer)
 
     def finish():

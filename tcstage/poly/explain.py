@@ -102,11 +102,16 @@ class _Explainer:
         ops = {"add": "+", "mul": "*", "min": "min", "max": "max"}
         for r in self.m.reductions:
             red = r.reduction
+            across = "" if r.across is None else (
+                f", and across {r.across[1]} blocks on blockIdx.{'xyz'[r.across[0]]}: each "
+                "block's thread 0 stores its value in a scratch slot, and the last block to "
+                f"finish combines the slots in block order into {red.tensor}")
             self.rows.append(("parallelReductions", (
                 f"the {ops[red.operator]} reduction into {red.tensor} ({red.statement}) is split "
                 f"over {r.threads} threads on threadIdx.x: each thread accumulates its share "
                 f"in a register, then warp shuffles and shared memory combine the block's, and "
-                f"thread 0 adds it to {red.tensor} (floating-point sums are reassociated)")))
+                f"thread 0 adds it to {red.tensor}{across} (floating-point sums are "
+                "reassociated)")))
 
     def outer_loops(self) -> None:
         """The loops of the outermost band(s) before tiling, for the tile line."""

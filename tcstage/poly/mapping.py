@@ -179,7 +179,7 @@ def map_to_gpu(schedule: isl.Schedule, dependences: isl.UnionMap, context: isl.S
 def _united(per_band: list[list[isl.UnionMap]]) -> tuple[isl.UnionMap, ...]:
     """Per dimension, the union of each band's loop on it."""
     out: list[isl.UnionMap] = []
-    for loops in per_band:
+    for loops in filter(None, per_band):  # (None: a band given up)
         for d, loop in enumerate(loops):
             if d == len(out):
                 out.append(loop)
@@ -362,27 +362,34 @@ class _ThreadDecisions:
                 for d, size in enumerate(band.sizes):
                     block[d] = max(block[d], size)
         reducing = {p: b for p, b in self.bands.items() if b.reductions}
-        if reducing:
-            room = 1 << (MAX_THREADS_PER_BLOCK // (block[1] * block[2])).bit_length() - 1
-            for path, band in reducing.items():
-                if room < WARP:  # (a y * z of more than 32: the reduction stays sequential)
-                    del self.bands[path]
-                    continue
-                band = attrs.evolve(band, sizes=(min(band.sizes[0], room),))
-                self.bands[path] = band
-                index, loop = self.reduction_ids[path]  # (the ids the barriers are placed by)
-                self.thread_ids[index] = (self.thread_ids[index][0],
-                                          [loop.mod_val(isl.Val(band.sizes[0]))])
-                block[0] = max(block[0], band.sizes[0])
-            d = max((i + 1 for i, g in enumerate(grid) if g > 1), default=0)
-            for path, band in self.bands.items():
-                if band.reductions and band.spreads and d < len(blocks_asked) \
-                        and blocks_asked[d] > 1 and band.count > band.sizes[0]:
-                    across = min(blocks_asked[d], -(-band.count // band.sizes[0]))
-                    self.bands[path] = attrs.evolve(band, across=(d, across))
-                    grid[d] = across
-                    break
-            block[0] = -(-block[0] // WARP) * WARP
+        if not reducing:
+            return block
+        room = 1 << (MAX_THREADS_PER_BLOCK // (block[1] * block[2])).bit_length() - 1
+        x = block[0]
+        for path, band in reducing.items():
+            band = attrs.evolve(band, sizes=(min(band.sizes[0], room),))
+            self.bands[path] = band
+            index, loop = self.reduction_ids[path]  # (the ids the barriers are placed by)
+            self.thread_ids[index] = (self.thread_ids[index][0],
+                                      [loop.mod_val(isl.Val(band.sizes[0]))])
+            x = max(x, band.sizes[0])
+        x = -(-x // WARP) * WARP
+        if room < WARP or x * block[1] * block[2] > MAX_THREADS_PER_BLOCK:
+            # (y and z leave no room for whole warps: the reductions stay sequential)
+            for path in reducing:
+                del self.bands[path]
+                index, _ = self.reduction_ids.pop(path)
+                self.thread_ids[index] = self.loops[index] = None
+            return block
+        block[0] = x
+        d = max((i + 1 for i, g in enumerate(grid) if g > 1), default=0)
+        for path, band in self.bands.items():
+            if band.reductions and band.spreads and d < len(blocks_asked) \
+                    and blocks_asked[d] > 1 and band.count > band.sizes[0]:
+                across = min(blocks_asked[d], -(-band.count // band.sizes[0]))
+                self.bands[path] = attrs.evolve(band, across=(d, across))
+                grid[d] = across
+                break
         return block
 
     def choose(self, node: isl.ScheduleNode, path: tuple[int, ...], on_blocks: Sequence[int]
@@ -452,19 +459,33 @@ class _ThreadDecisions:
             self.thread_ids.append((domain, [loop.mod_val(isl.Val(threads))]))
             self.loops.append([member_map(node, k)])
             return _ThreadBand((k,), (threads,), tuple(sorted(names)), int(count),
-                               self._spreads(names, outer))
+                               self._spreads(names, outer, domain))
         return None
 
-    def _spreads(self, names, outer: isl.UnionMap) -> bool:
-        """Whether blocks may split these reductions too: no other statement reads their
-        tensors, each element is reduced under one value of the loops around the band (the
-        last block's count is per element), and every size is fixed."""
-        if not self.scop.context.is_singleton() and \
-                not all(self.scop.context.plain_get_val_if_fixed(isl.dim_type.param, i).is_int()
-                        for i in range(self.scop.context.dim(isl.dim_type.param))):
+    def _spreads(self, names, outer: isl.UnionMap, domain: isl.UnionSet) -> bool:
+        """Whether blocks may split these reductions too (blocks cannot wait for each other):
+        every size is fixed (a dynamic grid is computed at launch from the block bands alone);
+        no other statement reads their tensors; they read nothing the kernel computes; the
+        band holds nothing else but their identities (which run in the first blocks only);
+        and each element is reduced under one value of the loops around the band (the last
+        block's count is per element)."""
+        context = self.scop.context
+        if not all(context.plain_get_val_if_fixed(isl.dim_type.param, i).is_int()
+                   for i in range(context.dim(isl.dim_type.param))):
             return False
+        tensors = {self.reductions[n].tensor for n in names}
+        computed = {s.write.tensor for s in self.scop.statements}
+        for s in self.scop.statements:
+            if domain.extract_set(s.domain.get_space()).is_empty():
+                continue
+            if s.name not in names and (s.write.tensor not in tensors
+                                        or any(a.tensor in tensors for a in s.reads)):
+                return False
         for name in names:
             tensor = self.reductions[name].tensor
+            statement = next(s for s in self.scop.statements if s.name == name)
+            if any(a.tensor in computed and a.tensor != tensor for a in statement.reads):
+                return False
             if any(s.name != name and any(a.tensor == tensor for a in s.reads)
                    for s in self.scop.statements):
                 return False
@@ -529,7 +550,7 @@ class _ThreadDecisions:
         if not n_threads:
             return isl.UnionMap.empty(self.deps.get_space())
         ids, mapped = None, None
-        for band_domain, values in self.thread_ids:
+        for band_domain, values in filter(None, self.thread_ids):  # (None: a band given up)
             own = None
             for d in range(n_threads):
                 part = isl.UnionMap.from_union_pw_aff(values[d]).intersect_domain(band_domain) \
@@ -537,6 +558,8 @@ class _ThreadDecisions:
                 own = part if own is None else own.flat_range_product(part)
             ids = own if ids is None else ids.union(own)
             mapped = band_domain if mapped is None else mapped.union(band_domain)
+        if mapped is None:  # (every band given up: all on thread 0)
+            return isl.UnionMap.empty(self.deps.get_space())
         rest = domain.subtract(mapped)  # statements on thread (0, 0, 0)
         zeros = _constant(rest, 0)
         for _ in range(n_threads - 1):

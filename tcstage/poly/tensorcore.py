@@ -34,7 +34,7 @@ import attrs
 import islpy as isl
 
 from tcstage.halide.solver import tree_vars
-from tcstage.poly.mapping import dependence_order, instances
+from tcstage.poly.mapping import THREAD_IDS, dependence_order, instances
 from tcstage.poly.notes import OptionNote
 from tcstage.poly.scop import Access, Scop, Statement
 
@@ -148,7 +148,8 @@ def _contraction(s: Statement, halide_names, dtypes) -> Contraction | str:
 
 
 def map_tensor_cores(schedule: isl.Schedule, scop: Scop,
-                     contractions: Mapping[str, Contraction], deps: isl.UnionMap
+                     contractions: Mapping[str, Contraction], deps: isl.UnionMap,
+                     threads: int = 32
                      ) -> tuple[isl.Schedule, tuple[TensorCoreTile, ...], tuple[OptionNote, ...]]:
     """The contractions' point bands handed to `_mma<i>` statements where they can be.
 
@@ -157,6 +158,9 @@ def map_tensor_cores(schedule: isl.Schedule, scop: Scop,
     distributed over them (each statement's points after the whole of the ones it depends on:
     mapping.dependence_order), so that the whole contraction can run between them."""
     tiles, notes = [], []
+    if contractions and threads % 32:
+        return schedule, (), (OptionNote(NOTE, f"the block's {threads} threads are not whole "
+                                         "warps (mma.sync runs on whole warps)"),)
     for name, contraction in contractions.items():
         statement = next(s for s in scop.statements if s.name == name)
         node = _innermost_band(schedule.get_root(), statement.domain.get_space())
@@ -168,7 +172,8 @@ def map_tensor_cores(schedule: isl.Schedule, scop: Scop,
         while node.parent().get_type() == isl.schedule_node_type.band:
             node = node.parent()
         parent = node.parent()
-        if parent.get_type() != isl.schedule_node_type.filter:
+        if parent.get_type() != isl.schedule_node_type.filter or \
+                not _on_threads(parent.filter_get_filter()):
             notes.append(OptionNote(NOTE, f"the points of {name} are not mapped to threads "
                                     "(mapToThreads)"))
             continue
@@ -232,6 +237,12 @@ def _split_last(s: isl.Set) -> isl.Map:
     """A set of [v0, ..., vn-1] as the map [v0, ..., vn-2] -> [vn-1]."""
     n = s.dim(isl.dim_type.set)
     return isl.Map.from_range(s).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, n - 1)
+
+
+def _on_threads(filter_set: isl.UnionSet) -> bool:
+    """Whether a filter is mapping's thread filter (its conditions name the thread ids)."""
+    space = filter_set.get_space()
+    return any(space.find_dim_by_name(isl.dim_type.param, t) >= 0 for t in THREAD_IDS)
 
 
 def _prefix(filter_node: isl.ScheduleNode) -> isl.UnionMap:
