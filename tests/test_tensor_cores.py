@@ -239,6 +239,19 @@ def test_explain_names_the_roles():
         "of at most 32 x 32 x 32 (rows m, columns n, reduction k)" in k.explain()
 
 
+def test_accumulators_kept_between_calls_stay_few():
+    """A tile whose pieces a warp cannot hold in registers loads and stores C at every call
+    instead of keeping thousands of floats per thread (review finding: 32768)."""
+    import re
+    A = (512, 512)
+    small = tc.compile(program("half"), "tmm", A, A, options=OPTIONS[0].useTensorCores(True))
+    huge = tc.compile(program("half"), "tmm", A, A, options=M().tile(512, 512, 64)
+                      .mapToThreads(32).useTensorCores(True))
+    words = [int(w) for w in re.findall(r"float _cacc0\[(\d+)\]", small.cuda_source)]
+    assert words and words[0] <= 128
+    assert "_cacc0" not in huge.cuda_source and "tc::mma_tile" in huge.cuda_source
+
+
 def test_option_text_round_trip():
     o = OPTIONS[0].useTensorCores(True)
     assert "useTensorCores(True)" in str(o) and M.parse(str(o)) == o

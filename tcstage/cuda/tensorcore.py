@@ -40,7 +40,7 @@ template <int TM, int TN> struct mma_shape {
 // at most TM x TN x TK); x[i * xi + j * xj] is element (i, j) of x. acc: the thread's
 // accumulators, which persist between the calls for one tile of C: loaded from C when
 // `first`, stored to C when `last`.
-template <int TM, int TN, int TK, int WARPS, typename T>
+template <int TM, int TN, int TK, int WARPS, bool PERSIST, typename T>
 __device__ __forceinline__ void mma_tile(float* acc, bool first, bool last, float* C,
                                          long long cm, long long cn, const T* A, long long am,
                                          long long ak, const T* B, long long bk, long long bn,
@@ -60,8 +60,10 @@ __device__ __forceinline__ void mma_tile(float* acc, bool first, bool last, floa
     if (g >= GROUPS) break;
     const int m0 = g / GN * WM * 16, n0 = g % GN * WN * 8;
     if (m0 >= me || n0 >= ne) continue;
-    float (&c)[WM][WN][4] = *reinterpret_cast<float (*)[WM][WN][4]>(acc + slot * WM * WN * 4);
-    if (first)
+    float own[WM][WN][4];  // (the accumulators when they do not persist between calls)
+    float (&c)[WM][WN][4] = PERSIST
+        ? *reinterpret_cast<float (*)[WM][WN][4]>(acc + slot * WM * WN * 4) : own;
+    if (first || !PERSIST)
 #pragma unroll
       for (int i = 0; i < WM; ++i)
 #pragma unroll
@@ -98,7 +100,7 @@ __device__ __forceinline__ void mma_tile(float* acc, bool first, bool last, floa
 #pragma unroll
         for (int j = 0; j < WN; ++j) mma_m16n8k16<T>(c[i][j], a[i], b[j], c[i][j]);
     }
-    if (last)
+    if (last || !PERSIST)
 #pragma unroll
       for (int i = 0; i < WM; ++i)
 #pragma unroll
@@ -112,6 +114,11 @@ __device__ __forceinline__ void mma_tile(float* acc, bool first, bool last, floa
 }
 }  // namespace tc
 """
+
+
+# Floats of accumulators a thread may keep between calls (registers: a warp's 2 x 4 pieces take
+# 32); a tile with more pieces per warp loads and stores C at every call instead.
+PERSISTENT_WORDS = 128
 
 
 def accumulators(tile: TensorCoreTile, threads: int) -> int:
@@ -156,9 +163,14 @@ def tensor_core_code(tiles: tuple[TensorCoreTile, ...], scop, printer, c_type, i
 
         lhs = ("lhs", s.lhs)
         a, b = ("read", c.a), ("read", c.b)
-        acc = f"_cacc{tile.index}"
-        declarations.append(f"float {acc}[{accumulators(tile, threads)}];")
-        if tile.first is not None:  # (the innermost argument is the reduction's tile loop)
+        words = accumulators(tile, threads)
+        # (between the calls for one tile of C: over its reduction tiles where that loop is the
+        # innermost argument, over a convolution's window within one call)
+        persist = (tile.first is not None or tile.looped > 0) and words <= PERSISTENT_WORDS
+        acc = f"_cacc{tile.index}" if persist else "nullptr"
+        if persist:
+            declarations.append(f"float {acc}[{words}];")
+        if persist and tile.first is not None:
             first = f"(_{n_args - 1} == {index_text(c_of(tile.first, args[:-1]))})"
             last = f"(_{n_args - 1} == {index_text(c_of(tile.last, args[:-1]))})"
         else:
@@ -169,7 +181,8 @@ def tensor_core_code(tiles: tuple[TensorCoreTile, ...], scop, printer, c_type, i
             first += f" && {counter} == 0"
             last += f" && {counter} == {extents[3 + j]} - 1"
         call = (f"tc::mma_tile<{tile.sizes[0]}, {tile.sizes[1]}, {tile.sizes[2]}, "
-                f"{threads // 32}, {c_type(c.dtype)}>({acc}, {first}, {last}, "
+                f"{threads // 32}, {'true' if persist else 'false'}, {c_type(c.dtype)}>("
+                f"{acc}, {first}, {last}, "
                 f"{at(lhs, True)}, {stride(lhs, True, m)}, {stride(lhs, True, n)}, "
                 f"{at(a, False)}, {stride(a, False, m)}, {stride(a, False, k)}, "
                 f"{at(b, False)}, {stride(b, False, k)}, {stride(b, False, n)}, "
