@@ -183,6 +183,17 @@ def test_dynamic_sizes_keep_reductions_within_blocks(shape, blocks):
     np.testing.assert_array_less(np.abs(k(a) - exact), sum_tolerance(a, axis=axis))
 
 
+def test_a_reduction_leaves_the_threads_to_outer_loops_that_fill_a_warp():
+    """gconv with the paper's manual options: the (h, w) band gives 7 x 7 threads, so its
+    inner band of reduction loops stays sequential (it once took the threads instead)."""
+    with open("examples/gconv.tc") as f:
+        program_ = tc.define(f.read())
+    options = M.parse("MappingOptions().tile(1, 1, 1).mapToThreads(7, 7, 4).mapToBlocks(32, 32)"
+                      ".useSharedMemory(True).unrollCopyShared(True)")
+    k = tc.compile(program_, "gconv", (32, 32, 16, 16, 16), (32, 16, 16, 3, 3), options=options)
+    assert k.block == (7, 7, 1) and not split(k)
+
+
 def test_whole_warps_never_exceed_a_block():
     """Rounding x up to whole warps would give 32 x 8 x 8 threads: the reduction stays
     sequential instead, and the kernel keeps the 4 x 8 x 8 it had."""

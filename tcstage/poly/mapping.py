@@ -392,8 +392,8 @@ class _ThreadDecisions:
                 break
         return block
 
-    def choose(self, node: isl.ScheduleNode, path: tuple[int, ...], on_blocks: Sequence[int]
-               ) -> _ThreadBand | None:
+    def free_members(self, node, path, on_blocks) -> tuple[list[int], list[int]]:
+        """The band's members threads may split (innermost first) and their thread counts."""
         domain = node.get_domain()
         deps = self.deps.intersect_domain(domain).intersect_range(domain)
         block_map = self.blocks.values.intersect_domain(domain) if self.blocks.values else None
@@ -410,8 +410,30 @@ class _ThreadDecisions:
             sizes.append(min(self.threads[len(sizes)], count))
             if len(members) == len(self.threads):
                 break
+        return members, sizes
+
+    def outer_threads(self, node, path) -> int:
+        """The most threads a band around node could give by its free loops (the paper's
+        rule maps the innermost band with some; a reduction below must not take their place
+        where they would fill a warp)."""
+        best = 1
+        while path:
+            node, path = node.parent(), path[:-1]
+            if node.get_type() == _T.band:
+                _, sizes = self.free_members(node, path, self.blocks.bands.get(path, {}))
+                best = max(best, math.prod(sizes))
+        return best
+
+    def choose(self, node: isl.ScheduleNode, path: tuple[int, ...], on_blocks: Sequence[int]
+               ) -> _ThreadBand | None:
+        domain = node.get_domain()
+        block_map = self.blocks.values.intersect_domain(domain) if self.blocks.values else None
+        if block_map is not None and block_map.is_empty():
+            block_map = None  # a group of statements that runs in block 0 only
+        members, sizes = self.free_members(node, path, on_blocks)
         wanted = math.prod(self.threads)
-        if self.reductions and wanted >= WARP and math.prod(sizes) < WARP:
+        if self.reductions and wanted >= WARP and math.prod(sizes) < WARP \
+                and self.outer_threads(node, path) < min(WARP, wanted):
             band = self._reduction(node, path, on_blocks, domain, block_map)
             # (only where the reduction has more values for the threads than the free loops)
             if band is not None and band.count > math.prod(sizes):
