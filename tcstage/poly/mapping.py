@@ -39,8 +39,9 @@ mapped to blocks, the members threads do not split (a reduction) move outermost,
 thread runs one reduction step over all its points before the next.
 
 Parallel reductions (`parallelReductions`, on by default; poly/reduction.py): where a band's
-free members would give less than a warp of the threads asked for (at least 32), its innermost
-loop of a `+`, `*`, `min` or `max` reduction goes to threadIdx.x instead, on a power of two of
+free members would give less than a warp of the threads asked for (at least 32), and no band
+around it would give a warp either, its innermost loop of a `+`, `*`, `min` or `max` reduction
+with more values than those threads goes to threadIdx.x instead, on a power of two of
 threads (at most those asked for, at least a warp). The loops before it become a band of their
 own above it (the reduced element must be a function of the loops around the thread band, so
 that each thread keeps one accumulator per element); the loops after it stay sequential in
