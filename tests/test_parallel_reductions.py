@@ -342,6 +342,41 @@ def test_row_statistics_under_promotion_and_fusion(name, options):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
 
 
+GROUP_NORM = """
+def group_norm(float(N, G, D, H, W) I, float(G, D) gamma, float(G, D) beta) -> (mean, var, O) {
+    mean(n, g) +=! I(n, g, d, h, w)
+    var(n, g) +=! I(n, g, d, h, w) * I(n, g, d, h, w)
+    mean(n, g) = mean(n, g) / (D * H * W)
+    var(n, g) = var(n, g) / (D * H * W) - mean(n, g) * mean(n, g)
+    O(n, g, d, h, w) = gamma(g, d) * (I(n, g, d, h, w) - mean(n, g))
+                       * rsqrt(var(n, g) + 1e-5) + beta(g, d)
+}
+"""
+
+
+@pytest.mark.parametrize("options", [
+    M().mapToThreads(128).mapToBlocks(2, 4),
+    M().mapToThreads(32, 4).mapToBlocks(8).useSharedMemory(True),
+], ids=["blocks", "shared"])
+def test_tc_group_norm(options):
+    """TC's group normalisation benchmark in one kernel: moments over three reduction loops
+    (the innermost split over threads, the others sequential in each), then the normalisation."""
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((2, 4, 3, 5, 7)).astype(np.float32)
+    gamma, beta = (rng.standard_normal((4, 3)).astype(np.float32) for _ in range(2))
+    k = tc.compile(GROUP_NORM, "group_norm", x, gamma, beta, options=options,
+                   target="cuda-emulated")
+    assert len(split(k)) == 2
+    mean, var, out = k(x, gamma, beta)
+    flat = x.reshape(2, 4, -1).astype(np.float64)
+    m, v = flat.mean(2), (flat ** 2).mean(2) - flat.mean(2) ** 2
+    np.testing.assert_allclose(mean, m, atol=1e-6)
+    np.testing.assert_allclose(var, v, rtol=1e-5, atol=1e-6)
+    expected = gamma[None, :, :, None, None] * (x - m[:, :, None, None, None]) \
+        / np.sqrt(v[:, :, None, None, None] + 1e-5) + beta[None, :, :, None, None]
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
 def test_explain_says_how_the_reduction_was_split():
     a = np.zeros((4, 100), np.float32)
     k = tc.compile(program(), "row_sum", a, options=M().mapToThreads(128).mapToBlocks(4),
