@@ -234,11 +234,14 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
     return CudaKernel(name, source, tuple(params), mapped.grid, mapped.block)
 
 
-def _elements(extent: isl.Set) -> int:
-    """The number of elements of a tensor with fixed sizes."""
+def _elements(extent: isl.Set) -> int | None:
+    """The number of elements of a tensor (None where a size is not fixed)."""
     n = 1
     for k in range(extent.dim(isl.dim_type.set)):
-        n *= max(extent.dim_max_val(k).to_python() - extent.dim_min_val(k).to_python() + 1, 0)
+        lo, hi = extent.dim_min_val(k), extent.dim_max_val(k)
+        if not (lo.is_int() and hi.is_int()):
+            return None
+        n *= max(hi.to_python() - lo.to_python() + 1, 0)
     return int(n)
 
 
@@ -278,13 +281,8 @@ def index_type(scop: Scop) -> str:
     if not all(v.is_int() for v in sizes) or any(v.to_python() >= INT_SIZE for v in sizes):
         return "int64_t"
     for extent in scop.tensor_extents.values():
-        elements = 1
-        for k in range(extent.dim(isl.dim_type.set)):
-            lo, hi = extent.dim_min_val(k), extent.dim_max_val(k)
-            if not (lo.is_int() and hi.is_int()):
-                return "int64_t"
-            elements *= max(hi.to_python() - lo.to_python() + 1, 0)
-        if elements >= INT_ELEMENTS:
+        elements = _elements(extent)
+        if elements is None or elements >= INT_ELEMENTS:
             return "int64_t"
     return "int"
 

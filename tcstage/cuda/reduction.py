@@ -132,8 +132,8 @@ def reduction_code(reductions: tuple[ParallelReduction, ...], block: tuple[int, 
                 part, count = f"_part{i}", f"_count{i}"
                 size = elements(red.tensor)
                 scratch += [Scratch(part, red.dtype, (size, n)), Scratch(count, "uint32", (size,))]
-                declarations.append("__shared__ bool _last;") if "__shared__ bool _last;" \
-                    not in declarations else None
+                if "__shared__ bool _last;" not in declarations:
+                    declarations.append("__shared__ bool _last;")
                 slot = f"(&{target} - {target.split('[', 1)[0]})"
                 total = combine_text(red.operator, "_v", f"__ldcg(&{part}[_slot * {n} + _b])",
                                      red.dtype, c_type)

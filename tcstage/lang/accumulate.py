@@ -53,7 +53,7 @@ def accumulate_in_float32(fn: C.Function) -> C.Function:
             statements.append(st)
             continue
         t = fn.tensors[st.tensor]
-        acc = _fresh(f"{st.tensor}_acc", taken)
+        acc = C.fresh_name(f"{st.tensor}_acc", taken)
         tensors[acc] = C.Tensor(acc, "temp", FLOAT32, ("",) * t.rank, span=t.span)
         # A read of the tensor in its own statement sees the running value (the accumulator's),
         # except in its first statement, where it sees the caller's values (the tensor's, kept
@@ -153,15 +153,6 @@ def _names(fn: C.Function) -> set[str]:
     return names
 
 
-def _fresh(base: str, taken: set[str]) -> str:
-    name, k = base, 1
-    while name in taken:
-        k += 1
-        name = f"{base}{k}"
-    taken.add(name)
-    return name
-
-
 def _fresh_indices(rank: int, taken: set[str]) -> tuple[str, ...]:
     free = [n for n in _INDEX_NAMES if n not in taken]
-    return tuple(free[k] if k < len(free) else _fresh(f"i{k}", taken) for k in range(rank))
+    return tuple(free[k] if k < len(free) else C.fresh_name(f"i{k}", taken) for k in range(rank))

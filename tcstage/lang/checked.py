@@ -232,6 +232,16 @@ def with_children(e: Expr, new: tuple[Expr, ...]) -> Expr:
     return e
 
 
+def fresh_name(base: str, taken: set) -> str:
+    """base, or base_1, base_2, ...: the first not in taken, which it joins."""
+    name, n = base, 0
+    while name in taken:
+        n += 1
+        name = f"{base}_{n}"
+    taken.add(name)
+    return name
+
+
 def walk(e: Expr):
     """Every node of e, parents before children."""
     yield e

@@ -64,7 +64,7 @@ def inline(call: ast.TCCall, callee: Callee, scope: Scope) -> tuple[ast.Statemen
     renames.update({o: r.name for o, r in zip(fn.outputs, call.results)})
     for t in fn.tensors.values():
         if t.kind == "temp":
-            renames[t.name] = _fresh(f"{name}_{t.name}", avoid)
+            renames[t.name] = C.fresh_name(f"{name}_{t.name}", avoid)
     taken = set(scope.globals) | set(scope.tensors) | scope.used | set(renames.values())
     scope.used.update(renames.values())  # (index variables are local: they need not be kept)
 
@@ -198,15 +198,6 @@ def _bind_sizes(call: ast.TCCall, fn: C.Function, scope: Scope) -> dict:
 
 
 # -- renaming ----------------------------------------------------------------------------------
-def _fresh(base: str, avoid: set) -> str:
-    name, n = base, 0
-    while name in avoid:
-        n += 1
-        name = f"{base}_{n}"
-    avoid.add(name)
-    return name
-
-
 class _Renamer:
     """Copies the callee's statements into the caller's names, every span with the call note."""
 
@@ -226,7 +217,7 @@ class _Renamer:
         """An index variable, renamed where its name is a tensor or size of the caller."""
         n = e.name
         if n not in self.indices:
-            self.indices[n] = _fresh(n, self.avoid) if n in self.taken else n
+            self.indices[n] = C.fresh_name(n, self.avoid) if n in self.taken else n
         return self.ident(e, self.indices[n])
 
     def size(self, size, at: Span) -> ast.Expr:
