@@ -65,6 +65,12 @@ CASES = [
      tc.TCSemanticError, "read at a different point than it is written", (3, 13), "B(j, i)"),
     ("def f(float(N,M) A) -> (B) {\n  B(i) = 0\n  B(i) += B(i) * A(i, k)\n}",
      tc.TCSemanticError, "read inside a reduction into 'B'", (3, 11), "B(i)"),
+    # The spec resets B before the right-hand side runs, so the read could only see 0; this
+    # used to be an internal lowering error.
+    ("def f(float(N) A) -> (B) {\n  B(i) = A(i)\n  B(i) +=! A(i) + B(i)\n}", tc.TCSemanticError,
+     "'B' is read in a statement that first resets it with '+=!'", (3, 19), "B(i)"),
+    ("def f(float(N) A) -> (B) {\n  B(i) = A(i)\n  B(i) max=! B(i)\n}", tc.TCSemanticError,
+     "'B' is read in a statement that first resets it with 'max=!'", (3, 14), "B(i)"),
     ("def f(float(N) A) -> (B) {\n  T(i) += A(i)\n  B(i) = T(i)\n}", tc.TCSemanticError,
      "temporary 'T' accumulates with '+=' before any statement has defined it", (2, 3), "T"),
     ("def f(float(N) A) -> (B) {\n  B(i) = A(i) where k in 0:N\n}", tc.TCSemanticError,

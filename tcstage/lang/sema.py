@@ -274,6 +274,13 @@ class _StatementChecker:
                 f"'{name}' is read inside a reduction into '{name}'; the result would depend on the "
                 "order of evaluation", self.self_reads[0],
                 f"compute the reduction into a new tensor, then combine it with '{name}'")
+        if self.self_reads and s.init:
+            # The spec resets the tensor before evaluating the right-hand side, so such a read
+            # could only ever see the identity: almost surely not what was meant.
+            raise self.error(
+                f"'{name}' is read in a statement that first resets it with '{s.op}!'; the read "
+                "would see only the reduction's identity", self.self_reads[0],
+                f"use '{s.op}' to accumulate into the current values of '{name}'")
 
         inout = False
         if existing is None:
