@@ -473,6 +473,8 @@ class _ThreadDecisions:
                 outer = outer.flat_range_product(member_map(node, j))
             if any(element_of_prefix(outer, self.scop, n) is None for n in names):
                 continue
+            if self._waits_for_total(names, relaxed, outer):
+                continue
             if probe:
                 return _ThreadBand((k,), (0,), tuple(sorted(names)))
             asked = 1 << min(math.prod(self.threads), MAX_THREADS_PER_BLOCK).bit_length() - 1
@@ -484,6 +486,22 @@ class _ThreadDecisions:
             return _ThreadBand((k,), (threads,), tuple(sorted(names)), int(count),
                                self._spreads(names, outer, domain))
         return None
+
+    def _waits_for_total(self, names, relaxed: isl.UnionMap, outer: isl.UnionMap) -> bool:
+        """Whether another statement of the band depends on one of these reductions under the
+        same values of the loops around the reduction loop. Split, a reduction's updates reach
+        its tensor only at the combine after the loop, which such a statement runs before. The
+        loop keeps the value of these dependences where the reduction has a single value of
+        it (seed 20104: `O() +=! C(l, l) where l in 0:1` then a second `O() +=! ...`,
+        whose identity overwrote O in the same loop's value 0 before the first total came)."""
+        same_outer = outer.apply_range(outer.reverse())
+        for name in names:
+            own = isl.UnionSet.from_set(self.scop_space_domain(name))
+            others = outer.domain().subtract(own)
+            if not relaxed.intersect_domain(own).intersect_range(others) \
+                    .intersect(same_outer).is_empty():
+                return True
+        return False
 
     def _spreads(self, names, outer: isl.UnionMap, domain: isl.UnionSet) -> bool:
         """Whether blocks may split these reductions too (blocks cannot wait for each other):
@@ -567,6 +585,9 @@ class _ThreadDecisions:
 
     def scop_space(self, statement: str) -> isl.Space:
         return next(s.domain.get_space() for s in self.scop.statements if s.name == statement)
+
+    def scop_space_domain(self, statement: str) -> isl.Set:
+        return next(s.domain for s in self.scop.statements if s.name == statement)
 
     def cross_thread(self, domain: isl.UnionSet, n_threads: int) -> isl.UnionMap:
         """The dependences whose two ends run on different threads of a block."""

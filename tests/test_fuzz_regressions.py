@@ -1,0 +1,29 @@
+"""Regression tests for what the fuzz campaigns found (benchmarks/fuzz_campaign.py: differential
+with tests/fuzz/mapping.py's options, narrow with tests/fuzz/narrow.py), each minimized, run as
+emulated CUDA and compared with values computed by hand or by numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import tcstage as tc
+
+M = tc.MappingOptions
+
+
+def test_a_reduction_is_not_split_where_a_statement_in_its_loop_needs_its_total():
+    """Differential seed 20104: with P = 2 fixed before scheduling, the first sum has one value
+    of its loop, and isl fused it with the second sum's loop; both sums went to the threads, so
+    the first one's total reached O after the second's identity had reset O (2.375, not 1.625:
+    the second `+=!` starts over)."""
+    source = """def f(int(N) X, float(P, M) C) -> (O) {
+      O() +=! C(l, l) where l in 0:P - 1
+      O() +=! 0.5 * fabs(C(X(m), m)) where m in 0:M
+    }"""
+    X = np.array([0, 1, 1, 0], np.int32)
+    C = np.array([[0.75, 2.0, 2.0, 0.25], [-0.25, -0.5, 1.75, 2.0]], np.float32)
+    expected = 0.5 * sum(abs(float(C[X[m], m])) for m in range(4))  # 1.625
+    for options in (M().mapToThreads(32).fixParametersBeforeScheduling(True),
+                    M().mapToThreads(8, 16).fixParametersBeforeScheduling(True)):
+        kernel = tc.compile(source, "f", X, C, options=options, target="cuda-emulated")
+        assert float(kernel(X, C)) == expected
