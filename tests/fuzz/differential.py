@@ -59,6 +59,15 @@ def tolerance(dtypes) -> float:
     return {2: 1e-2, 4: 2e-4}.get(size, 1e-9)
 
 
+def _expression_types(case: Case) -> set:
+    """The floating types of the program's subexpressions: a float32 function of doubles
+    (`expf(Y(i))`) rounds a double result to float32's precision (seed 20132: Halide's and
+    CUDA's expf(2) and numpy's float32 exp(2) differ in the last place)."""
+    from .nodes import is_float, walk
+    return {e.type for st in case.program.statements for e in walk(st.rhs)
+            if is_float(getattr(e, "type", "bool"))}
+
+
 def compare(case: Case, got, what: str = "") -> str | None:
     """Why `got` (a call's result) differs from the reference, or None."""
     outs = got if isinstance(got, tuple) else (got,)
@@ -78,7 +87,8 @@ def compare(case: Case, got, what: str = "") -> str | None:
             bad = mask & (actual != expected)
         else:
             scale = max(1.0, float(np.abs(expected[mask]).max(initial=0)))
-            t = tolerance([g.dtype, *(np.asarray(v).dtype for v in case.values.values())])
+            t = tolerance([g.dtype, *(np.asarray(v).dtype for v in case.values.values()),
+                           *_expression_types(case)])
             bad = mask & ~np.isclose(actual, expected, rtol=t, atol=t * scale)
         if bad.any():
             at = tuple(int(x) for x in np.argwhere(bad)[0])
@@ -131,6 +141,21 @@ class _Runner:
                                          "mismatch", why))
 
 
+def _outside_reference(case: Case, finding: Finding) -> bool:
+    """Whether a rejection at define is of a program the reference does not model: a later
+    statement tcstage reads as a piece of a partition (docs/language.md), which may overlap an
+    earlier piece, a documented TCPartitionError (seed 20117). The generator refuses such
+    statements only for scatter programs (reference.run's refuse_pieces)."""
+    from . import reference as R
+    if finding.error != "TCPartitionError":
+        return False
+    try:
+        R.run(case.program, case.values, case.inout_values, refuse_pieces=True)
+    except R.Invalid:
+        return True
+    return False
+
+
 def _text(options) -> str | None:
     return None if options is None else str(options)
 
@@ -143,6 +168,8 @@ def check(case: Case, options=(), *, cpu_schedules=CPU_SCHEDULES, nvcc: bool = F
         warnings.simplefilter("ignore", tc.TCWarning)
         ok, prog = run.stage("define", None, lambda: tc.define(case.source))
         if not ok:
+            if _outside_reference(case, run.findings[-1]):
+                run.findings.pop()
             return run.findings
         fn = prog[case.name]
         for schedule in cpu_schedules:

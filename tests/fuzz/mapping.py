@@ -1,5 +1,9 @@
 """Random valid MappingOptions: every option within its documented range (docs/cuda.md), with
-the presets now and then. Thread counts stay small so that emulation stays fast."""
+the presets now and then. Thread counts stay small so that emulation stays fast, except that
+about half the sets ask for a warp or more (up to 256 threads): parallel reductions take the
+threads only where at least 32 are asked and the free loops give less than a warp. Parallel
+reductions (on by default) are switched off now and then, and tensor cores switched on (they
+apply to half and bfloat16 contractions only; elsewhere the mapper must say why and go on)."""
 
 from __future__ import annotations
 
@@ -18,8 +22,13 @@ def random_options(rng: random.Random) -> tc.MappingOptions:
     if rng.random() < 0.85:
         o = o.tile(*[rng.choice((0, 1, 2, 3, 4, 8)) for _ in range(rng.randint(1, 4))])
     threads = [rng.choice((1, 2, 3, 4, 8, 32)) for _ in range(rng.randint(1, 3))]
-    while _product(threads) > 128:
+    limit = 128
+    if rng.random() < 0.45:  # a warp or more, on any of the thread dimensions
+        threads[rng.randrange(len(threads))] = rng.choice((32, 33, 64, 96, 128, 256))
+        limit = 256
+    while _product(threads) > limit:
         threads[threads.index(max(threads))] //= 2
+    threads[2:] = [min(t, 64) for t in threads[2:]]  # CUDA's z limit
     o = o.mapToThreads(*threads)
     o = o.mapToBlocks(*[rng.choice((1, 2, 3, 4, 8)) for _ in range(rng.randint(1, 3))])
     o = o.unroll(rng.choice((1, 1, 2, 4, 8, 32)))
@@ -33,6 +42,10 @@ def random_options(rng: random.Random) -> tc.MappingOptions:
     for method, p in flags.items():
         if rng.random() < p:
             o = getattr(o, method)(True)
+    if rng.random() < 0.25:
+        o = o.parallelReductions(False)
+    if rng.random() < 0.2:
+        o = o.useTensorCores(True)
     for method in ("outerSchedulePositiveOrthant", "intraTileSchedulePositiveOrthant"):
         if rng.random() < 0.1:
             o = getattr(o, method)(False)
