@@ -27,3 +27,20 @@ def test_a_reduction_is_not_split_where_a_statement_in_its_loop_needs_its_total(
                     M().mapToThreads(8, 16).fixParametersBeforeScheduling(True)):
         kernel = tc.compile(source, "f", X, C, options=options, target="cuda-emulated")
         assert float(kernel(X, C)) == expected
+
+
+def test_a_pointwise_update_in_a_reductions_loop_waits_for_its_total():
+    """Differential seed 20194 (the same cause): with K = 1 the max over Y had one value of
+    its loop, fused with the statements after it; `- 7` ran on max's identity (the int32
+    minimum, wrapping to 2147483641) before the total arrived."""
+    source = """def f(float(S, 5) E, int(K) Y) -> (O) {
+      O() max=! Y(q)
+      O() = O() - 7
+      O() += E(p, p - 1)
+    }"""
+    E = np.array([[1, -1, 0, 2, -2], [1, 0, -1, 0, 2], [0, 3, 1, -1, 2]], np.float32)
+    Y = np.array([2], np.int32)
+    expected = 2 - 7 + E[1, 0] + E[2, 1]  # -1
+    kernel = tc.compile(source, "f", E, Y, options=M().mapToThreads(32, 4)
+                        .fixParametersBeforeScheduling(True), target="cuda-emulated")
+    assert int(kernel(E, Y)) == expected
