@@ -44,3 +44,22 @@ def test_a_pointwise_update_in_a_reductions_loop_waits_for_its_total():
     kernel = tc.compile(source, "f", E, Y, options=M().mapToThreads(32, 4)
                         .fixParametersBeforeScheduling(True), target="cuda-emulated")
     assert int(kernel(E, Y)) == expected
+
+
+def test_tensor_cores_without_threads_keep_a_one_thread_block():
+    """Narrow seed 37: with no band on threads (no mapToThreads), the tensor-core request still
+    rounded blockDim.x up to a warp, and with no thread filter every one of the 32 threads ran
+    every statement; with the barriers that shared memory brings (the bias reads the promoted
+    C) their 32 sums interleaved in the one float32 accumulator."""
+    source = """def f(half(M, K) A, half(N, K) B, half(N) b) -> (C) {
+      C(m, n) +=! A(m, k) * B(n, k)
+      C(m, n) = C(m, n) + b(n)
+    }"""
+    A = np.arange(-6, 15, dtype=np.float16).reshape(3, 7) / 4
+    B = np.arange(-9, 19, dtype=np.float16).reshape(4, 7) / 8
+    b = np.arange(4, dtype=np.float16) / 2
+    kernel = tc.compile(source, "f", A, B, b, options=M().useSharedMemory(True)
+                        .useTensorCores(True), target="cuda-emulated")
+    # (multiples of 1/32 below 64 in magnitude: exact in half, whatever the order)
+    expected = A.astype(np.float64) @ B.astype(np.float64).T + b
+    np.testing.assert_array_equal(kernel(A, B, b), expected)

@@ -153,7 +153,9 @@ def map_to_gpu(schedule: isl.Schedule, dependences: isl.UnionMap, context: isl.S
     grid = list(blocks.grid)
     block = decide.block(grid, options.blocks)
     rounded = -(-block[0] // WARP) * WARP  # (threads past a band's size have no work)
-    if whole_warps and rounded * block[1] * block[2] <= MAX_THREADS_PER_BLOCK:
+    # (only where some band went to threads: with none, no statement has a thread filter, and
+    # every thread of a rounded-up block would run all of them; tensor cores need one anyway)
+    if whole_warps and n_threads and rounded * block[1] * block[2] <= MAX_THREADS_PER_BLOCK:
         block[0] = rounded
     insert = _Insert(decide, decide.cross_thread(schedule.get_domain(), n_threads), n_threads,
                      options.unroll_factor, options.use_register_tiling)
