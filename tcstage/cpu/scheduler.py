@@ -1,10 +1,10 @@
 """The structure-aware CPU scheduler: a Halide schedule for each Func from what it computes.
 
-`schedule_pipeline` takes a lowered TC function (fresh, unscheduled Funcs), a `CpuSchedule` and
-the sizes to plan for, schedules every Func with Halide's scheduling API, and returns the Funcs
-the pipeline should realize (an output that is a reduction is realized through its tile
-wrapper). It refuses (`NotScheduled`) a pipeline with a Func outside its families; the caller
-then uses an autoscheduler.
+`schedule_pipeline` takes a pipeline's Funcs (fresh, unscheduled ones: a lowered TC function's,
+or a copy of a Halide pipeline's), a `CpuSchedule` and the sizes to plan for, schedules every
+Func with Halide's scheduling API, and returns the Funcs the pipeline should realize (an output
+that is a reduction is realized through its tile wrapper). It refuses (`NotScheduled`) a
+pipeline with a Func outside its families; the caller then uses an autoscheduler.
 
 The schedule of a reduction `R(p0, p1, ...) op= f(reads)` (p0 innermost, all sizes from the
 plan):
@@ -44,25 +44,26 @@ class NotScheduled(TCError):
     """The pipeline has a Func the structure-aware scheduler has no family for."""
 
 
-def schedule_pipeline(lowered, schedule: CpuSchedule, target: hl.Target,
-                      extents: Mapping[str, tuple[int, ...]], threads: int,
+def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
+                      images: Mapping[str, hl.ImageParam | hl.Func], schedule: CpuSchedule,
+                      target: hl.Target, extents: Mapping[str, tuple[int, ...]], threads: int,
                       no_row_vectors=frozenset()) -> tuple[list[hl.Func], list[str]]:
-    """Schedules the Funcs of `lowered` (fresh ones). Returns the Funcs to realize, in output
-    order, and one line per Func saying what it got. `extents`: Func name -> its extents
-    (innermost first) at the planned sizes. `no_row_vectors`: the tensors whose reduction
-    along rows (see `_along_rows`) gets register tiles instead of a vectorised reduction loop
-    (None: every one), for updates Halide cannot prove associative."""
-    funcs = _funcs_by_name(lowered)
-    structure = analyse(lowered.outputs, set(funcs))
+    """Schedules the pipeline computing `outputs`. `funcs`: every Func it defines, by name (the
+    others it reads are inputs' wrapper Funcs); `images`: by input name, the ImageParams behind
+    those wrappers, or the wrapper Funcs themselves (packing reads them through `in_()`).
+    Returns the Funcs to realize, in output order, and one line per Func saying what it got.
+    `extents`: Func name -> its extents (innermost first) at the planned sizes.
+    `no_row_vectors`: the tensors whose reduction along rows (see `_along_rows`) gets register
+    tiles instead of a vectorised reduction loop (None: every one), for updates Halide cannot
+    prove associative."""
+    structure = analyse(outputs, set(funcs))
     others = [f.name for f in structure.funcs if f.family == "other"]
     if others:
         raise NotScheduled(f"no CPU schedule family for {', '.join(others)} (partial writes, "
                            "scatters and several reductions into one tensor have none)")
-    params = {p.name(): p for p in (*lowered.params.values(), *lowered.inout_params.values())
-              if isinstance(p, hl.ImageParam)}
-    inputs = {f: params[n] for f, n in structure.inputs.items() if n in params}
-    output_names = [f.name() for f in lowered.outputs]
-    realized = list(lowered.outputs)
+    inputs = {f: images[n] for f, n in structure.inputs.items() if n in images}
+    output_names = [f.name() for f in outputs]
+    realized = list(outputs)
     plan = _Plan(schedule, target, extents, threads, no_row_vectors)
     report = []
     for info in structure.funcs:
@@ -103,12 +104,6 @@ class _Plan:
     def accumulators(self) -> int:
         """Vector registers a register tile may hold (a few stay free for operands)."""
         return (32 if self.target.has_feature(hl.TargetFeature.AVX512) else 16) - 4
-
-
-def _funcs_by_name(lowered) -> dict[str, hl.Func]:
-    found = {v.func.name(): v.func for vs in lowered.versions.values() for v in vs}
-    found.update({f.name(): f for f in lowered.outputs})
-    return found
 
 
 def _vars(names) -> list[hl.Var]:

@@ -220,8 +220,9 @@ class CpuKernel:
                 try:
                     self._bound_params(lowered, estimates)
                     realized, report = schedule_pipeline(
-                        lowered, schedule, self.target, _func_extents(lowered, estimates),
-                        os.cpu_count() or 1, no_row_vectors=no_row_vectors)
+                        lowered.outputs, _funcs_by_name(lowered), _images(lowered), schedule,
+                        self.target, _func_extents(lowered, estimates), os.cpu_count() or 1,
+                        no_row_vectors=no_row_vectors)
                     return _Compiled(lowered, _jit(hl.Pipeline(realized), lowered, self.target),
                                      schedule, dict(estimates), report=tuple(report))
                 except NotScheduled as e:
@@ -439,6 +440,17 @@ def _quiet_unscheduled_updates(lowered: Lowered) -> None:
                     v.func.update(k).unscheduled()
                 except HALIDE_FAILURES:  # it was scheduled
                     pass
+
+
+def _funcs_by_name(lowered: Lowered) -> dict[str, hl.Func]:
+    found = {v.func.name(): v.func for vs in lowered.versions.values() for v in vs}
+    found.update({f.name(): f for f in lowered.outputs})
+    return found
+
+
+def _images(lowered: Lowered) -> dict[str, hl.ImageParam]:
+    return {p.name(): p for p in (*lowered.params.values(), *lowered.inout_params.values())
+            if isinstance(p, hl.ImageParam)}
 
 
 def _halide_message(e: Exception) -> str:
