@@ -7,11 +7,14 @@
 For each app at its "bench" size, all in one process, times Halide's own execution of the
 same pipeline with (a) the app's manual schedule, (b) the Adams2019 and (c) the Mullapudi2016
 autoschedulers (estimates from the actual input and output sizes, parallelism = the number
-of cores), and (d) tcstage's CPU path for Halide pipelines (`tc.from_halide`) where tcstage
-has it. Each time is the median of several calls after a warm-up call, in ms; ratios are
-time / manual time of the same run (below 1: faster than the manual schedule). Every
-variant's output is checked against the manual schedule's; a mismatch or an error is
-reported in the table instead of a time.
+of cores), and tcstage's CPU path for Halide pipelines (`tc.from_halide`): (d) its default
+schedule ("tcstage": on a copy of the unscheduled pipeline, tcstage's structured scheduler
+where it has reductions, else Mullapudi2016, planned for the call) and (e) "tcstage-root",
+its schedule before 2026-11-24 (every intermediate computed at the root, nothing else).
+`--variants` picks some (Adams2019 takes minutes on the pyramids). Each time is the median
+of several calls after a warm-up call, in ms; ratios are time / manual time of the same run
+(below 1: faster than the manual schedule). Every variant's output is checked against the
+manual schedule's; a mismatch or an error is reported in the table instead of a time.
 
 --gpu times the manual GPU schedule and the Anderson2021 GPU autoscheduler instead (and
 tcstage's CUDA kernel is left for when its CUDA path takes Halide pipelines).
@@ -43,8 +46,8 @@ from examples.halide import common  # noqa: E402
 
 APPS = ["blur", "erode", "matmul", "conv_layer", "stencil_chain", "harris", "interpolate",
         "bilateral_grid", "local_laplacian"]
-DATE = "2026-11-23"
-CPU_VARIANTS = ["manual", "Adams2019", "Mullapudi2016", "tcstage"]
+DATE = datetime.date.today().isoformat()
+CPU_VARIANTS = ["manual", "Adams2019", "Mullapudi2016", "tcstage-root", "tcstage"]
 GPU_VARIANTS = ["manual-gpu", "Anderson2021"]
 
 
@@ -101,16 +104,17 @@ ADAMS_BEAM = {"size": 32}  # Adams2019's default beam; --adams-beam-size changes
 
 
 def make_runner(module, variant: str, args, shapes):
-    if variant == "tcstage":
+    if variant in ("tcstage", "tcstage-root"):
         import tcstage as tc
         if not hasattr(tc, "from_halide"):
             raise NotImplementedError("tcstage has no from_halide yet (hook: tc.from_halide)")
         app = module.build()
         f = tc.from_halide(app.outputs, name=app.name)
         shape = shapes[0] if len(shapes) == 1 else list(shapes)
+        schedule = "root" if variant == "tcstage-root" else "auto"
 
         def run():
-            out = f(*args, output_shape=shape)
+            out = f(*args, output_shape=shape, schedule=schedule)
             return out if isinstance(out, (list, tuple)) else [out]
         return run
     app = module.build()
@@ -219,6 +223,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", action="store_true", help="manual GPU schedules vs Anderson2021 (CUDA)")
     ap.add_argument("--adams-beam-size", type=int, default=32,
                     help="Adams2019's beam (1: greedy; the default 32 takes many minutes on the pyramids here)")
+    ap.add_argument("--variants", help=f"comma-separated, the first the baseline of the ratios "
+                                        f"(default: {','.join(CPU_VARIANTS)})")
     ap.add_argument("--no-write", action="store_true", help="print only, write no results file")
     opts = ap.parse_args(argv)
     apps = [a for a in opts.apps.split(",") if a]
@@ -231,6 +237,11 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     variants = GPU_VARIANTS if opts.gpu else CPU_VARIANTS
+    if opts.variants:
+        variants = [v for v in opts.variants.split(",") if v]
+        if not set(variants) <= set(GPU_VARIANTS if opts.gpu else CPU_VARIANTS):
+            known = GPU_VARIANTS if opts.gpu else CPU_VARIANTS
+            ap.error(f"unknown variants in {variants}; known: {', '.join(known)}")
     ADAMS_BEAM["size"] = opts.adams_beam_size
     model, cores = machine()
     print(f"{model}, {cores} cores; Halide {version('halide')}; "
@@ -243,7 +254,8 @@ def main(argv=None) -> int:
         kind = "gpu" if opts.gpu else "cpu"
         stem = ROOT / "benchmarks" / "results" / f"halide-{kind}-{machine_slug(model, cores)}-{DATE}"
         # A run of some apps replaces their rows in an earlier run's results, keeps the others.
-        if stem.with_suffix(".json").exists():
+        if stem.with_suffix(".json").exists() and \
+                json.loads(stem.with_suffix(".json").read_text())["variants"] == variants:
             earlier = json.loads(stem.with_suffix(".json").read_text())["rows"]
             ran = {r["app"] for r in rows}
             rows = sorted([r for r in earlier if r["app"] not in ran] + rows, key=lambda r: APPS.index(r["app"]))
@@ -257,7 +269,8 @@ def main(argv=None) -> int:
                   f"Halide {version('halide')}, target `{hl.get_jit_target_from_environment()}`.  Date {DATE} "
                   f"({datetime.date.today()} by the clock).\n"
                   f"Command: `python3 benchmarks/halide_bench.py{' --gpu' if opts.gpu else ''} --runs {opts.runs}"
-                  f"{' --apps ' + opts.apps if opts.apps != ','.join(APPS) else ''}` (the last run).\n"
+                  f"{' --apps ' + opts.apps if opts.apps != ','.join(APPS) else ''}"
+                  f"{' --variants ' + opts.variants if opts.variants else ''}` (the last run).\n"
                   "Each time: the median of at least that many calls after a warm-up, in ms per call; "
                   f"ratios: time / {variants[0]} time, same run (below 1 is faster).  Sizes: the apps' "
                   "`inputs(rng, 'bench')`.  Every output checked against the manual schedule's.  "

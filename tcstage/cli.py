@@ -27,6 +27,7 @@ import numpy as np
 import tcstage as tc
 from tcstage.errors import TCError
 from tcstage.halide.jit import AUTOSCHEDULERS, DEFAULT_SCHEDULE, schedule_name
+from tcstage.halide.pipeline import PIPELINE_SCHEDULES
 from tcstage.inputs import as_out, call_shapes, random_inputs
 from tcstage.lang import checked as C
 
@@ -111,7 +112,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--schedule", type=_schedule, metavar="NAME",
                      help=f"CPU schedule of --target cpu: {DEFAULT_SCHEDULE} (the default: "
                           "tcstage's structured scheduler), a 'CpuSchedule()...' chain, one of "
-                          f"Halide's autoschedulers ({', '.join(AUTOSCHEDULERS)}), or none")
+                          f"Halide's autoschedulers ({', '.join(AUTOSCHEDULERS)}), or none; "
+                          "for a Halide pipeline (.py) auto (the default), as_written, root, "
+                          "tcstage or an autoscheduler (docs/halide.md)")
     for p in (run, show):
         p.add_argument("--dynamic", type=_names, default=(), metavar="B,N",
                        help="CUDA: size variables the kernel leaves symbolic (tc.compile's "
@@ -174,11 +177,15 @@ def _natural(text: str) -> int:
 
 def _schedule(text: str):
     """The CPU schedule `--schedule` names: 'tcstage', a CpuSchedule chain, an autoscheduler's
-    name in any case, or 'none'."""
+    name in any case, or 'none'; for a Halide pipeline also 'auto', 'as_written' or 'root'."""
+    if text in PIPELINE_SCHEDULES:
+        return text
     try:
         schedule = schedule_name(text)
     except tc.TCError as e:
-        raise argparse.ArgumentTypeError(e.message) from None
+        raise argparse.ArgumentTypeError(
+            f"{e.message}; for a Halide pipeline (.py): {', '.join(PIPELINE_SCHEDULES)} or an "
+            "autoscheduler") from None
     return "none" if schedule is None else schedule
 
 
@@ -540,11 +547,14 @@ def _halide_command(args) -> int:
             _print_kernel(args, f.name, kernel)
         return 0
     start = time.perf_counter()
-    result = f(*inputs, output_shape=shape) if kernel is None else kernel(*inputs)
+    result = f(*inputs, output_shape=shape, schedule=args.schedule or "auto") \
+        if kernel is None else kernel(*inputs)
     first = time.perf_counter() - start
     results = result if isinstance(result, tuple) else (result,)
     for r in results:
         print(f"output:  {tuple(r.shape)} {r.dtype}  sum={float(np.sum(r, dtype=np.float64)):.6g}")
+    if kernel is None:
+        print(f.explain(*inputs, output_shape=shape, schedule=args.schedule or "auto"))
     if kernel is not None:
         reference = f(*inputs, output_shape=shape)
         reference = reference if isinstance(reference, tuple) else (reference,)

@@ -75,3 +75,21 @@ def test_mistakes(module, tmp_path, capsys):
     assert "defines no build, inputs, output_shapes" in capsys.readouterr().err
     assert main(["compare", module]) == 2
     assert "compare takes a .tc file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("schedule, says", [(None, "CPU schedule: Mullapudi2016 (planned for "
+                                                   "inp.0=4, inp.1=5, out.0=4, out.1=5)"),
+                                            ("root", "CPU schedule: root"),
+                                            ("as_written", "CPU schedule: as_written")])
+def test_run_schedule(module, capsys, schedule, says):
+    extra = ["--schedule", schedule] if schedule else []
+    assert main(["run", module, *extra]) == 0
+    out = capsys.readouterr().out
+    assert f"output:  (4, 5) int32  sum={expected().sum()}" in out
+    assert says in out
+
+
+def test_run_unknown_schedule(module, capsys):
+    assert main(["run", module, "--schedule", "fast"]) == 2
+    assert "for a Halide pipeline (.py): auto, as_written, root, tcstage or an " \
+        "autoscheduler" in capsys.readouterr().err

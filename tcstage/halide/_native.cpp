@@ -642,6 +642,180 @@ void py_compute_root(const py::sequence &outputs, const std::vector<std::string>
         return 0;
     });
 }
+
+// Names of the pipeline's Funcs that carry a schedule: a stage with a split or a loop that is
+// not serial (vectorize, parallel, unroll, gpu_*), or an intermediate Func not computed
+// inline. Reordering alone does not count: it changes no work.
+py::list py_scheduled_functions(const py::sequence &outputs) {
+    return guarded([&] {
+        std::vector<HI::Function> outs = functions_of(outputs, "scheduled_functions");
+        std::map<std::string, HI::Function> env = HI::build_environment(outs);
+        std::set<std::string> output_names;
+        for (const HI::Function &f : outs) {
+            output_names.insert(f.name());
+        }
+        auto stage_scheduled = [](const HI::Definition &d) {
+            const HI::StageSchedule &s = d.schedule();
+            if (!s.splits().empty()) {
+                return true;
+            }
+            for (const HI::Dim &dim : s.dims()) {
+                if (dim.for_type != HI::ForType::Serial) {
+                    return true;
+                }
+            }
+            return false;
+        };
+        py::list names;
+        for (const auto &p : env) {
+            const HI::Function &f = p.second;
+            Halide::LoopLevel level = f.schedule().compute_level();
+            level.lock();  // (a copy: the Func's own level stays open to scheduling)
+            bool scheduled = !output_names.count(p.first) && !level.is_inlined();
+            if (!f.has_extern_definition()) {
+                scheduled = scheduled || stage_scheduled(f.definition());
+                for (const HI::Definition &u : f.updates()) {
+                    scheduled = scheduled || stage_scheduled(u);
+                }
+            }
+            if (scheduled) {
+                names.append(p.first);
+            }
+        }
+        return names;
+    });
+}
+
+// Copies the whole pipeline (definitions and schedules; Params and ImageParams stay shared)
+// and writes the copies of the Funcs `into` names (name -> a placeholder halide.Func) into
+// those placeholders, so that a schedule can be applied to the copy without touching the
+// caller's Funcs.
+void py_deep_copy(const py::sequence &outputs, const py::dict &into) {
+    std::vector<HI::Function> outs = functions_of(outputs, "deep_copy");
+    std::map<std::string, Halide::Func *> targets;
+    for (auto item : into) {
+        Halide::Func *f =
+            pybind11_conduit_v1::get_type_pointer_ephemeral<Halide::Func>(item.second.ptr());
+        if (f == nullptr) {
+            PyErr_Clear();
+            throw py::type_error("deep_copy: the placeholders must be halide.Func objects");
+        }
+        targets[py::str(item.first)] = f;
+    }
+    guarded([&] {
+        std::map<std::string, HI::Function> env = HI::build_environment(outs);
+        std::map<std::string, HI::Function> copies = HI::deep_copy(outs, env).second;
+        for (const auto &t : targets) {
+            auto it = copies.find(t.first);
+            if (it == copies.end()) {
+                throw std::invalid_argument("deep_copy: no Func '" + t.first + "' in the pipeline");
+            }
+            *t.second = Halide::Func(it->second);
+        }
+        return 0;
+    });
+}
+
+// The Params and ImageParams a pipeline reads, by name.
+class ParameterFinder : public HI::IRGraphVisitor {
+public:
+    std::map<std::string, Halide::Parameter> found;
+
+protected:
+    using HI::IRGraphVisitor::visit;
+    void visit(const HI::Call *op) override {
+        if (op->param.defined()) {
+            found.emplace(op->param.name(), op->param);
+        }
+        HI::IRGraphVisitor::visit(op);
+    }
+    void visit(const HI::Variable *op) override {
+        if (op->param.defined()) {
+            found.emplace(op->param.name(), op->param);
+        }
+    }
+};
+
+// Runs `body()` with the autoschedulers' estimates of the pipeline's inputs set to `buffers`
+// (name -> [(min, extent)], innermost first) and `scalars` (name -> value), then puts the
+// estimates the caller had back, whatever happens: a schedule is planned for a call's sizes
+// without changing the caller's Params.
+py::object py_with_estimates(const py::sequence &outputs, const py::dict &buffers,
+                             const py::dict &scalars, const py::function &body) {
+    std::vector<HI::Function> outs = functions_of(outputs, "with_estimates");
+    ParameterFinder finder;
+    guarded([&] {
+        std::map<std::string, HI::Function> env = HI::build_environment(outs);
+        for (const auto &p : env) {
+            p.second.accept(&finder);
+        }
+        return 0;
+    });
+    struct Saved {
+        Halide::Parameter param;
+        std::vector<std::pair<Expr, Expr>> dims;  // buffers: (min, extent) estimates
+        Expr scalar;
+    };
+    std::vector<Saved> saved;
+    auto restore = [&] {
+        for (Saved &s : saved) {
+            if (s.param.is_buffer()) {
+                for (size_t k = 0; k < s.dims.size(); k++) {
+                    s.param.set_min_constraint_estimate((int)k, s.dims[k].first);
+                    s.param.set_extent_constraint_estimate((int)k, s.dims[k].second);
+                }
+            } else {
+                s.param.set_estimate(s.scalar);
+            }
+        }
+    };
+    try {
+        for (auto item : buffers) {
+            std::string name = py::str(item.first);
+            auto it = finder.found.find(name);
+            if (it == finder.found.end() || !it->second.is_buffer()) {
+                continue;  // (an input the outputs never read)
+            }
+            Halide::Parameter param = it->second;
+            py::sequence dims = item.second.cast<py::sequence>();
+            if ((int)py::len(dims) != param.dimensions()) {
+                throw py::value_error("with_estimates: '" + name + "' has " +
+                                      std::to_string(param.dimensions()) + " dimensions");
+            }
+            Saved s{param, {}, Expr()};
+            for (int k = 0; k < param.dimensions(); k++) {
+                s.dims.emplace_back(param.min_constraint_estimate(k),
+                                    param.extent_constraint_estimate(k));
+            }
+            saved.push_back(s);
+            for (int k = 0; k < param.dimensions(); k++) {
+                py::sequence pair = dims[k].cast<py::sequence>();
+                param.set_min_constraint_estimate(k, expr_from_py(pair[0], "with_estimates"));
+                param.set_extent_constraint_estimate(k, expr_from_py(pair[1], "with_estimates"));
+            }
+        }
+        for (auto item : scalars) {
+            std::string name = py::str(item.first);
+            auto it = finder.found.find(name);
+            if (it == finder.found.end() || it->second.is_buffer()) {
+                continue;
+            }
+            Halide::Parameter param = it->second;
+            saved.push_back(Saved{param, {}, param.estimate()});
+            Expr value = expr_from_py(item.second, "with_estimates");
+            guarded([&] {
+                param.set_estimate(Halide::cast(param.type(), value));
+                return 0;
+            });
+        }
+        py::object result = body();
+        restore();
+        return result;
+    } catch (...) {
+        restore();
+        throw;
+    }
+}
 }  // namespace
 
 PYBIND11_MODULE(_native, m) {
@@ -698,4 +872,12 @@ Other Halide node types raise ValueError naming the node type.
           "Names of the pipeline's Funcs (outputs excluded) computed inline.");
     m.def("compute_root", &py_compute_root, py::arg("outputs"), py::arg("names"),
           "Compute the named Funcs of the pipeline at the root.");
+    m.def("scheduled_functions", &py_scheduled_functions, py::arg("outputs"),
+          "Names of the pipeline's Funcs that carry a schedule (splits, loop types, or an "
+          "intermediate not computed inline).");
+    m.def("deep_copy", &py_deep_copy, py::arg("outputs"), py::arg("into"),
+          "Copy the pipeline's Funcs (with their schedules) into placeholder Funcs, by name.");
+    m.def("with_estimates", &py_with_estimates, py::arg("outputs"), py::arg("buffers"),
+          py::arg("scalars"), py::arg("body"),
+          "Call body() with the inputs' estimates set, then restore the previous ones.");
 }

@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import os
 import re
 from collections.abc import Mapping, Sequence
 
@@ -41,10 +42,14 @@ import attrs
 import halide as hl
 import numpy as np
 
-from tcstage.errors import TCArgumentError, TCError
+from tcstage.errors import TCArgumentError, TCError, warn
 from tcstage.halide import _native
 from tcstage.halide.exprs import halide_type
-from tcstage.halide.jit import halide_buffer
+from tcstage.cpu.options import CpuSchedule
+from tcstage.cpu.scheduler import NotScheduled, schedule_pipeline
+from tcstage.cpu.structure import analyse
+from tcstage.halide.jit import (AUTOSCHEDULERS, STRUCTURED, _load_autoscheduler, aligned_empty,
+                                halide_buffer)
 from tcstage.halide.lower import HALIDE_FAILURES, Lowered
 from tcstage.halide.ranges import FunctionRanges, StatementRanges, TensorBounds
 from tcstage.halide.solver import Tree, evaluate, inline_lets, tree_to_str
@@ -52,7 +57,27 @@ from tcstage.lang import checked as C
 from tcstage.lang.types import BOOL, SCALAR_TYPES, ScalarType
 from tcstage.program import Binding, StatementReport, array_info
 
+# What `HalideFunction.__call__` takes as `schedule=`, and what "auto" gives a pipeline nobody
+# scheduled: of the wheel's autoschedulers, the one that schedules in well under a second and
+# beat computing everything at the root on every ported app (benchmarks/results/halide-cpu-*).
+PIPELINE_SCHEDULES = ("auto", "as_written", "root", STRUCTURED)  # (and the autoschedulers)
+CPU_SCHEDULES = (*PIPELINE_SCHEDULES, *AUTOSCHEDULERS)
+DEFAULT_AUTOSCHEDULER = "Mullapudi2016"
+
 _VIEW_WRAPPERS = ("likely", "likely_if_innermost", "promise_clamped", "unsafe_promise_clamped")
+
+
+@attrs.frozen(eq=False)
+class CpuPipeline:
+    """A pipeline JIT-compiled for the CPU: the Callable, the schedule applied ("as_written",
+    "root" or an autoscheduler), the sizes it was planned for, and why it is not the schedule
+    asked for (empty if it is)."""
+
+    call: hl.Callable
+    schedule: str
+    planned_for: tuple = ()  # ((size name, value), ...)
+    note: str = ""
+    report: tuple = ()  # tcstage's structured scheduler: one line per Func
 
 
 @attrs.frozen
@@ -130,7 +155,12 @@ class HalideFunction:
         self.arguments = tuple(
             Argument(a.name, scalar_type(str(a.type), f"argument '{a.name}'"), a.dimensions)
             for a in arguments)
-        self._cpu = None  # the JIT-compiled hl.Callable, made on the first CPU call
+        # The CPU kernels: the main one per schedule, those rescheduled for sizes where it
+        # failed, and which of those serves which sizes (see _rerun).
+        self._cpu_kernels: dict[str, CpuPipeline] = {}
+        self._cpu_rescheduled: dict[str, list[CpuPipeline]] = {}
+        self._cpu_serving: dict[tuple, CpuPipeline] = {}
+        self.last_cpu_kernel: CpuPipeline | None = None  # what the last CPU call ran
         self._checked = None
 
     @property
@@ -221,27 +251,21 @@ class HalideFunction:
         numbers, in `infer_arguments` order or by name. Returns an array, or a tuple for
         several outputs.
 
-        schedule: "as_written" runs the pipeline as its Funcs are scheduled; "auto" (the
-        default) does the same, except that a pipeline whose intermediate Funcs are all
-        inlined (Halide's default: nothing scheduled them) gets them computed at the root
-        first, the tensors the CUDA path materialises (inlined, a pyramid recomputes every
-        level below for each point). That schedules your Funcs, as Func.compute_root would."""
-        if schedule not in ("auto", "as_written"):
-            raise TCError(f"schedule must be 'auto' or 'as_written' for a Halide pipeline; got "
-                          f"{schedule!r}")
+        schedule (see `CPU_SCHEDULES`): "auto" (the default) runs a pipeline you scheduled as
+        you scheduled it, and schedules one you did not (no split, loop type or compute level
+        anywhere), planned for the first call's sizes: with tcstage's structure-aware
+        scheduler where the pipeline has reductions and nothing it lacks a family for
+        (contractions, convolutions), else with Halide's Mullapudi2016 autoscheduler.
+        "as_written" always runs your schedule (Halide's defaults where there is none:
+        everything inlined); "root" computes every intermediate Func at the root and nothing
+        more; "tcstage" or an autoscheduler's name applies that one. Every schedule tcstage
+        applies goes to a copy of the pipeline: your Funcs and Params are left as they
+        were (docs/halide.md, CPU schedules)."""
+        applied = self._resolve_schedule(schedule)
         shapes = self._output_boxes(output_shape)
         b = self.bind(args, out, named=named)
         regions = self.required_regions(b, shapes)
         _check_inputs(self, b, regions)
-        if self._cpu is None:
-            if schedule == "auto":
-                self._schedule_unscheduled()
-            try:
-                self._cpu = hl.Pipeline(self.outputs).compile_to_callable(
-                    self._callable_arguments, hl.get_jit_target_from_environment())
-            except HALIDE_FAILURES as e:
-                raise TCError(f"Halide could not compile '{self.name}' for the CPU: "
-                              f"{str(e).strip()}") from e
         keep, values = [], []
         for a in self.arguments:
             if a.is_buffer:
@@ -256,25 +280,212 @@ class HalideFunction:
             if len(types) != 1:
                 raise TCError(f"output '{out_name}' of '{self.name}' is a Tuple of "
                               f"{len(types)} values; tcstage takes Funcs of one value")
-            outs.append(np.empty(shape, dtype=types[0].numpy))
+            # (aligned: vectorised code may read an output back with aligned loads)
+            outs.append(aligned_empty(shape, types[0].numpy))
             values.append(halide_buffer(outs[-1]))
+        sizes = (applied, tuple(sorted(b.sizes.items())), tuple(shapes))
+        kernel = self._cpu_serving.get(sizes) or self._cpu_kernel(applied, b, shapes)
         try:
-            self._cpu(*values)
+            kernel.call(*values)
         except HALIDE_FAILURES as e:
-            raise TCArgumentError(f"running '{self.name}' failed: {str(e).strip()}") from None
+            if kernel.schedule in ("as_written", "root"):
+                raise TCArgumentError(f"running '{self.name}' failed: {str(e).strip()}") \
+                    from None
+            kernel = self._rerun(applied, b, shapes, values, str(e).strip())
+            self._cpu_serving[sizes] = kernel
+        self.last_cpu_kernel = kernel
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def _schedule_unscheduled(self) -> None:
-        """Computes the intermediate tensors at the root when nothing scheduled any of them."""
+    def explain(self, *args, output_shape=None, schedule="auto", **named) -> str:
+        """The CPU schedule a call with these arguments runs: which one, for which sizes it was
+        planned, and why, where it is not the one asked for."""
+        self(*args, output_shape=output_shape, schedule=schedule, **named)
+        k = self.last_cpu_kernel
+        text = f"CPU schedule: {k.schedule}"
+        if k.planned_for:
+            text += " (planned for " + ", ".join(f"{n}={v}" for n, v in k.planned_for) + ")"
+        lines = [text] + ([f"  note: {k.note}"] if k.note else [])
+        # (Func names as written: Halide appends $<n> to make them unique in a process)
+        return "\n".join(lines + ["  " + re.sub(r"\$\d+\b", "", line) for line in k.report])
+
+    def _rerun(self, applied: str, b: Binding, shapes, values: list, failed: str) -> "CpuPipeline":
+        """Runs a call whose sizes the main kernel of `applied` failed at: an autoscheduler's
+        splits, planned for larger sizes, can reach past smaller inputs. A kernel rescheduled
+        for earlier such sizes is tried first, then one planned for these sizes (or the root
+        schedule where that fails too). Returns the kernel that ran."""
+        rescheduled = self._cpu_rescheduled.setdefault(applied, [])
+        for kernel in rescheduled:
+            try:
+                kernel.call(*values)
+                return kernel
+            except HALIDE_FAILURES:
+                continue
+        kernel = self._cpu_kernel(applied, b, shapes, failed=failed)
+        rescheduled.append(kernel)
+        try:
+            kernel.call(*values)
+        except HALIDE_FAILURES as e:
+            raise TCArgumentError(f"running '{self.name}' failed: {str(e).strip()}") from None
+        return kernel
+
+    def _resolve_schedule(self, schedule) -> str:
+        """What `schedule=` asks for, as one of "as_written", "root" or an autoscheduler."""
+        if schedule == "auto":
+            try:
+                scheduled = _native.scheduled_functions(self.outputs)
+            except HALIDE_FAILURES:
+                scheduled = ["?"]
+            if scheduled:
+                return "as_written"
+            return STRUCTURED if self._structured_fits else DEFAULT_AUTOSCHEDULER
+        if isinstance(schedule, str):
+            named = {s.lower(): s for s in CPU_SCHEDULES}.get(schedule.lower())
+            if named is not None and named != "auto":
+                return named
+        raise TCError(f"schedule must be one of {', '.join(map(repr, CPU_SCHEDULES))} for a "
+                      f"Halide pipeline; got {schedule!r}")
+
+    @functools.cached_property
+    def _input_wrappers(self) -> dict[str, str]:
+        """The Funcs through which Halide reads the input buffers (`NAME_im`, a pure read of
+        the buffer at the Func's own arguments) -> the buffer's name."""
+        buffers = {a.name for a in self.arguments if a.is_buffer}
+        found = {}
+        for d in self._dump or ():
+            defs, args = d["definitions"], tuple(("var", v) for v in d["args"])
+            if len(defs) == 1 and defs[0]["kind"] == "pure" and len(defs[0]["values"]) == 1:
+                value = defs[0]["values"][0]
+                if value[0] == "read" and value[1] in buffers and tuple(value[2]) == args:
+                    found[d["name"]] = value[1]
+        return found
+
+    @functools.cached_property
+    def _structured_fits(self) -> bool:
+        """Whether tcstage's structure-aware scheduler (tcstage/cpu/) has a family for every
+        Func and the pipeline has a reduction, which is where it beats the autoschedulers
+        (register tiles); stencils and scatters go to Mullapudi2016."""
+        if self._dump is None:
+            return False
+        try:
+            structure = analyse(self.outputs, {d["name"] for d in self._dump
+                                               if d["name"] not in self._input_wrappers})
+        except HALIDE_FAILURES:
+            return False
+        families = {f.family for f in structure.funcs}
+        return "reduction" in families and "other" not in families
+
+    def _cpu_kernel(self, applied: str, b: Binding, shapes, failed: str = "") -> "CpuPipeline":
+        """The pipeline compiled for the CPU with schedule `applied`: the main one, which serves
+        every call it can, or (`failed`: why the main one did not serve) one planned for these
+        sizes."""
+        requested = applied
+        main = self._cpu_kernels.get(requested)
+        if main is not None and not failed:
+            return main
+        planned = tuple(sorted(b.sizes.items())) + tuple(
+            (f"{display_name(f.name())}.{k}", e) for f, shape in zip(self.outputs, shapes)
+            for k, e in enumerate(shape))
+        note = f"the schedule planned for other sizes failed at these ({failed}); " \
+               f"{applied} planned for these" if failed else ""
+        target = hl.get_jit_target_from_environment()
+        if applied == "as_written":
+            kernel = CpuPipeline(self._jit_or_error(self.outputs, target), applied)
+        elif applied == "root":
+            kernel = CpuPipeline(self._jit_or_error(self._root_copy(), target), applied, (),
+                                 note)
+        else:
+            kernel = None
+            if applied == STRUCTURED:
+                try:
+                    realized, report = self._structured_copy(b, shapes, target)
+                    kernel = CpuPipeline(self._jit(realized, target), applied, planned, note,
+                                         tuple(report))
+                except (NotScheduled, *HALIDE_FAILURES) as e:
+                    why = e.message if isinstance(e, NotScheduled) else \
+                        f"the structured schedule failed ({str(e).strip()}; a bug in tcstage)"
+                    note = "; ".join(filter(None, [note, f"{why}; {DEFAULT_AUTOSCHEDULER} "
+                                                         "scheduled it"]))
+                    applied = DEFAULT_AUTOSCHEDULER
+            if kernel is None:
+                try:
+                    copies = self._autoscheduled_copy(applied, b, shapes, target)
+                    kernel = CpuPipeline(self._jit(copies, target), applied, planned, note)
+                except HALIDE_FAILURES as e:
+                    why = f"the {applied} autoscheduler failed on it ({str(e).strip()})"
+                    why = "; ".join(filter(None, [note, why]))
+                    warn(f"'{self.name}' runs with every intermediate Func computed at the "
+                         f"root, unscheduled otherwise, on the CPU: {why}")
+                    kernel = CpuPipeline(self._jit_or_error(self._root_copy(), target), "root",
+                                         (), why)
+        if not failed:
+            self._cpu_kernels[requested] = kernel
+        return kernel
+
+    def _copy(self) -> tuple[list[hl.Func], dict[str, hl.Func]]:
+        """A deep copy of the pipeline: its outputs, and every Func by name (the outputs only
+        where the dump could not read the pipeline)."""
+        names = [f.name() for f in self.outputs]
+        names += [d["name"] for d in self._dump or () if d["name"] not in names]
+        funcs = {n: hl.Func(f"{display_name(n)}_copy") for n in names}
+        _native.deep_copy(self.outputs, funcs)
+        return [funcs[f.name()] for f in self.outputs], funcs
+
+    def _root_copy(self) -> list[hl.Func]:
+        """A copy with every intermediate Func that is a tensor (not a view, `_split`) computed
+        at the root."""
+        copies, _ = self._copy()
         try:
             _, kept, _ = self._structure
-        except TCError:  # (a construct only the CPU runs): leave the schedule as written
-            return
-        outputs = {f.name() for f in self.outputs}
+        except TCError:  # (a construct only the CPU runs): every Func the dump has
+            kept = self._dump or []
+        outputs = {f.name() for f in copies}
         tensors = [f["name"] for f in kept if f["name"] not in outputs]
-        inlined = set(_native.inlined_functions(self.outputs))
-        if tensors and inlined.issuperset(tensors):
-            _native.compute_root(self.outputs, tensors)
+        if tensors:
+            _native.compute_root(copies, tensors)
+        return copies
+
+    def _structured_copy(self, b: Binding, shapes, target) -> tuple[list[hl.Func], list[str]]:
+        """A copy scheduled by tcstage's structure-aware scheduler for these sizes: the Funcs to
+        realize and its report."""
+        copies, funcs = self._copy()
+        # Halide reads an ImageParam through a wrapper Func, NAME_im: the scheduler takes those
+        # as the inputs (it packs them; unscheduled, they stay inlined).
+        wrappers = self._input_wrappers
+        images = {wrappers[n]: f for n, f in funcs.items() if n in wrappers}
+        funcs = {n: f for n, f in funcs.items() if n not in wrappers}
+        regions = self.required_regions(b, shapes)
+        extents = {name: tuple(hi - lo + 1 for lo, hi in reversed(region))
+                   for name, region in regions.items() if name in funcs}
+        return schedule_pipeline(copies, funcs, images, CpuSchedule(), target, extents,
+                                 os.cpu_count() or 1)
+
+    def _autoscheduled_copy(self, applied: str, b: Binding, shapes, target) -> list[hl.Func]:
+        """A copy scheduled by Halide's autoscheduler `applied`, planned for these sizes."""
+        copies, _ = self._copy()
+        _load_autoscheduler(applied)
+        for f, shape in zip(copies, shapes):
+            f.set_estimates([(0, max(1, int(e))) for e in reversed(shape)])
+        buffers = {a.name: [(0, max(1, b.sizes[f"{a.name}.{k}"]))
+                            for k in reversed(range(a.rank))]
+                   for a in self.arguments if a.is_buffer}
+        scalars = {a.name: _halide_constant(a.type, b.scalars[a.name])
+                   for a in self.arguments if not a.is_buffer and a.name in b.scalars}
+        # All three take 'parallelism' (Adams2019 and Li2018 assume 16 cores otherwise).
+        params = {"parallelism": str(os.cpu_count() or 1)}
+        _native.with_estimates(copies, buffers, scalars, lambda: hl.Pipeline(copies)
+                               .apply_autoscheduler(target, hl.AutoschedulerParams(applied,
+                                                                                   params)))
+        return copies
+
+    def _jit(self, outputs: list, target) -> hl.Callable:
+        return hl.Pipeline(outputs).compile_to_callable(self._callable_arguments, target)
+
+    def _jit_or_error(self, outputs: list, target) -> hl.Callable:
+        try:
+            return self._jit(outputs, target)
+        except HALIDE_FAILURES as e:
+            raise TCError(f"Halide could not compile '{self.name}' for the CPU: "
+                          f"{str(e).strip()}") from e
 
     # -- Halide's bounds inference -------------------------------------------------------------
     def required_regions(self, binding: Binding, shapes) -> dict:

@@ -1,0 +1,180 @@
+"""The CPU schedule of Halide pipelines run through tc.from_halide: an unscheduled pipeline is
+scheduled on a copy (the caller's Funcs and Params untouched), by tcstage's structured
+scheduler where it has reductions and by Mullapudi2016 otherwise; a scheduled one runs as
+written; and every choice computes what numpy computes."""
+
+import halide as hl
+import numpy as np
+import pytest
+
+import tcstage as tc
+from tcstage.halide import _native
+
+x, y = hl.Var("x"), hl.Var("y")
+rng = np.random.default_rng(11)
+
+
+def box_blur():
+    """A 3x3 box blur in two passes over a float image with a clamped edge."""
+    inp = hl.ImageParam(hl.Float(32), 2, "inp")
+    c = hl.BoundaryConditions.repeat_edge(inp)
+    bx, by = hl.Func("bx"), hl.Func("by")
+    bx[x, y] = c[x - 1, y] + c[x, y] + c[x + 1, y]
+    by[x, y] = bx[x, y - 1] + bx[x, y] + bx[x, y + 1]
+    return inp, bx, by
+
+
+def box_blurred(a):
+    p = np.pad(a.astype(np.float64), 1, mode="edge")
+    h = p[:, :-2] + p[:, 1:-1] + p[:, 2:]
+    return h[:-2] + h[1:-1] + h[2:]
+
+
+def matmul_with_scale():
+    """out(i, j) = s * sum_k A(i, k) B(k, j): a reduction and a scalar Param."""
+    a, b = hl.ImageParam(hl.Float(32), 2, "A"), hl.ImageParam(hl.Float(32), 2, "B")
+    s = hl.Param(hl.Float(32), "s")
+    k = hl.RDom([(0, a.width())])
+    prod = hl.Func("prod")
+    prod[x, y] = 0.0
+    prod[x, y] += a[k, y] * b[x, k]
+    out = hl.Func("out")
+    out[x, y] = s * prod[x, y]
+    return (a, b, s), out
+
+
+def test_unscheduled_pipeline_gets_mullapudi_on_a_copy():
+    inp, bx, by = box_blur()
+    f = tc.from_halide(by, name="blur")
+    a = rng.standard_normal((61, 83)).astype(np.float32)
+    got = f(a, output_shape=a.shape)
+    np.testing.assert_allclose(got, box_blurred(a), rtol=1e-5, atol=1e-5)
+    text = f.explain(a, output_shape=a.shape)
+    assert text.startswith("CPU schedule: Mullapudi2016 (planned for inp.0=61, inp.1=83")
+    # The caller's Funcs are still unscheduled: bx inlined, no split or loop type anywhere.
+    assert _native.scheduled_functions([by]) == []
+    assert bx.name() in _native.inlined_functions([by])
+
+
+def test_estimates_of_the_callers_params_are_restored():
+    (a_p, b_p, s), out = matmul_with_scale()
+    a_p.set_estimates([(0, 5), (0, 7)])  # the caller's own estimates (x: 5 columns, y: 7 rows)
+    f = tc.from_halide(out, name="mm")
+    a = rng.standard_normal((40, 24)).astype(np.float32)
+    b = rng.standard_normal((24, 36)).astype(np.float32)
+    got = f(a, b, 0.5, output_shape=(40, 36), schedule="Mullapudi2016")
+    np.testing.assert_allclose(got, 0.5 * (a.astype(np.float64) @ b), rtol=1e-4, atol=1e-4)
+    args = {arg.name: arg for arg in hl.Pipeline([out]).infer_arguments()}
+    kept = args["A"].argument_estimates.buffer_estimates
+    assert [(_native.to_tree(r.min), _native.to_tree(r.extent)) for r in kept] == \
+        [(("int", 0), ("int", 5)), (("int", 0), ("int", 7))]
+    assert not args["B"].argument_estimates.buffer_estimates[0].min.defined()
+
+
+def test_scheduled_pipeline_runs_as_written():
+    inp, bx, by = box_blur()
+    by.vectorize(x, 8)
+    bx.compute_at(by, y)
+    f = tc.from_halide(by, name="blur")
+    a = rng.standard_normal((20, 33)).astype(np.float32)
+    np.testing.assert_allclose(f(a, output_shape=a.shape), box_blurred(a), rtol=1e-5,
+                               atol=1e-5)
+    assert f.explain(a, output_shape=a.shape) == "CPU schedule: as_written"
+
+
+@pytest.mark.parametrize("schedule", ["root", "as_written", "mullapudi2016", "Adams2019",
+                                      "tcstage"])
+def test_every_schedule_computes_the_same(schedule):
+    (_, _, _), out = matmul_with_scale()
+    f = tc.from_halide(out, name="mm")
+    a = rng.standard_normal((9, 13)).astype(np.float32)
+    b = rng.standard_normal((13, 10)).astype(np.float32)
+    got = f(a, b, 2.0, output_shape=(9, 10), schedule=schedule)
+    np.testing.assert_allclose(got, 2.0 * (a.astype(np.float64) @ b), rtol=1e-4, atol=1e-4)
+    name = {"mullapudi2016": "Mullapudi2016"}.get(schedule, schedule)
+    assert f.explain(a, b, 2.0, output_shape=(9, 10), schedule=schedule).startswith(
+        f"CPU schedule: {name}")
+
+
+def test_reduction_pipeline_gets_the_structured_scheduler():
+    (_, _, _), out = matmul_with_scale()
+    f = tc.from_halide(out, name="mm")
+    a = rng.standard_normal((50, 70)).astype(np.float32)
+    b = rng.standard_normal((70, 90)).astype(np.float32)
+    got = f(a, b, -1.5, output_shape=(50, 90))
+    np.testing.assert_allclose(got, -1.5 * (a.astype(np.float64) @ b), rtol=1e-4, atol=1e-4)
+    lines = f.explain(a, b, -1.5, output_shape=(50, 90)).splitlines()
+    assert lines[0].startswith("CPU schedule: tcstage (planned for A.0=50, A.1=70, B.0=70")
+    assert any(line.startswith("  prod: reduction (add) over") and "held in registers" in line
+               for line in lines), lines
+    # The input wrappers (A_im, B_im) are inputs to the scheduler, not Funcs to compute.
+    assert not any("_im:" in line for line in lines)
+    # Sizes below its tiles (64 wide, ShiftInwards) get a kernel planned for them.
+    for m, k, n in [(3, 2, 5), (1, 1, 1), (9, 70, 33)]:
+        a, b = (rng.standard_normal(s).astype(np.float32) for s in ((m, k), (k, n)))
+        np.testing.assert_allclose(f(a, b, 2.0, output_shape=(m, n)),
+                                   2.0 * (a.astype(np.float64) @ b), rtol=1e-4, atol=1e-4)
+
+
+def test_structured_refusal_falls_back_to_mullapudi(monkeypatch):
+    from tcstage.cpu.scheduler import NotScheduled
+    from tcstage.halide import pipeline
+
+    def refuse(*args, **kwargs):
+        raise NotScheduled("no CPU schedule family for prod (a test)")
+
+    monkeypatch.setattr(pipeline, "schedule_pipeline", refuse)
+    (_, _, _), out = matmul_with_scale()
+    f = tc.from_halide(out, name="mm")
+    a = rng.standard_normal((6, 7)).astype(np.float32)
+    b = rng.standard_normal((7, 8)).astype(np.float32)
+    np.testing.assert_allclose(f(a, b, 1.0, output_shape=(6, 8)), a.astype(np.float64) @ b,
+                               rtol=1e-4, atol=1e-4)
+    assert f.explain(a, b, 1.0, output_shape=(6, 8)).split("\n")[1] == (
+        "  note: no CPU schedule family for prod (a test); Mullapudi2016 scheduled it")
+
+
+def test_smaller_sizes_after_a_schedule_planned_for_large_ones():
+    """Mullapudi2016's splits, planned for 300x400, reach past a 2x3 image: those sizes get a
+    schedule of their own, and the results stay right at both."""
+    _, _, by = box_blur()
+    f = tc.from_halide(by, name="blur")
+    big = rng.standard_normal((300, 400)).astype(np.float32)
+    np.testing.assert_allclose(f(big, output_shape=big.shape), box_blurred(big), rtol=1e-5,
+                               atol=1e-5)
+    for shape in [(2, 3), (1, 1), (17, 5)]:
+        small = rng.standard_normal(shape).astype(np.float32)
+        np.testing.assert_allclose(f(small, output_shape=shape), box_blurred(small), rtol=1e-5,
+                                   atol=1e-5)
+        # (the kernel planned for the first small sizes serves the later ones)
+        assert f.explain(small, output_shape=shape).startswith(
+            "CPU schedule: Mullapudi2016 (planned for inp.0=2, inp.1=3, by.0=2, by.1=3)\n"
+            "  note: the schedule planned for other sizes failed")
+    np.testing.assert_allclose(f(big, output_shape=big.shape), box_blurred(big), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_failing_autoscheduler_falls_back_to_root_with_a_warning(monkeypatch):
+    from tcstage.halide import pipeline
+
+    def refuse(name):
+        raise hl.HalideError(f"{name} refuses this pipeline")
+
+    monkeypatch.setattr(pipeline, "_load_autoscheduler", refuse)
+    _, _, by = box_blur()
+    f = tc.from_halide(by, name="blur")
+    a = rng.standard_normal((12, 9)).astype(np.float32)
+    with pytest.warns(tc.TCWarning, match="Mullapudi2016 autoscheduler failed on it"):
+        got = f(a, output_shape=a.shape)
+    np.testing.assert_allclose(got, box_blurred(a), rtol=1e-5, atol=1e-5)
+    assert f.explain(a, output_shape=a.shape).startswith("CPU schedule: root\n  note: the "
+                                                         "Mullapudi2016 autoscheduler failed")
+
+
+def test_unknown_schedule_is_a_clear_error():
+    _, _, by = box_blur()
+    f = tc.from_halide(by, name="blur")
+    a = np.zeros((4, 4), np.float32)
+    with pytest.raises(tc.TCError, match="schedule must be one of 'auto', 'as_written', 'root', "
+                                         "'tcstage', 'Mullapudi2016'.*got 'fast'"):
+        f(a, output_shape=a.shape, schedule="fast")
