@@ -5,6 +5,7 @@ emulated CUDA and compared with values computed by hand or by numpy."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import tcstage as tc
 
@@ -63,3 +64,22 @@ def test_tensor_cores_without_threads_keep_a_one_thread_block():
     # (multiples of 1/32 below 64 in magnitude: exact in half, whatever the order)
     expected = A.astype(np.float64) @ B.astype(np.float64).T + b
     np.testing.assert_array_equal(kernel(A, B, b), expected)
+
+
+def test_tensor_cores_refuse_a_row_loop_that_blocks_take_in_turn():
+    """Narrow seed 141: without tile(), mapToBlocks(3) gives block b the rows b, b + 3, ...;
+    the tensor-core tile took rows b to b + 15 as one box, so the three blocks computed
+    overlapping tiles (a race, and sums added up to three times). Now the contraction keeps its
+    CUDA-core loops and a note says why."""
+    source = "def nn(half(M, K) A, half(K, N) B) -> (C) { C(m, n) +=! A(m, k) * B(k, n) }"
+    A = (np.arange(16 * 16).reshape(16, 16) % 5 - 2).astype(np.float16)
+    B = (np.arange(16 * 32).reshape(16, 32) % 7 - 3).astype(np.float16)
+    with pytest.warns(tc.TCWarning, match="loop m of S1 takes values that are not consecutive"):
+        kernel = tc.compile(source, "nn", A, B, options=M().mapToThreads(32, 8).mapToBlocks(3)
+                            .useTensorCores(True), target="cuda-emulated")
+    # (small integer products and sums: exact)
+    np.testing.assert_array_equal(kernel(A, B), A.astype(np.float64) @ B.astype(np.float64))
+    tiled = tc.compile(source, "nn", A, B, options=M().tile(16, 16, 16).mapToThreads(32, 8)
+                       .mapToBlocks(3).useTensorCores(True), target="cuda-emulated")
+    assert "tc::mma_tile" in tiled.cuda_source
+    np.testing.assert_array_equal(tiled(A, B), A.astype(np.float64) @ B.astype(np.float64))
