@@ -3,6 +3,7 @@
     python3 benchmarks/fuzz_campaign.py frontend --inputs 100000 --timeout 5
     python3 benchmarks/fuzz_campaign.py differential --programs 1000 --options 3 --timeout 300
     python3 benchmarks/fuzz_campaign.py gradient --programs 1000 --timeout 120
+    python3 benchmarks/fuzz_campaign.py narrow --programs 300 --options 3 --timeout 120
     python3 benchmarks/fuzz_campaign.py minimize --first SEED [--kind race] [--budget 600]
 
 `frontend`: `tc.define` on random text, token soup in TC's shape, syntactically valid TC with
@@ -19,6 +20,11 @@ TC's gradients compared with central differences of the forward (tests/fuzz/grad
 counts documented refusals by reason, inputs skipped at non-smooth points, and bugs: invalid
 backward TCs, crashes, errors running the backward, mismatches, missing gradients. With
 --minimize, each bug's program is shrunk (--budget seconds) before its reproducer is written.
+
+`narrow`: small half and bfloat16 contractions and reductions (tmm, tbmm, matmul with a bias,
+sums, softmax, ...; tests/fuzz/narrow.py) at awkward sizes, on the CPU once and emulated with
+--options random MappingOptions each, mostly with tensor cores on, against float64 numpy within
+a derived error bound; the summary also counts kernels on tensor cores and split reductions.
 
 `minimize`: shrinks the program of seed --first (with its --options random options) to a
 smaller one that fails the same way, and writes its reproducer to --out.
@@ -102,6 +108,19 @@ def _gradient_task(seed: int) -> list[dict]:
     return [attrs.asdict(outcome)]
 
 
+def _narrow_task(seed: int, n_options: int) -> list[dict]:
+    import collections
+
+    import attrs
+
+    from fuzz import narrow
+
+    stats = collections.Counter()
+    c = narrow.case(seed, n_options)
+    findings = [attrs.asdict(f) for f in narrow.check(c, stats=stats)]
+    return findings + [{"kind": "stats", **stats}]
+
+
 def _worker(conn, mode: str, config: dict) -> None:
     os.environ.setdefault("PYTHONHASHSEED", "0")
     while True:
@@ -115,6 +134,8 @@ def _worker(conn, mode: str, config: dict) -> None:
                 result = [result] if result else []
             elif mode == "gradient":
                 result = _gradient_task(task)
+            elif mode == "narrow":
+                result = _narrow_task(task, config["options"])
             else:
                 result = _differential_task(task, config["options"], config["nvcc"],
                                             config.get("scatter", False), conn.send)
@@ -288,6 +309,51 @@ def differential(args) -> dict:
             "seconds": time.monotonic() - start, "interrupted": interrupted}
 
 
+def narrow(args) -> dict:
+    """The narrow-type campaign (tests/fuzz/narrow.py)."""
+    pool = Pool("narrow", {"options": args.options})
+    counts = collections.Counter()
+    classes: dict = collections.defaultdict(list)
+    failing_seeds = set()
+    start = time.monotonic()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def visit(seed, status, findings, stage):
+        counts["programs"] += 1
+        counts["option sets"] += args.options
+        if status != "done":
+            findings = [{"kind": "hang" if status == "hang" else "crash", "stage": stage,
+                         "error": status, "detail": stage, "options": None}]
+        for f in findings:
+            if f["kind"] == "stats":
+                counts.update({k: v for k, v in f.items() if k != "kind"})
+                continue
+            f["seed"] = seed
+            counts[f["kind"]] += 1
+            failing_seeds.add(seed)
+            sig = _signature(f)
+            classes[sig].append(f)
+            if len(classes[sig]) <= 3:
+                from fuzz import narrow as Nw
+                try:
+                    text = Nw.reproducer(Nw.case(seed, args.options), Nw.Finding(
+                        seed, f["kind"], f["stage"], f["options"], f["error"], f["detail"]))
+                except Exception as e:  # noqa: BLE001
+                    text = f"# (no reproducer: {e})\n"
+                (out / f"narrow-{f['kind']}-{f['stage']}-seed{seed}.py").write_text(
+                    f"# {sig}\n# options: {f['options']}\n# {f['detail']}\n" + text)
+        if args.progress and counts["programs"] % args.progress == 0:
+            _progress(counts, start)
+            print(f"    kernels {counts['kernels']}, on tensor cores {counts['on tensor cores']}, "
+                  f"split reductions {counts['split reductions']}", flush=True)
+
+    interrupted = _over_programs(args, pool, visit)
+    return {"counts": dict(counts), "failing programs": len(failing_seeds),
+            "classes": {k: sorted({f["seed"] for f in v}) for k, v in classes.items()},
+            "seconds": time.monotonic() - start, "interrupted": interrupted}
+
+
 def _over_programs(args, pool, visit) -> bool:
     """Runs each program of the campaign in the pool and hands its answer to
     visit(seed, status, results, stage); whether Ctrl-C ended it early (what came in is kept)."""
@@ -424,7 +490,8 @@ def _interrupt(signum, frame):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=("frontend", "differential", "gradient", "minimize"))
+    parser.add_argument("mode", choices=("frontend", "differential", "gradient", "narrow",
+                                         "minimize"))
     parser.add_argument("--inputs", type=int, default=100_000, help="front-end inputs")
     parser.add_argument("--programs", type=int, default=1000, help="differential programs")
     parser.add_argument("--options", type=int, default=3, help="MappingOptions per program")
@@ -449,12 +516,13 @@ def main(argv=None) -> int:
     if args.mode == "minimize":
         return minimize(args)
     if args.timeout is None:
-        args.timeout = {"frontend": 5.0, "gradient": 120.0}.get(args.mode, 300.0)
+        args.timeout = {"frontend": 5.0, "gradient": 120.0, "narrow": 120.0}.get(args.mode,
+                                                                                   300.0)
     if args.mode == "gradient":
         summary = gradient(args)
         _print_gradient_summary(summary)
     else:
-        summary = frontend(args) if args.mode == "frontend" else differential(args)
+        summary = {"frontend": frontend, "narrow": narrow}.get(args.mode, differential)(args)
         _print_summary(args.mode, summary)
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1, default=str))
@@ -500,6 +568,10 @@ def _print_summary(mode: str, summary: dict) -> None:
               f"hangs: {c.get('hang', 0)}; rejections of valid programs: "
               f"{c.get('rejected', 0)}; races: {c.get('race', 0)}; slow stages: "
               f"{c.get('slow', 0)}; harness errors: {c.get('harness', 0)}")
+        if mode == "narrow":
+            print(f"kernels emulated: {c.get('kernels', 0)}; on tensor cores: "
+                  f"{c.get('on tensor cores', 0)}; with a reduction split over threads: "
+                  f"{c.get('split reductions', 0)}")
     print(f"{len(summary['classes'])} classes:")
     for sig, where in sorted(summary["classes"].items(), key=lambda kv: -len(kv[1])):
         print(f"  {len(where):5d}  {sig}\n         e.g. {', '.join(map(str, where[:6]))}")
