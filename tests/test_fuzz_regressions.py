@@ -83,3 +83,17 @@ def test_tensor_cores_refuse_a_row_loop_that_blocks_take_in_turn():
                        .mapToBlocks(3).useTensorCores(True), target="cuda-emulated")
     assert "tc::mma_tile" in tiled.cuda_source
     np.testing.assert_array_equal(tiled(A, B), A.astype(np.float64) @ B.astype(np.float64))
+
+
+def test_a_scatter_after_an_unbounded_first_statement_gives_no_shape():
+    """Frontend campaign, mutants 14342 and 22187 of the paper's MLP3: a first statement that
+    cannot bound `b` looks for a later statement of the tensor to take its shape from; a
+    scatter (`O(b, 1) += ...`: a constant subscript) has no left-hand variable per dimension,
+    and its one-dimensional box for a two-dimensional tensor ended in an IndexError. Now it is
+    passed over and the first statement's range error stands."""
+    source = """def f(float(Q) Bias, float(B) X) -> (O) {
+      O(b, q) = Bias(q)
+      O(b, 1) += X(b)
+    }"""
+    with pytest.raises(tc.TCRangeError, match="cannot infer the range of 'b'"):
+        tc.define(source)

@@ -431,7 +431,9 @@ def _shape_of(fn: C.Function, first: int, symbols, bounds) -> tuple[int, TensorB
         return first, _lhs_bounds(st, _StatementInference(fn, st, symbols, bounds, []).run())
     except TCRangeError as error:
         for n, later in enumerate(fn.statements[first + 1:], start=first + 1):
-            if later.tensor != st.tensor:
+            # (a scatter, `O(b, 1) += ...`, has no left-hand variable per dimension to give
+            # a shape: its box had too few dimensions, an IndexError later)
+            if later.tensor != st.tensor or later.scatter:
                 continue
             try:
                 sr = _StatementInference(fn, later, symbols, bounds, []).run()
