@@ -498,7 +498,7 @@ class _ThreadDecisions:
         whose identity overwrote O in the same loop's value 0 before the first total came)."""
         same_outer = outer.apply_range(outer.reverse())
         for name in names:
-            own = isl.UnionSet.from_set(self.scop_space_domain(name))
+            own = isl.UnionSet.from_set(self.statement_domain(name))
             others = outer.domain().subtract(own)
             if not relaxed.intersect_domain(own).intersect_range(others) \
                     .intersect(same_outer).is_empty():
@@ -588,7 +588,7 @@ class _ThreadDecisions:
     def scop_space(self, statement: str) -> isl.Space:
         return next(s.domain.get_space() for s in self.scop.statements if s.name == statement)
 
-    def scop_space_domain(self, statement: str) -> isl.Set:
+    def statement_domain(self, statement: str) -> isl.Set:
         return next(s.domain for s in self.scop.statements if s.name == statement)
 
     def cross_thread(self, domain: isl.UnionSet, n_threads: int) -> isl.UnionMap:
