@@ -97,3 +97,25 @@ def test_a_scatter_after_an_unbounded_first_statement_gives_no_shape():
     }"""
     with pytest.raises(tc.TCRangeError, match="cannot infer the range of 'b'"):
         tc.define(source)
+
+
+@pytest.mark.parametrize("op", ["+=!", "+="])
+def test_an_update_whose_ranges_need_the_shape_is_not_a_piece(op):
+    """Differential seed 20567: a later statement with a `where` clause on a left-hand index is
+    tried as a further piece, its ranges inferred without the tensor's shape; here only O's
+    shape bounds k (B(v, k + x) alone leaves k and x ambiguous), and that inference's
+    TCRangeError rejected a valid update. Such a statement cannot be seen to reach outside the
+    pieces: it is an ordinary update, k in 0:L from O's shape, x in 0:6 - L from B."""
+    source = f"""def f(float(S, L) C, float(S, 5) B) -> (O) {{
+      O(n, r) = C(n, r)
+      O(v, k) {op} B(v, k + x) where v in 0:2
+    }}"""
+    C = np.arange(12, dtype=np.float32).reshape(3, 4)
+    B = np.arange(15, dtype=np.float32).reshape(3, 5)
+    expected = C.copy()
+    if op == "+=!":
+        expected[:2] = 0
+    for v in range(2):
+        for k in range(4):
+            expected[v, k] += B[v, k] + B[v, k + 1]  # x in 0:2
+    np.testing.assert_array_equal(tc.define(source).f(C, B), expected)
