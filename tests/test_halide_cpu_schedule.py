@@ -116,6 +116,20 @@ def test_reduction_pipeline_gets_the_structured_scheduler():
                                    2.0 * (a.astype(np.float64) @ b), rtol=1e-4, atol=1e-4)
 
 
+def test_structured_scheduler_on_a_stencil_computes_every_func_once():
+    """Asked for by name on a stencil chain: each Func computed once, vectorised (inlined, the
+    clamped reads of a longer chain took Halide minutes to compile)."""
+    _, _, by = box_blur()
+    f = tc.from_halide(by, name="blur")
+    a = rng.standard_normal((30, 41)).astype(np.float32)
+    np.testing.assert_allclose(f(a, output_shape=a.shape, schedule="tcstage"), box_blurred(a),
+                               rtol=1e-5, atol=1e-5)
+    lines = f.explain(a, output_shape=a.shape, schedule="tcstage").splitlines()
+    # (the boundary condition is Funcs of its own, which BoundaryConditions names lambda_<n>)
+    assert [line.split(":")[0] for line in lines[-2:]] == ["  bx", "  by"]
+    assert all("pointwise, computed once" in line for line in lines[1:])
+
+
 def test_structured_refusal_falls_back_to_mullapudi(monkeypatch):
     from tcstage.cpu.scheduler import NotScheduled
     from tcstage.halide import pipeline

@@ -269,7 +269,7 @@ class CpuKernel:
             # Never pass a parameter a plugin does not define: Halide aborts the process.
             params = {"parallelism": str(os.cpu_count() or 1)}
             pipeline.apply_autoscheduler(self.target, hl.AutoschedulerParams(schedule, params))
-            _quiet_unscheduled_updates(lowered)
+            quiet_unscheduled_updates(v.func for vs in lowered.versions.values() for v in vs)
         return _jit(pipeline, lowered, self.target)
 
     def _bound_params(self, lowered: Lowered, estimates: Mapping[str, int]) -> None:
@@ -430,16 +430,15 @@ def _run(compiled: _Compiled, arrays, scalars, inout, output_bounds, allocate=No
             else o for n, o in zip(low.fn.outputs, outs)]
 
 
-def _quiet_unscheduled_updates(lowered: Lowered) -> None:
-    """Marks the updates an autoscheduler left alone (a scatter's, which it cannot make
-    parallel) as meant to be unscheduled: otherwise Halide warns about them on stderr."""
-    for versions in lowered.versions.values():
-        for v in versions:
-            for k in range(v.func.num_update_definitions()):
-                try:
-                    v.func.update(k).unscheduled()
-                except HALIDE_FAILURES:  # it was scheduled
-                    pass
+def quiet_unscheduled_updates(funcs) -> None:
+    """Marks the updates of `funcs` an autoscheduler left alone (a scatter's, which it cannot
+    make parallel) as meant to be unscheduled: otherwise Halide warns about them on stderr."""
+    for f in funcs:
+        for k in range(f.num_update_definitions()):
+            try:
+                f.update(k).unscheduled()
+            except HALIDE_FAILURES:  # it was scheduled
+                pass
 
 
 def _funcs_by_name(lowered: Lowered) -> dict[str, hl.Func]:

@@ -49,7 +49,7 @@ from tcstage.cpu.options import CpuSchedule
 from tcstage.cpu.scheduler import NotScheduled, schedule_pipeline
 from tcstage.cpu.structure import analyse
 from tcstage.halide.jit import (AUTOSCHEDULERS, STRUCTURED, _load_autoscheduler, aligned_empty,
-                                halide_buffer)
+                                halide_buffer, quiet_unscheduled_updates)
 from tcstage.halide.lower import HALIDE_FAILURES, Lowered
 from tcstage.halide.ranges import FunctionRanges, StatementRanges, TensorBounds
 from tcstage.halide.solver import Tree, evaluate, inline_lets, tree_to_str
@@ -63,6 +63,10 @@ from tcstage.program import Binding, StatementReport, array_info
 PIPELINE_SCHEDULES = ("auto", "as_written", "root", STRUCTURED)  # (and the autoschedulers)
 CPU_SCHEDULES = (*PIPELINE_SCHEDULES, *AUTOSCHEDULERS)
 DEFAULT_AUTOSCHEDULER = "Mullapudi2016"
+# The structured scheduler's settings for pipelines: every Func computed once. Inlining the
+# pointwise ones, as for TC, turns a stencil chain into one expression of dozens of clamped
+# reads, which Halide's loop partitioning took minutes to compile (erode: 25 reads).
+PIPELINE_STRUCTURED = CpuSchedule().inlinePointwise(False)
 
 _VIEW_WRAPPERS = ("likely", "likely_if_innermost", "promise_clamped", "unsafe_promise_clamped")
 
@@ -456,12 +460,12 @@ class HalideFunction:
         regions = self.required_regions(b, shapes)
         extents = {name: tuple(hi - lo + 1 for lo, hi in reversed(region))
                    for name, region in regions.items() if name in funcs}
-        return schedule_pipeline(copies, funcs, images, CpuSchedule(), target, extents,
+        return schedule_pipeline(copies, funcs, images, PIPELINE_STRUCTURED, target, extents,
                                  os.cpu_count() or 1)
 
     def _autoscheduled_copy(self, applied: str, b: Binding, shapes, target) -> list[hl.Func]:
         """A copy scheduled by Halide's autoscheduler `applied`, planned for these sizes."""
-        copies, _ = self._copy()
+        copies, funcs = self._copy()
         _load_autoscheduler(applied)
         for f, shape in zip(copies, shapes):
             f.set_estimates([(0, max(1, int(e))) for e in reversed(shape)])
@@ -475,6 +479,7 @@ class HalideFunction:
         _native.with_estimates(copies, buffers, scalars, lambda: hl.Pipeline(copies)
                                .apply_autoscheduler(target, hl.AutoschedulerParams(applied,
                                                                                    params)))
+        quiet_unscheduled_updates(funcs.values())
         return copies
 
     def _jit(self, outputs: list, target) -> hl.Callable:
