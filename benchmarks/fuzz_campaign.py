@@ -571,7 +571,8 @@ def _print_summary(mode: str, summary: dict) -> None:
         if mode == "narrow":
             print(f"kernels emulated: {c.get('kernels', 0)}; on tensor cores: "
                   f"{c.get('on tensor cores', 0)}; with a reduction split over threads: "
-                  f"{c.get('split reductions', 0)}")
+                  f"{c.get('split reductions', 0)} (across blocks too: "
+                  f"{c.get('split across blocks', 0)})")
     print(f"{len(summary['classes'])} classes:")
     for sig, where in sorted(summary["classes"].items(), key=lambda kv: -len(kv[1])):
         print(f"  {len(where):5d}  {sig}\n         e.g. {', '.join(map(str, where[:6]))}")

@@ -36,6 +36,7 @@ from . import mapping
 TYPES = {"half": (np.float16, 2.0**-11), "bfloat16": (ml_dtypes.bfloat16, 2.0**-8)}
 EPS32 = 2.0**-24
 SIZES = (1, 2, 7, 8, 16, 17, 32, 33, 48, 64)
+LONG = (100, 257, 1000, 3000)  # a reduced size now and then (Kernel.long)
 MAX_WORK = 60_000  # multiply-adds per kernel: emulation stays well under a second
 
 
@@ -48,6 +49,7 @@ class Kernel:
     reference: object  # (inputs as float64, sizes) -> [(exact, bound or None for exact)]
     inout: bool = False
     batch: tuple = ()  # loops (in tile order) that tensor cores need tiled by 1
+    long: tuple = ()  # reduced sizes that may be long (blocks split a reduction only then)
 
 
 def _normal(rng, dtype, *shape):
@@ -187,15 +189,15 @@ KERNELS = (
                                                         _normal(r, t, s["F"], s["C"], s["KW"])),
            _conv1d, batch=(0,)),
     Kernel("row_sum", "def row_sum(T(R, C) A) -> (O) { O(r) +=! A(r, c) }",
-           ("R", "C"), lambda r, t, s: (_normal(r, t, s["R"], s["C"]),), _row_sum),
+           ("R", "C"), lambda r, t, s: (_normal(r, t, s["R"], s["C"]),), _row_sum, long=("C",)),
     Kernel("full_sum", "def full_sum(T(N) A) -> (O) { O() +=! A(i) }",
-           ("N",), lambda r, t, s: (_normal(r, t, s["N"]),), _full_sum),
+           ("N",), lambda r, t, s: (_normal(r, t, s["N"]),), _full_sum, long=("N",)),
     Kernel("mean", "def mean(T(R, C) A) -> (O) { O(r) +=! A(r, c) / C }",
-           ("R", "C"), lambda r, t, s: (_normal(r, t, s["R"], s["C"]),), _mean),
+           ("R", "C"), lambda r, t, s: (_normal(r, t, s["R"], s["C"]),), _mean, long=("C",)),
     Kernel("squares", "def squares(T(R, C) A) -> (O) { O(r) +=! A(r, c) * A(r, c) }",
-           ("R", "C"), lambda r, t, s: (_normal(r, t, s["R"], s["C"]),), _squares),
+           ("R", "C"), lambda r, t, s: (_normal(r, t, s["R"], s["C"]),), _squares, long=("C",)),
     Kernel("row_max", "def row_max(T(R, C) A) -> (O) { O(r) max=! A(r, c) }",
-           ("R", "C"), lambda r, t, s: (_normal(r, t, s["R"], s["C"]),), _row_max),
+           ("R", "C"), lambda r, t, s: (_normal(r, t, s["R"], s["C"]),), _row_max, long=("C",)),
     Kernel("softmax", "def softmax(T(N, C) X) -> (Mx, E, S, Y) {\n"
            "  Mx(n) max=! X(n, c)\n  E(n, c) = exp(X(n, c) - Mx(n))\n  S(n) +=! E(n, c)\n"
            "  Y(n, c) = E(n, c) / S(n)\n}",
@@ -255,7 +257,8 @@ def case(seed: int, n_options: int = 3) -> NarrowCase:
     kernel = rng.choice(KERNELS)
     type_name = rng.choice(tuple(TYPES))
     while True:
-        sizes = {s: rng.choice(SIZES) for s in kernel.sizes}
+        sizes = {s: rng.choice(LONG if s in kernel.long and rng.random() < 0.4 else SIZES)
+                 for s in kernel.sizes}
         if "KW" in sizes:
             sizes["KW"] = rng.choice((1, 2, 3))
             sizes["W"] = max(sizes["W"], sizes["KW"])
@@ -342,7 +345,7 @@ def _error(e: BaseException) -> tuple[str, str, str]:
 
 def check(c: NarrowCase, cpu: bool = True, stats=None) -> list[Finding]:
     """Every finding for c; `stats` (a Counter), if given, counts the kernels compiled, those
-    on tensor cores and those with a reduction split over threads."""
+    on tensor cores and those with a reduction split over threads (and across blocks)."""
     findings = []
 
     def stage(name, options, fn):
@@ -379,6 +382,7 @@ def check(c: NarrowCase, cpu: bool = True, stats=None) -> list[Finding]:
                 stats["kernels"] += 1
                 stats["on tensor cores"] += "tc::mma_tile" in k.cuda_source
                 stats["split reductions"] += "tc::warp_reduce(_acc" in k.cuda_source
+                stats["split across blocks"] += "_part0" in k.cuda_source
             ok, got = stage("emulate", options, lambda: k(*args, out=out()))
             if ok:
                 result("emulate", options, got)
