@@ -308,9 +308,9 @@ class HalideFunction:
         text = f"CPU schedule: {k.schedule}"
         if k.planned_for:
             text += " (planned for " + ", ".join(f"{n}={v}" for n, v in k.planned_for) + ")"
-        lines = [text] + ([f"  note: {k.note}"] if k.note else [])
+        lines = [text] + ([f"note: {k.note}"] if k.note else []) + list(k.report)
         # (Func names as written: Halide appends $<n> to make them unique in a process)
-        return "\n".join(lines + ["  " + re.sub(r"\$\d+\b", "", line) for line in k.report])
+        return "\n  ".join(re.sub(r"\$\d+\b", "", line) for line in lines)
 
     def _rerun(self, applied: str, b: Binding, shapes, values: list, failed: str) -> "CpuPipeline":
         """Runs a call whose sizes the main kernel of `applied` failed at: an autoscheduler's
