@@ -56,8 +56,8 @@ def test_port(name):
     built = app.build()
     f = tc.from_halide(built.outputs, name=built.name)
     shape = shapes[0] if len(shapes) == 1 else shapes
-    # (the CPU call computes unscheduled intermediates at the root: float code may round
-    # differently from the inlined reference)
+    # (the CPU call schedules the unscheduled pipeline, structured or Mullapudi2016, so float
+    # code may round differently from the inlined reference)
     assert_same(f(*args, output_shape=shape), expected, tolerance)
     for options in OPTIONS:
         with warnings.catch_warnings():
