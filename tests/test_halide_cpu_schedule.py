@@ -168,6 +168,29 @@ def test_smaller_sizes_after_a_schedule_planned_for_large_ones():
                                atol=1e-5)
 
 
+def test_root_schedule_where_a_replanned_one_fails_too(monkeypatch):
+    from tcstage.halide import pipeline
+
+    _, _, by = box_blur()
+    f = tc.from_halide(by, name="blur")
+    big = rng.standard_normal((300, 400)).astype(np.float32)
+    f(big, output_shape=big.shape)  # Mullapudi2016's splits do not fit 2x3 (see above)
+    planned_for_small = f._cpu_kernel
+
+    def failing(applied, b, shapes, failed=""):
+        def call(*values):
+            raise hl.HalideError("the replanned schedule fails too (a test)")
+        return pipeline.CpuPipeline(call, applied, (), planned_for_small(
+            applied, b, shapes, failed).note)
+
+    monkeypatch.setattr(f, "_cpu_kernel", failing)
+    small = rng.standard_normal((2, 3)).astype(np.float32)
+    with pytest.warns(tc.TCWarning, match="computed at the root.*at these sizes.*fails too"):
+        got = f(small, output_shape=small.shape)
+    np.testing.assert_allclose(got, box_blurred(small), rtol=1e-5, atol=1e-5)
+    assert f.last_cpu_kernel.schedule == "root"
+
+
 def test_failing_autoscheduler_falls_back_to_root_with_a_warning(monkeypatch):
     from tcstage.halide import pipeline
 

@@ -296,6 +296,8 @@ class HalideFunction:
                 raise TCArgumentError(f"running '{self.name}' failed: {str(e).strip()}") \
                     from None
             kernel = self._rerun(applied, b, shapes, values, str(e).strip())
+            if len(self._cpu_serving) > 4096:  # (a memo for loops over a few sizes)
+                self._cpu_serving.clear()
             self._cpu_serving[sizes] = kernel
         self.last_cpu_kernel = kernel
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -325,15 +327,24 @@ class HalideFunction:
             except HALIDE_FAILURES:
                 continue
         kernel = self._cpu_kernel(applied, b, shapes, failed=failed)
-        rescheduled.append(kernel)
         try:
             kernel.call(*values)
         except HALIDE_FAILURES as e:
-            raise TCArgumentError(f"running '{self.name}' failed: {str(e).strip()}") from None
+            why = f"{kernel.note}, and failed there too ({str(e).strip()})"
+            warn(f"'{self.name}' runs with every intermediate Func computed at the root, "
+                 f"unscheduled otherwise, on the CPU at these sizes: {why}")
+            target = hl.get_jit_target_from_environment()
+            kernel = CpuPipeline(self._jit_or_error(self._root_copy(), target), "root", (), why)
+            try:
+                kernel.call(*values)
+            except HALIDE_FAILURES as e2:
+                raise TCArgumentError(f"running '{self.name}' failed: {str(e2).strip()}") \
+                    from None
+        rescheduled.append(kernel)
         return kernel
 
     def _resolve_schedule(self, schedule) -> str:
-        """What `schedule=` asks for, as one of "as_written", "root" or an autoscheduler."""
+        """What `schedule=` asks for: "as_written", "root", "tcstage" or an autoscheduler."""
         if schedule == "auto":
             try:
                 scheduled = _native.scheduled_functions(self.outputs)
