@@ -4,6 +4,8 @@ emulated CUDA and compared with values computed by hand or by numpy."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -119,3 +121,32 @@ def test_an_update_whose_ranges_need_the_shape_is_not_a_piece(op):
         for k in range(4):
             expected[v, k] += B[v, k] + B[v, k + 1]  # x in 0:2
     np.testing.assert_array_equal(tc.define(source).f(C, B), expected)
+
+
+FIBER_PROBE = r"""
+extern "C" __global__ void fiber_pool_probe(float* out, const float* in, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = in[i] * 3.0f - 1.0f;
+}
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux's /proc")
+def test_emulated_launches_give_their_fiber_stacks_back():
+    """The narrow campaign's worker process failed after about 900 kernels (an OSError: failed
+    to map segment, 'cannot allocate fiber stacks'): each kernel's library, which stays loaded,
+    kept a pool of fiber stacks (a 64 KiB mapping and a guard page each) after its launches,
+    30000 in all, at the kernel's limit of 65530 mappings per process. A launch of 512 threads
+    now leaves only the library's own mappings behind."""
+    from tcstage.cuda.emulate import emulate
+
+    def mappings() -> int:
+        with open("/proc/self/maps") as f:
+            return sum(1 for _ in f)
+
+    x = np.arange(1000, dtype=np.float32)
+    out = np.zeros_like(x)
+    before = mappings()
+    emulate(FIBER_PROBE, "fiber_pool_probe", (2, 1, 1), (512, 1, 1), [out, x, x.size])
+    assert mappings() - before < 100  # (1024 more, two per stack, while the pools stayed)
+    np.testing.assert_array_equal(out, x * 3 - 1)

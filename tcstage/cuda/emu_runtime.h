@@ -664,7 +664,10 @@ struct Scheduler {
 };
 
 // One scheduler per OS thread, so launches from several Python threads do not meet. Fiber
-// stacks are mapped once per thread slot and reused by every block and launch.
+// stacks are mapped once per thread slot and reused by every block of a launch, and given back
+// when it ends: this runtime is compiled into every kernel's library, which stays loaded, so a
+// pool kept between launches was one per kernel ever launched (a fuzz campaign's process held
+// 30000 stacks of 900 kernels and reached the kernel's limit on memory mappings).
 extern thread_local Scheduler sched;
 thread_local Scheduler sched;
 
@@ -705,16 +708,20 @@ static inline void fail(int status, const char* fmt, ...) {
     }
 }
 
+static inline void release_fibers() {
+    for (size_t i = 0; i < sched.capacity; ++i)
+        if (sched.fibers[i].stack) munmap(sched.fibers[i].stack, sched.stack_size + sched.page);
+    free(sched.fibers);
+    sched.fibers = nullptr;
+    sched.capacity = 0;
+}
+
 static inline bool ensure_fibers(size_t n, size_t stack_size) {
     long page = sysconf(_SC_PAGESIZE);
     sched.page = (size_t)page;
     stack_size = (stack_size + page - 1) / page * page;
     if (sched.stack_size != stack_size) {  // a different stack size: start the pool afresh
-        for (size_t i = 0; i < sched.capacity; ++i)
-            if (sched.fibers[i].stack) munmap(sched.fibers[i].stack, sched.stack_size + page);
-        free(sched.fibers);
-        sched.fibers = nullptr;
-        sched.capacity = 0;
+        release_fibers();
         sched.stack_size = stack_size;
     }
     if (n <= sched.capacity) return true;
@@ -1407,9 +1414,10 @@ static inline void mma_m16n8k16(int kind, float* d, const unsigned* a, const uns
 
 // Runs a whole grid. `block_order`/`thread_order` pick FORWARD, REVERSE or SHUFFLE.
 // `time_limit`: seconds (0: none).
-static int launch(Invoker invoke, void** args, const long long* grid, const long long* block,
-                  int block_order, int thread_order, unsigned long long seed, long long stack_size,
-                  double time_limit, char* message, long long message_len, int* flags) {
+static int run_grid(Invoker invoke, void** args, const long long* grid, const long long* block,
+                    int block_order, int thread_order, unsigned long long seed,
+                    long long stack_size, double time_limit, char* message,
+                    long long message_len, int* flags) {
     sched.invoke = invoke;
     sched.args = args;
     sched.status = OK;
@@ -1458,6 +1466,16 @@ static int launch(Invoker invoke, void** args, const long long* grid, const long
     free(border);
     *flags = float_atomics_used ? 1 : 0;
     return sched.status;
+}
+
+// run_grid, then the fiber stacks given back (once its fault guard and watchdog are gone).
+static int launch(Invoker invoke, void** args, const long long* grid, const long long* block,
+                  int block_order, int thread_order, unsigned long long seed, long long stack_size,
+                  double time_limit, char* message, long long message_len, int* flags) {
+    int status = run_grid(invoke, args, grid, block, block_order, thread_order, seed, stack_size,
+                          time_limit, message, message_len, flags);
+    release_fibers();
+    return status;
 }
 
 }  // namespace tcemu
