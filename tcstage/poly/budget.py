@@ -27,6 +27,9 @@ PROMOTION = 5_000_000
 # instances grouped, which is cheaper but may test more conditions inside loops.
 AST = 3_000_000
 GROUPED_AST = 30_000_000
+# The cost model's coalescing analysis of one access (tcstage/tune/model.py): past it the
+# access counts as uncoalesced.
+COST_MODEL = 1_000_000
 
 # isl fails an exhausted quota with the message of whatever it was doing ("syntax error" while
 # parsing), so exhaustion is recognised by a small computation that needs a pivot failing too.

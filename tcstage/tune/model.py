@@ -53,6 +53,8 @@ import islpy as isl
 import numpy as np
 
 from tcstage.errors import TCError
+from tcstage.poly import budget
+from tcstage.poly.budget import WorkLimitExceeded, bounded
 from tcstage.poly.mapping import BLOCK_IDS, SYNC, THREAD_IDS
 
 __all__ = ["Device", "H100", "H200", "Prediction", "device_by_name", "predict"]
@@ -353,13 +355,24 @@ def _linear(delta: list[int], shape, scale) -> int:
 def _thread_strides(ref: _Ref, sched: isl.Map, dims: dict[int, int]) -> list[int | None]:
     """Per thread dimension d, the linear element stride between threads t_d and t_d + 1 in the
     same loop iteration: 0 where the access does not depend on t_d, None where it is not one
-    constant. dims: thread dimension -> the schedule dimension mapped to it."""
-    out: list[int | None] = [0, 0, 0]
+    constant (or isl could not tell within budget.COST_MODEL: a copy's domain in many pieces,
+    uncoalesced, exhausted the memory). dims: thread dimension -> the schedule dimension
+    mapped to it."""
     if ref.relation is None:
-        return [None, None, None] if ref.memory == "global" else out
+        return [None, None, None] if ref.memory == "global" else [0, 0, 0]
     if not ref.exact:
         return [None, None, None]
+    try:
+        with bounded(budget.COST_MODEL, "the cost model's coalescing analysis"):
+            return _exact_thread_strides(ref, sched, dims)
+    except WorkLimitExceeded:
+        return [None, None, None]
+
+
+def _exact_thread_strides(ref: _Ref, sched: isl.Map, dims: dict[int, int]) -> list[int | None]:
+    out: list[int | None] = [0, 0, 0]
     forward = sched.reverse().apply_range(ref.relation.intersect_domain(sched.domain()))
+    forward = forward.coalesce()
     n = sched.dim(isl.dim_type.out)
     v = [f"v{k}" for k in range(n)]
     for d, j in dims.items():
@@ -370,7 +383,7 @@ def _thread_strides(ref: _Ref, sched: isl.Map, dims: dict[int, int]) -> list[int
         step = step.set_tuple_id(isl.dim_type.out, sched.get_tuple_id(isl.dim_type.out)) \
             if sched.has_tuple_id(isl.dim_type.out) else step
         pairs = forward.reverse().apply_range(step).apply_range(forward)
-        deltas = _drop_params(pairs.deltas(), THREAD_IDS + BLOCK_IDS)
+        deltas = _drop_params(pairs.deltas(), THREAD_IDS + BLOCK_IDS).coalesce()
         if deltas.is_empty():
             out[d] = 0
             continue
