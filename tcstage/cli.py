@@ -90,14 +90,15 @@ def _parser() -> argparse.ArgumentParser:
     tune = sub.add_parser("tune", help="search CUDA MappingOptions (tc.autotune)")
     compare = sub.add_parser("compare", help="compare the schedules of a function (tc.compare)")
     for p in (run, show, tune, compare):
-        p.add_argument("file", help="a .tc source file, or (run, show, tune) a Python module "
-                                    "with a Halide pipeline: build(), inputs(rng, size), "
-                                    "output_shapes(args), as in examples/halide/")
+        p.add_argument("file", help="a .tc source file, or a Python module with a Halide "
+                                    "pipeline: build(), inputs(rng, size), output_shapes(args) "
+                                    "(and for compare, optionally schedule_cpu(app)), as in "
+                                    "examples/halide/")
         p.add_argument("--fn", help="the function to use (default: the last one in the file; "
                                     "for tune and compare, the file's only one)")
         p.add_argument("--sizes", type=_size_items, default=(), metavar="N=128,K=64",
                        help=f"size variables and scalar inputs (unset sizes are {DEFAULT_SIZE})")
-    for p in (run, show, tune):
+    for p in (run, show, tune, compare):
         p.add_argument("--input-size", default="small", metavar="SIZE",
                        help="for a Halide pipeline module: the size its inputs() makes "
                             "(small, the default, or bench)")
@@ -484,9 +485,6 @@ def _print_kernel(args, name: str, kernel) -> None:
 def _halide_app(args):
     """The pipeline a Python module builds, its arguments and its output shapes."""
     import importlib.util
-    if args.command == "compare":
-        raise UsageError("compare takes a .tc file; for a Halide pipeline use tc.compare in "
-                         "Python or `tcstage tune`")
     if args.sizes or args.fn:
         raise UsageError("a Halide pipeline module makes its own inputs (inputs(rng, size)): "
                          "choose their size with --input-size, not --sizes or --fn")
@@ -513,7 +511,18 @@ def _halide_app(args):
     f = outputs if isinstance(outputs, tc.HalideFunction) else tc.from_halide(outputs, name)
     inputs = module.inputs(np.random.default_rng(getattr(args, "seed", 0)), args.input_size)
     shapes = [tuple(s) for s in module.output_shapes(inputs)]
+    args.module = module
     return f, list(inputs), shapes
+
+
+def _manual_pipeline(module, name: str):
+    """The module's pipeline with its own CPU schedule (`schedule_cpu(app)` on a fresh build),
+    or None where it has none."""
+    if not hasattr(module, "schedule_cpu"):
+        return None
+    app = module.build()
+    module.schedule_cpu(app)
+    return tc.from_halide(getattr(app, "outputs", app), name)
 
 
 def _halide_command(args) -> int:
@@ -524,6 +533,16 @@ def _halide_command(args) -> int:
         print(tc.autotune(f, *inputs, output_shape=shape, target=args.target,
                           measure=args.measure, budget=args.budget, strategy=args.strategy,
                           seed=args.seed, progress=args.progress))
+        return 0
+    if args.command == "compare":
+        result = tc.compare(f, *inputs, output_shape=shape, options=args.options,
+                            schedules_dir=args.schedules,
+                            tune_budget=30 if args.budget is None else args.budget,
+                            measure=args.measure, progress=args.progress, plot=args.plot,
+                            filename=args.file, manual=_manual_pipeline(args.module, f.name))
+        print(result.table())
+        if args.plot:
+            print(f"plot written to {args.plot}")
         return 0
     cuda = args.command == "show" and (args.schedule or args.cuda) or \
         args.command == "run" and args.target != "cpu"

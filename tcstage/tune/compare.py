@@ -4,6 +4,12 @@ of `schedules/*.txt` written for this function at these sizes), the tuned option
 else a short tuning run), a framework baseline (einsum where the TC is safely translatable,
 else the Halide CPU back end) and the Halide CPU autoschedulers.
 
+A Halide pipeline (`tc.from_halide`) is compared the same way, as `tc.compare(f, *inputs,
+output_shape=...)`: its CUDA kernels as above, and on the CPU the schedules `f(...,
+schedule=...)` offers (docs/halide.md). Its baseline is the pipeline with your own Halide
+schedule where you pass one (`manual=`, another `from_halide` of the same pipeline, scheduled),
+else tcstage's default CPU schedule; its reference, every intermediate computed at the root.
+
 Every CUDA schedule is checked against the Halide CPU result (on the GPU, or emulated) and timed
 on the GPU, or else its time is the cost model's prediction; the table says which. A schedule
 that fails to compile is a row with the error.
@@ -122,10 +128,12 @@ def _time(t: float | None) -> str:
     return f"{t * 1e6:.3g} us"
 
 
-def compare(source, name: str, *inputs, options=(), schedules_dir="schedules", tune_budget=30,
-            measure=None, cache=None, progress=True, plot=None, filename=None) -> CompareResult:
+def compare(source, name=None, *inputs, options=(), schedules_dir="schedules", tune_budget=30,
+            measure=None, cache=None, progress=True, plot=None, filename=None,
+            output_shape=None, manual=None) -> CompareResult:
     """Compares schedules of TC function `name` of `source` (TC text or a Program) on `inputs`
-    (arrays, or shape tuples for random inputs; scalars as values).
+    (arrays, or shape tuples for random inputs; scalars as values). A Halide pipeline has no
+    name: `compare(f, *inputs, output_shape=..., manual=None)` (see the module's docstring).
 
     options: extra manual MappingOptions (objects or chain text). schedules_dir: where the
     `*.txt` schedule files are (lines `name | file:function | sizes | options`; those for this
@@ -133,16 +141,23 @@ def compare(source, name: str, *inputs, options=(), schedules_dir="schedules", t
     of the tuning run made when the cache has no tuned options (0: none). measure: "gpu",
     "model" or None (the GPU if one works here). plot: a path for a PNG.
     """
-    from tcstage.compiler import as_options
+    from tcstage.compiler import as_options, function_of
     from tcstage.inputs import as_out, random_inputs
-    from tcstage.program import Program, define
+    from tcstage.program import define
     from tcstage.tune.tuner import _is_shape, _measure
-    program = source if isinstance(source, Program) else define(source, filename or "<string>")
-    filename = filename or (program.filename if program.filename != "<string>" else None)
-    fn = program[name]
+    if isinstance(source, str):
+        source = define(source, filename or "<string>")
+    program, fn, inputs = function_of(source, name, inputs, output_shape)
+    if program is None:
+        _check_manual(fn, manual)
+    elif manual is not None:
+        raise TCError("manual= is a Halide pipeline with your own schedule, for comparing a "
+                      "pipeline (tc.from_halide); a TC function's manual schedules are options=")
+    if program is not None and program.filename != "<string>":
+        filename = filename or program.filename
     if isinstance(options, (str, MappingOptions)):
         options = (options,)
-    manual = [as_options(o) for o in options]  # bad options are the caller's error: raise now
+    manual_options = [as_options(o) for o in options]  # bad options are the caller's error
     binding = fn.bind(inputs, None, shapes_only=True)
     values = {**binding.sizes, **{k: v for k, v in binding.scalars.items()
                                   if not isinstance(v, np.ndarray)}}
@@ -156,27 +171,29 @@ def compare(source, name: str, *inputs, options=(), schedules_dir="schedules", t
 
     schedules = [("naive", "naive", MappingOptions(), "")]
     schedules += [(f"preset {p}", "preset", MappingOptions.named(p), "") for p in PRESETS]
-    schedules += [(f"manual {k}", "manual", o, "") for k, o in enumerate(manual, 1)]
+    schedules += [(f"manual {k}", "manual", o, "") for k, o in enumerate(manual_options, 1)]
     schedules += [(n, "manual", o, where) for n, o, where in
                   schedule_lines(schedules_dir, fn.name, filename, sizes)]
 
-    with _Bar(progress, len(schedules) + 6, fn.name) as bar:
+    with _Bar(progress, len(schedules) + 7, fn.name) as bar:
         # Tuning first: its workers are forked, and CUDA must not have started in this process.
         tune, tuned, tuned_from = _tuned(program, fn, binding, args, out, measure, cache,
                                          tune_budget, progress, bar)
         if tuned is not None:
             schedules.append(("tuned", "tuned", tuned, tuned_from))
         bar.step("the Halide CPU reference")
-        reference = _outputs(fn(*args, out=_fresh(out)))
+        reference = evaluate.reference_outputs(fn, args, out)
         rows = []
         for label, kind, opts, where in schedules:
             bar.step(label)
             rows.append(_cuda_row(fn, args, out, reference, label, kind, opts, where, measure))
         bar.step("baseline")
-        base = _baseline(fn, args, out, reference)
+        base = _baseline(fn, args, out, reference) if program is not None else \
+            _pipeline_baseline(fn, args, reference, manual)
         cpu = []
         from tcstage.halide.jit import AUTOSCHEDULERS, STRUCTURED
-        for schedule in (STRUCTURED, *AUTOSCHEDULERS):
+        extra = () if program is not None else ("root",)
+        for schedule in (STRUCTURED, *AUTOSCHEDULERS, *extra):
             bar.step(f"CPU {schedule}")
             cpu.append(_cpu_row(fn, args, out, reference, schedule))
     rows.append(base)
@@ -233,8 +250,9 @@ def _tuned(program, fn, binding, args, out, measure, cache, budget, progress, ba
     if not budget:
         return None, None, ""
     bar.step(f"tuning ({budget} candidates)")
+    head = (program, fn.name) if program is not None else (fn,)  # (a pipeline has no name)
     with bar.paused():
-        result = autotune(program, fn.name, *args, out=_fresh(out), measure=measure,
+        result = autotune(*head, *args, out=_fresh(out), measure=measure,
                           budget=budget, cache=cache, progress=progress)
     return result, result.options, (f"tuning run: {len(result.history)} candidates in "
                                     f"{result.seconds:.1f} s")
@@ -276,8 +294,10 @@ def _cuda_row(fn, args, out, reference, label, kind, options, where, measure) ->
 
 def _cpu_row(fn, args, out, reference, schedule) -> Row:
     from tcstage.halide.jit import STRUCTURED
-    label = "CPU tcstage schedule (the default)" if schedule == STRUCTURED else \
-        f"Halide CPU {schedule}"
+    pipeline = not hasattr(fn, "source")
+    label = {STRUCTURED: "CPU tcstage schedule" + ("" if pipeline else " (the default)"),
+             "root": "CPU every intermediate at the root"}.get(schedule,
+                                                               f"Halide CPU {schedule}")
     try:
         t, result = _timed(lambda: fn(*args, out=_fresh(out), schedule=schedule))
     except TCError as e:
@@ -310,6 +330,45 @@ def _baseline(fn, args, out, reference) -> Row:
     return Row("Halide CPU (baseline)", "baseline", "", t, None, not wrong,
                f"measured on the CPU (median of {CPU_RUNS})",
                f"the Halide CPU back end is the baseline: no einsum translation ({why})")
+
+
+def _check_manual(fn, manual) -> None:
+    """`manual` must be the same pipeline as `fn` (its arguments and outputs), scheduled, or
+    None."""
+    from tcstage.halide.pipeline import HalideFunction
+    if manual is None:
+        return
+    if not isinstance(manual, HalideFunction):
+        raise TCError(f"manual= takes a tc.from_halide pipeline with your own Halide schedule; "
+                      f"got {type(manual).__name__}")
+    # (Arguments only: Halide names the Funcs of a second build apart, and a different
+    # computation shows as a wrong row anyway.)
+    if manual.arguments != fn.arguments or len(manual.outputs) != len(fn.outputs):
+        raise TCError(f"manual= is not the same pipeline as '{fn.name}': it takes "
+                      f"({', '.join(a.describe() for a in manual.arguments)}) with "
+                      f"{len(manual.outputs)} output(s), '{fn.name}' takes "
+                      f"({', '.join(a.describe() for a in fn.arguments)}) with "
+                      f"{len(fn.outputs)}")
+
+
+def _pipeline_baseline(fn, args, reference, manual) -> Row:
+    """A Halide pipeline's baseline: your own schedule (`manual`, run as written), else
+    tcstage's default CPU schedule."""
+    if manual is not None:
+        label, call = "Halide CPU, your schedule (baseline)", lambda: manual(
+            *args, output_shape=fn.fixed_output_shapes, schedule="as_written")
+    else:
+        label, call = "CPU tcstage default (baseline)", lambda: fn(*args)
+    try:
+        t, result = _timed(call)
+    except TCError as e:
+        return Row(label, "baseline", "", None, None, None, "failed", evaluate._one_line(e))
+    chosen = (manual or fn).last_cpu_kernel
+    wrong = evaluate.compare(_outputs(result), reference, fn.checked.outputs)
+    return Row(label, "baseline", "", t, None, not wrong,
+               f"measured on the CPU (median of {CPU_RUNS})",
+               "; ".join(filter(None, [f"ran {chosen.schedule}" if manual is None else "",
+                                       wrong])))
 
 
 def einsum_plan(fn):

@@ -120,6 +120,16 @@ def check_job(job: Job) -> dict:
 _NARROW_TOLERANCE = {"float16": 4 * 2.0**-10, "bfloat16": 4 * 2.0**-7}
 
 
+def reference_outputs(fn, args, out) -> tuple:
+    """The Halide CPU result every candidate is checked against: a TC function's default CPU
+    kernel, or a Halide pipeline with every intermediate computed at the root (the plainest
+    evaluation, whatever schedule its CPU calls get by default)."""
+    from tcstage.halide.pipeline import HalideFunction
+    result = fn(*args, schedule="root") if isinstance(fn, HalideFunction) else \
+        fn(*args, out=fresh(out))
+    return tuple(np.asarray(r) for r in (result if isinstance(result, tuple) else (result,)))
+
+
 def compare(results, reference, names) -> str:
     """'' if every output matches the reference, else what differs where."""
     for name, got, want in zip(names, results, reference):

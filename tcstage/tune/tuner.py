@@ -266,10 +266,7 @@ class _Session:
             else:
                 args, outs = random_inputs(self.fn.checked, self.values, self.seed)
                 args, out = tuple(args), as_out(outs)
-            start = evaluate.fresh(out)
-            reference = self.fn(*args, out=start)
-            reference = reference if isinstance(reference, tuple) else (reference,)
-            self._reference = (args, out, tuple(np.asarray(r) for r in reference))
+            self._reference = (args, out, evaluate.reference_outputs(self.fn, args, out))
         return self._reference
 
     # -- the search ---------------------------------------------------------------------------
