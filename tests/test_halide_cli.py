@@ -73,8 +73,6 @@ def test_mistakes(module, tmp_path, capsys):
     other.write_text("x = 1\n")
     assert main(["show", str(other)]) == 2
     assert "defines no build, inputs, output_shapes" in capsys.readouterr().err
-    assert main(["compare", module]) == 2
-    assert "compare takes a .tc file" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("schedule, says", [(None, "CPU schedule: Mullapudi2016 (planned for "
