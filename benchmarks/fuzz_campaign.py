@@ -26,6 +26,13 @@ sums, softmax, ...; tests/fuzz/narrow.py) at awkward sizes, on the CPU once and 
 --options random MappingOptions each, mostly with tensor cores on, against float64 numpy within
 a derived error bound; the summary also counts kernels on tensor cores and split reductions.
 
+`halide`: random Halide pipelines (tests/fuzz/halide_pipelines.py) through `tc.from_halide`:
+every CPU schedule at two calls' sizes on one function, and --options random MappingOptions
+emulated, against Halide's own realize of a fresh copy; the caller's Funcs must stay
+unscheduled.
+
+    python3 benchmarks/fuzz_campaign.py halide --programs 300 --options 2 --timeout 120
+
 `minimize`: shrinks the program of seed --first (with its --options random options) to a
 smaller one that fails the same way, and writes its reproducer to --out.
 
@@ -121,6 +128,21 @@ def _narrow_task(seed: int, n_options: int) -> list[dict]:
     return findings + [{"kind": "stats", **stats}]
 
 
+def _halide_task(seed: int, n_options: int, send) -> list[dict]:
+    import random
+
+    import attrs
+
+    from fuzz import halide_pipelines, mapping
+
+    case = halide_pipelines.case(seed)
+    rng = random.Random(f"options/{seed}")
+    options = [mapping.random_options(rng) for _ in range(n_options)]
+    findings = halide_pipelines.check(case, options,
+                                      progress=lambda stage, o: send(("stage", stage, str(o))))
+    return [attrs.asdict(f) for f in findings]
+
+
 def _worker(conn, mode: str, config: dict) -> None:
     os.environ.setdefault("PYTHONHASHSEED", "0")
     while True:
@@ -136,6 +158,8 @@ def _worker(conn, mode: str, config: dict) -> None:
                 result = _gradient_task(task)
             elif mode == "narrow":
                 result = _narrow_task(task, config["options"])
+            elif mode == "halide":
+                result = _halide_task(task, config["options"], conn.send)
             else:
                 result = _differential_task(task, config["options"], config["nvcc"],
                                             config.get("scatter", False), conn.send)
@@ -354,6 +378,48 @@ def narrow(args) -> dict:
             "seconds": time.monotonic() - start, "interrupted": interrupted}
 
 
+def halide(args) -> dict:
+    """The Halide pipeline campaign (tests/fuzz/halide_pipelines.py)."""
+    pool = Pool("halide", {"options": args.options})
+    counts = collections.Counter()
+    classes: dict = collections.defaultdict(list)
+    failing_seeds = set()
+    start = time.monotonic()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def visit(seed, status, findings, stage):
+        counts["programs"] += 1
+        counts["option sets"] += args.options
+        if status != "done":
+            findings = [{"kind": "hang" if status == "hang" else "crash", "stage": stage,
+                         "error": status, "detail": stage, "options": None}]
+        for f in findings:
+            f["seed"] = seed
+            counts[f["kind"]] += 1
+            failing_seeds.add(seed)
+            sig = _signature(f)
+            classes[sig].append(f)
+            if len(classes[sig]) <= 3:
+                from fuzz import differential as D
+                from fuzz import halide_pipelines as H
+                try:
+                    text = H.reproducer(H.case(seed), D.Finding(
+                        seed, f["kind"], f["stage"], f["options"], f["error"], f["detail"]))
+                except Exception as e:  # noqa: BLE001
+                    text = f"# (no reproducer: {e})\n"
+                stage_name = f["stage"].split(" ")[0]
+                (out / f"halide-{f['kind']}-{stage_name}-seed{seed}.py").write_text(
+                    f"# {sig}\n" + text)
+        if args.progress and counts["programs"] % args.progress == 0:
+            _progress(counts, start)
+
+    interrupted = _over_programs(args, pool, visit)
+    return {"counts": dict(counts), "failing programs": len(failing_seeds),
+            "classes": {k: sorted({f["seed"] for f in v}) for k, v in classes.items()},
+            "seconds": time.monotonic() - start, "interrupted": interrupted}
+
+
 def _over_programs(args, pool, visit) -> bool:
     """Runs each program of the campaign in the pool and hands its answer to
     visit(seed, status, results, stage); whether Ctrl-C ended it early (what came in is kept)."""
@@ -491,7 +557,7 @@ def _interrupt(signum, frame):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", choices=("frontend", "differential", "gradient", "narrow",
-                                         "minimize"))
+                                         "halide", "minimize"))
     parser.add_argument("--inputs", type=int, default=100_000, help="front-end inputs")
     parser.add_argument("--programs", type=int, default=1000, help="differential programs")
     parser.add_argument("--options", type=int, default=3, help="MappingOptions per program")
@@ -516,13 +582,14 @@ def main(argv=None) -> int:
     if args.mode == "minimize":
         return minimize(args)
     if args.timeout is None:
-        args.timeout = {"frontend": 5.0, "gradient": 120.0, "narrow": 120.0}.get(args.mode,
-                                                                                   300.0)
+        args.timeout = {"frontend": 5.0, "gradient": 120.0, "narrow": 120.0,
+                        "halide": 120.0}.get(args.mode, 300.0)
     if args.mode == "gradient":
         summary = gradient(args)
         _print_gradient_summary(summary)
     else:
-        summary = {"frontend": frontend, "narrow": narrow}.get(args.mode, differential)(args)
+        summary = {"frontend": frontend, "narrow": narrow, "halide": halide}.get(
+            args.mode, differential)(args)
         _print_summary(args.mode, summary)
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1, default=str))
