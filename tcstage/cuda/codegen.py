@@ -502,6 +502,11 @@ class _ValuePrinter:
             (a, ta), (b, tb) = self.expr(t[1], local), self.expr(t[2], local)
             ty = "bool" if tag in ("eq", "ne", "lt", "le", "gt", "ge", "and", "or") else \
                 _common(ta, tb)
+            if ty in _NARROW_INTS and tag in ("add", "sub", "mul"):
+                # C computes 8- and 16-bit integers in int; Halide wraps them in their type,
+                # so a sum a comparison or min/max reads must be wrapped first (in unsigned
+                # arithmetic: a 16-bit product can pass int's range)
+                return f"(({c_type(ty)})((uint32_t)({a}) {_BINARY[tag]} (uint32_t)({b})))", ty
             return f"({a} {_BINARY[tag]} {b})", ty
         if tag in ("div", "mod"):
             (a, ta), (b, tb) = self.expr(t[1], local), self.expr(t[2], local)
@@ -610,6 +615,7 @@ def _math_call(single: str, double: str, args: list[str], ty: str) -> tuple[str,
 # types are ambiguous or missing in cuda_fp16.h / cuda_bf16.h), which is also how Halide's CPU
 # code converts them, so both back ends round alike.
 _NARROW = ("float16", "bfloat16")
+_NARROW_INTS = ("int8", "int16", "uint8", "uint16")
 
 
 def _is_float(ty: str) -> bool:

@@ -1,0 +1,62 @@
+"""Findings of the Halide pipeline fuzz campaign (benchmarks/fuzz_campaign.py halide), each
+minimized, against Halide's own realize; and a smoke run of the generator
+(tests/fuzz/halide_pipelines.py) on a few fixed seeds."""
+
+import warnings
+
+import halide as hl
+import numpy as np
+import pytest
+
+import tcstage as tc
+
+x = hl.Var("x")
+
+
+def realized(build, args: dict, shape) -> np.ndarray:
+    """Halide's realize of a fresh copy of the pipeline."""
+    outs, params = build()
+    for name, value in args.items():
+        params[name].set(hl.Buffer(value) if isinstance(value, np.ndarray) else value)
+    return np.array(hl.Pipeline(outs).realize(list(reversed(shape))))
+
+
+def emulated(build, args: dict, shape) -> np.ndarray:
+    outs, _ = build()
+    f = tc.from_halide(outs)
+    values = [args[a.name] for a in f.arguments]
+    return tc.compile(f, *values, output_shape=shape, target="cuda-emulated")(*values)
+
+
+def test_narrow_integer_sum_wraps_before_max():
+    """Seed 19: Halide computes a uint8 sum in uint8 (it wraps); C promotes it to int, so the
+    kernel compared 300 where Halide compares 44 and stored the wrong operand of max."""
+    def build():
+        im = hl.ImageParam(hl.UInt(8), 1, "im")
+        s = hl.ImageParam(hl.Int(16), 1, "s")
+        f = hl.Func("f")
+        f[x] = hl.max(im[x] + hl.u8(200), hl.u8(100)) \
+            + hl.u8(hl.select(s[x] * hl.i16(300) > 0, 1, 0))  # an int16 product wraps too
+        return [f], {"im": im, "s": s}
+
+    args = {"im": np.array([100, 10, 50, 0, 255], np.uint8),
+            "s": np.array([200, -200, 1, 0, 110], np.int16)}
+    expected = realized(build, args, (5,))
+    # (100 + 200) % 256 < 100; 200 * 300 and 110 * 300 wrap below 0, -200 * 300 above
+    assert expected.tolist() == [100, 211, 251, 200, 199]
+    np.testing.assert_array_equal(emulated(build, args, (5,)), expected)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 7])
+def test_fuzz_generator_smoke(seed):
+    """The generator makes a valid pipeline Halide realizes, and tcstage agrees with it on the
+    CPU (its default schedule, both calls) and emulated (default MappingOptions)."""
+    from fuzz import halide_pipelines as H
+
+    case = H.case(seed)
+    assert case.source.startswith("import halide as hl") and len(case.calls) == 2
+    assert all(len(call.shapes) in (1, 2) for call in case.calls)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        findings = H.check(case, [tc.MappingOptions()], schedules=("auto",))
+    assert findings == []
