@@ -60,3 +60,29 @@ def test_fuzz_generator_smoke(seed):
         warnings.simplefilter("ignore")
         findings = H.check(case, [tc.MappingOptions()], schedules=("auto",))
     assert findings == []
+
+
+def test_output_needed_beyond_its_box_says_why_on_both_paths():
+    """Seeds 6 and 10: an output that another output reads below 0, or whose histogram update
+    writes past the box asked for. The CPU call raised Halide's own message after compiling
+    ("Output buffer g$3 is accessed at -2"), and tc.compile blamed updates that g lacks."""
+    im = hl.ImageParam(hl.Int(32), 1, "im")
+    g, h = hl.Func("g"), hl.Func("h")
+    g[x] = hl.BoundaryConditions.repeat_edge(im)[x] * 2
+    h[x] = g[x - 2] + g[x]
+    f = tc.from_halide([h, g])
+    a = np.arange(8, dtype=np.int32)
+    with pytest.raises(tc.TCError, match=r"output 'g' of 'h' is needed over \[-2\.\.5\].*"
+                                         r"'h' read it there"):
+        f(a, output_shape=[(6,), (6,)])
+    with pytest.raises(tc.TCError, match=r"output 'g' .*'h' read it there"):
+        tc.compile(f, a, output_shape=[(6,), (6,)], target="cuda-emulated")
+    hist = hl.Func("hist")
+    r = hl.RDom([(0, 8)])
+    hist[x] = 0
+    hist[hl.clamp(im[r.x], 0, 7)] += 1
+    f = tc.from_halide(hist)
+    with pytest.raises(tc.TCError, match=r"output 'hist' .*over \[0\.\.7\].*beyond its "
+                                         r"output_shape \(3,\): its updates write there"):
+        f(a, output_shape=(3,))
+    np.testing.assert_array_equal(f(a, output_shape=(8,)), np.ones(8, np.int32))

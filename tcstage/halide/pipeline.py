@@ -270,6 +270,7 @@ class HalideFunction:
         b = self.bind(args, out, named=named)
         regions = self.required_regions(b, shapes)
         _check_inputs(self, b, regions)
+        _check_outputs(self, regions, shapes, TCArgumentError)
         keep, values = [], []
         for a in self.arguments:
             if a.is_buffer:
@@ -735,6 +736,40 @@ def _check_inputs(fn: HalideFunction, b: Binding, regions: dict) -> None:
                                        "the input through hl.BoundaryConditions",))
 
 
+def _check_outputs(fn: HalideFunction, regions: dict, shapes, error=TCError) -> None:
+    """Each output is needed only over the box asked for: Halide computes an output over its
+    buffer, and refuses a call where the pipeline writes or reads one beyond it."""
+    for f, shape in zip(fn.outputs, shapes):
+        region = regions.get(f.name())
+        if region and any(lo < 0 or hi >= e for (lo, hi), e in zip(region, shape)):
+            raise error(_outside_output(fn, f.name(), region, shape))
+
+
+def _outside_output(fn: HalideFunction, name: str, region, shape) -> str:
+    """Why output `name` is needed over `region`, beyond its output_shape: its updates write
+    there, or other Funcs read it there (an output that another output reads)."""
+    readers = sorted(display_name(d["name"]) for d in fn._dump or ()
+                     if d["name"] != name and _reads(d["definitions"], name))
+    updates = any(d["name"] == name and len(d["definitions"]) > 1 for d in fn._dump or ())
+    why = [w for w, found in (("its updates write there", updates or not readers),
+                              (f"{', '.join(map(repr, readers))} read it there", readers))
+           if found]
+    return (f"output '{display_name(name)}' of '{fn.name}' is needed over {_box_text(region)} "
+            f"(numpy order), beyond its output_shape {shape}: {' and '.join(why)}; Halide "
+            f"computes an output over the box asked for only, so ask for a larger output_shape")
+
+
+def _reads(tree, name: str) -> bool:
+    """Whether a definition (nested tuples, lists and dicts) reads Func `name`."""
+    if isinstance(tree, dict):
+        return any(_reads(v, name) for v in tree.values())
+    if isinstance(tree, (tuple, list)):
+        if len(tree) > 1 and tree[0] == "read" and tree[1] == name:
+            return True
+        return any(_reads(v, name) for v in tree)
+    return False
+
+
 # -- the scop's view of the pipeline ---------------------------------------------------------
 
 
@@ -931,10 +966,7 @@ def _lower(fn: HalideFunction, b: Binding, shapes, regions: dict) -> PipelineLow
         if tensor in checked.outputs:
             shape = shapes[checked.outputs.index(tensor)]
             if any(lo != 0 or hi != e - 1 for (lo, hi), e in zip(region, shape)):
-                raise TCError(
-                    f"output '{display_name(f['name'])}' of '{fn.name}' is written over "
-                    f"{_box_text(region)}, beyond its output_shape {shape}: its updates write "
-                    "outside the box asked for")
+                raise TCError(_outside_output(fn, f["name"], region, shape))
         bounds[tensor] = TensorBounds(tuple(("int", lo) for lo, _ in region),
                                       tuple(("int", hi - lo + 1) for lo, hi in region))
         defs[tensor] = []
