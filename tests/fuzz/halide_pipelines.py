@@ -331,7 +331,10 @@ def _required(source: str, shapes, scalars: dict, extents: dict) -> dict:
     from tcstage.halide.pipeline import _constant
 
     outs, params, _ = build(source)
-    known = {n: v for n, v in scalars.items() if isinstance(v, int)}
+    import halide as hl
+
+    # (a data-dependent subscript may read a Float(32) Param: the region depends on its value)
+    known = {n: v if isinstance(v, int) else hl.f32(v) for n, v in scalars.items()}
     for n, ext in extents.items():
         for k, e in enumerate(ext):
             known[f"{n}.min.{k}"], known[f"{n}.extent.{k}"] = 0, e
