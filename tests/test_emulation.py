@@ -434,6 +434,28 @@ def test_compiled_kernels_are_cached_on_disk(monkeypatch):
     np.testing.assert_array_equal(c, a + b)
 
 
+def test_runtime_header_is_precompiled_once_and_a_damaged_one_is_done_without(monkeypatch,
+                                                                             tmp_path):
+    if "clang" in emu._compiler_version(emu._compiler()):
+        pytest.skip("the precompiled header is GCC's")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(emu, "_libraries", {})
+    monkeypatch.setattr(emu, "_pch_ready", {})
+    compile_kernels(VADD)
+    (pch,) = [d for d in os.listdir(emu.cache_dir()) if d.startswith("pch-")]
+    gch = os.path.join(emu.cache_dir(), pch, "emu_runtime.h.gch")
+    assert os.path.getsize(gch) > 1 << 20
+    # A truncated .gch (a full disk, a killed writer) makes GCC fail: the kernel is compiled
+    # without it, and the damaged file is removed.
+    with open(gch, "r+b") as f:
+        f.truncate(100_000)
+    c, a, b = np.zeros(10, np.float32), rand(10), rand(10)
+    emulate(VADD.replace("c[i] = a[i] + b[i]", "c[i] = b[i] + a[i]"), "vadd", 1, 16,
+            [c, a, b, 10])
+    np.testing.assert_array_equal(c, a + b)
+    assert not os.path.exists(gch)
+
+
 def test_parse_kernels():
     sig = parse_kernels(MATMUL + TMM)
     assert set(sig) == {"matmul", "tmm_256_32_128"}
