@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "gpu_examples.py"
 
 
+@pytest.mark.slow  # (12 s cold)
 def test_gpu_examples_pass_under_emulation(capsys):
     module = runpy.run_path(str(SCRIPT), run_name="gpu_examples")
     with warnings.catch_warnings():
@@ -35,6 +36,7 @@ def test_gpu_examples_pass_under_emulation(capsys):
     assert out.count(" ok") == 14 and "WRONG" not in out and "FAILED" not in out, out
 
 
+@pytest.mark.slow  # (8 s cold)
 @pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
                     reason="gpu_check.sh needs bash and coreutils' timeout")
 def test_gpu_check_cpu_side_mode_runs_and_says_the_gpu_part_is_unmeasured(tmp_path):

@@ -56,6 +56,7 @@ def test_compare_pipeline_with_your_schedule_as_baseline(operands):
     assert "mm (A.0=12, A.1=20, B.0=20, B.1=24" in result.table()
 
 
+@pytest.mark.slow  # (5 s cold; the CLI test below covers the same baseline)
 def test_compare_pipeline_without_a_schedule_uses_the_default(operands):
     a, b, s = operands
     result = tc.compare(scaled_matmul(), a, b, s, output_shape=(12, 24), tune_budget=0,

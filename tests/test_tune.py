@@ -148,6 +148,7 @@ def test_structural_default_is_correct_and_beats_naive():
         _predicted(TBMM, "tbmm", [A.shape, B.shape], NAIVE) / 20
 
 
+@pytest.mark.slow  # (11 s cold)
 def test_warm_start_from_other_sizes(tmp_path):
     path = tmp_path / "tune.sqlite"
     first = tc.autotune(TMM, "tmm", (64, 32), (128, 32), measure="model", budget=8,

@@ -5,6 +5,7 @@ measures; TCSTAGE_CACHE_DIR is a private directory, see conftest.py)."""
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import tcstage as tc
 from tcstage.cli import main
@@ -21,6 +22,7 @@ def table_rows(out: str) -> dict[str, str]:
     return {line.split("  ")[0].strip(): line for line in out.splitlines() if "  " in line}
 
 
+@pytest.mark.slow  # (14 s cold: the README test command stays under 5 minutes)
 def test_tune_save_then_compare_picks_it_up_and_plots(tmp_path, capsys):
     saved = tmp_path / "schedules" / "mine.txt"
     assert main(["tune", TMM, "--sizes", SIZES, "--measure", "model", "--budget", "8",
