@@ -302,6 +302,52 @@ def frontend(args) -> dict:
 def differential(args) -> dict:
     pool = Pool("differential", {"options": args.options, "nvcc": args.nvcc,
                                  "scatter": args.scatter})
+
+    def reproduce(out, seed, f, sig):
+        _write_reproducer(out, seed, f, sig, args.scatter)
+    return _seed_campaign(args, pool, reproduce)
+
+
+def narrow(args) -> dict:
+    """The narrow-type campaign (tests/fuzz/narrow.py)."""
+    from fuzz import narrow as Nw
+
+    def reproduce(out, seed, f, sig):
+        try:
+            text = Nw.reproducer(Nw.case(seed, args.options), Nw.Finding(
+                seed, f["kind"], f["stage"], f["options"], f["error"], f["detail"]))
+        except Exception as e:  # noqa: BLE001
+            text = f"# (no reproducer: {e})\n"
+        (out / f"narrow-{f['kind']}-{f['stage']}-seed{seed}.py").write_text(
+            f"# {sig}\n# options: {f['options']}\n# {f['detail']}\n" + text)
+
+    def progress(counts):
+        print(f"    kernels {counts['kernels']}, on tensor cores {counts['on tensor cores']}, "
+              f"split reductions {counts['split reductions']}", flush=True)
+    return _seed_campaign(args, Pool("narrow", {"options": args.options}), reproduce, progress)
+
+
+def halide(args) -> dict:
+    """The Halide pipeline campaign (tests/fuzz/halide_pipelines.py)."""
+    from fuzz import differential as D
+    from fuzz import halide_pipelines as H
+
+    def reproduce(out, seed, f, sig):
+        try:
+            text = H.reproducer(H.case(seed), D.Finding(
+                seed, f["kind"], f["stage"], f["options"], f["error"], f["detail"]))
+        except Exception as e:  # noqa: BLE001
+            text = f"# (no reproducer: {e})\n"
+        stage_name = f["stage"].split(" ")[0]
+        (out / f"halide-{f['kind']}-{stage_name}-seed{seed}.py").write_text(f"# {sig}\n" + text)
+    return _seed_campaign(args, Pool("halide", {"options": args.options}), reproduce)
+
+
+def _seed_campaign(args, pool, reproduce, progress=None) -> dict:
+    """A campaign over the programs of seeds --first .. --first + --programs (differential,
+    narrow, halide): findings counted and grouped into classes, the first three of each class
+    written to --out by reproduce(out, seed, finding, signature); a worker's "stats" findings
+    only add to the counts, and progress(counts) adds to the progress line."""
     counts = collections.Counter()
     classes: dict = collections.defaultdict(list)
     failing_seeds = set()
@@ -317,39 +363,6 @@ def differential(args) -> dict:
                          "error": status, "detail": f"no answer within {args.timeout} s"
                          if status == "hang" else "the worker died", "options": None}]
         for f in findings:
-            f["seed"] = seed
-            counts[f["kind"]] += 1
-            failing_seeds.add(seed)
-            sig = _signature(f)
-            classes[sig].append(f)
-            if len(classes[sig]) <= 3:
-                _write_reproducer(out, seed, f, sig, args.scatter)
-        if args.progress and counts["programs"] % args.progress == 0:
-            _progress(counts, start)
-
-    interrupted = _over_programs(args, pool, visit)
-    return {"counts": dict(counts), "failing programs": len(failing_seeds),
-            "classes": {k: sorted({f["seed"] for f in v}) for k, v in classes.items()},
-            "seconds": time.monotonic() - start, "interrupted": interrupted}
-
-
-def narrow(args) -> dict:
-    """The narrow-type campaign (tests/fuzz/narrow.py)."""
-    pool = Pool("narrow", {"options": args.options})
-    counts = collections.Counter()
-    classes: dict = collections.defaultdict(list)
-    failing_seeds = set()
-    start = time.monotonic()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-
-    def visit(seed, status, findings, stage):
-        counts["programs"] += 1
-        counts["option sets"] += args.options
-        if status != "done":
-            findings = [{"kind": "hang" if status == "hang" else "crash", "stage": stage,
-                         "error": status, "detail": stage, "options": None}]
-        for f in findings:
             if f["kind"] == "stats":
                 counts.update({k: v for k, v in f.items() if k != "kind"})
                 continue
@@ -359,60 +372,11 @@ def narrow(args) -> dict:
             sig = _signature(f)
             classes[sig].append(f)
             if len(classes[sig]) <= 3:
-                from fuzz import narrow as Nw
-                try:
-                    text = Nw.reproducer(Nw.case(seed, args.options), Nw.Finding(
-                        seed, f["kind"], f["stage"], f["options"], f["error"], f["detail"]))
-                except Exception as e:  # noqa: BLE001
-                    text = f"# (no reproducer: {e})\n"
-                (out / f"narrow-{f['kind']}-{f['stage']}-seed{seed}.py").write_text(
-                    f"# {sig}\n# options: {f['options']}\n# {f['detail']}\n" + text)
+                reproduce(out, seed, f, sig)
         if args.progress and counts["programs"] % args.progress == 0:
             _progress(counts, start)
-            print(f"    kernels {counts['kernels']}, on tensor cores {counts['on tensor cores']}, "
-                  f"split reductions {counts['split reductions']}", flush=True)
-
-    interrupted = _over_programs(args, pool, visit)
-    return {"counts": dict(counts), "failing programs": len(failing_seeds),
-            "classes": {k: sorted({f["seed"] for f in v}) for k, v in classes.items()},
-            "seconds": time.monotonic() - start, "interrupted": interrupted}
-
-
-def halide(args) -> dict:
-    """The Halide pipeline campaign (tests/fuzz/halide_pipelines.py)."""
-    pool = Pool("halide", {"options": args.options})
-    counts = collections.Counter()
-    classes: dict = collections.defaultdict(list)
-    failing_seeds = set()
-    start = time.monotonic()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-
-    def visit(seed, status, findings, stage):
-        counts["programs"] += 1
-        counts["option sets"] += args.options
-        if status != "done":
-            findings = [{"kind": "hang" if status == "hang" else "crash", "stage": stage,
-                         "error": status, "detail": stage, "options": None}]
-        for f in findings:
-            f["seed"] = seed
-            counts[f["kind"]] += 1
-            failing_seeds.add(seed)
-            sig = _signature(f)
-            classes[sig].append(f)
-            if len(classes[sig]) <= 3:
-                from fuzz import differential as D
-                from fuzz import halide_pipelines as H
-                try:
-                    text = H.reproducer(H.case(seed), D.Finding(
-                        seed, f["kind"], f["stage"], f["options"], f["error"], f["detail"]))
-                except Exception as e:  # noqa: BLE001
-                    text = f"# (no reproducer: {e})\n"
-                stage_name = f["stage"].split(" ")[0]
-                (out / f"halide-{f['kind']}-{stage_name}-seed{seed}.py").write_text(
-                    f"# {sig}\n" + text)
-        if args.progress and counts["programs"] % args.progress == 0:
-            _progress(counts, start)
+            if progress is not None:
+                progress(counts)
 
     interrupted = _over_programs(args, pool, visit)
     return {"counts": dict(counts), "failing programs": len(failing_seeds),

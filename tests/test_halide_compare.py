@@ -2,14 +2,14 @@
 your own Halide schedule as the baseline, every row checked against the pipeline computed with
 every intermediate at the root, which is checked here against numpy."""
 
-import textwrap
-
 import halide as hl
 import numpy as np
 import pytest
 
 import tcstage as tc
 from tcstage.cli import main
+
+from test_halide_cli import MODULE  # tests/: a small pipeline module
 
 x, y = hl.Var("x"), hl.Var("y")
 
@@ -77,26 +77,6 @@ def test_compare_manual_mistakes(operands):
     with pytest.raises(tc.TCError, match="manual= is a Halide pipeline with your own schedule"):
         tc.compare("def f(float(N) A) -> (B) { B(i) = A(i) }", "f", np.ones(4, np.float32),
                    manual=scaled_matmul(), tune_budget=0, progress=False)
-
-
-MODULE = textwrap.dedent('''
-    import halide as hl
-    import numpy as np
-
-    def build():
-        inp = hl.ImageParam(hl.Float(32), 2, "inp")
-        x, y = hl.Var("x"), hl.Var("y")
-        edge = hl.BoundaryConditions.repeat_edge(inp)
-        out = hl.Func("out")
-        out[x, y] = edge[x - 1, y] + 2 * edge[x, y + 1]
-        return [out]
-
-    def inputs(rng, size="small"):
-        return [np.arange(20, dtype=np.float32).reshape(4, 5)]
-
-    def output_shapes(args):
-        return [args[0].shape]
-''')
 
 
 @pytest.mark.parametrize("with_schedule", [False, True])
