@@ -118,6 +118,11 @@ class PycudaLauncher:
     def __call__(self, source: str, name: str, grid, block, params, args) -> dict[int, np.ndarray]:
         if self.broken:
             raise RuntimeError(f"the GPU context of this process is unusable since {self.broken}")
+        from tcstage.cuda.launch import primary_context
+        with primary_context():  # (a test's thread pool worker has no current context)
+            return self._launch(source, name, grid, block, params, args)
+
+    def _launch(self, source: str, name: str, grid, block, params, args) -> dict[int, np.ndarray]:
         drv = self.driver
         function = self._function(source, name)
         values, device = [], {}

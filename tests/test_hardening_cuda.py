@@ -11,6 +11,7 @@ internal errors named by stage.
 
 import math
 import re
+import sys
 import types
 import warnings
 
@@ -379,7 +380,7 @@ def _stand_in_pycuda(fail: str):
 
     device = types.SimpleNamespace(compute_capability=lambda: (9, 0))
     driver = types.SimpleNamespace(Error=Error, Context=types.SimpleNamespace(
-        get_device=lambda: device))
+        get_device=lambda: device, get_current=lambda: "a context"))
     gpuarray = types.SimpleNamespace(GPUArray=GPUArray, zeros=zeros, to_gpu=GPUArray)
     return driver, types.SimpleNamespace(SourceModule=source_module), gpuarray
 
@@ -399,6 +400,32 @@ def test_pycuda_errors_become_tc_errors(monkeypatch, fail, message):
     with pytest.raises(tc.TCError, match=message) as info:
         kernel(f32(4))
     assert info.value.__cause__ is not None
+
+
+def test_a_thread_without_a_current_context_gets_the_primary_one(monkeypatch):
+    """A CUDA context is current per thread; pycuda makes the primary one current only on the
+    thread that imported pycuda.autoprimaryctx, so a launch from a thread pool's worker failed
+    on an H200 with 'invalid device context'. Each driver call now pushes the primary context
+    where none is current, and pops it after, also when the call fails."""
+    modules = _stand_in_pycuda("launch")
+    events = []
+    current = []
+    modules[0].Context.get_current = lambda: current[-1] if current else None
+    modules[0].Context.pop = lambda: events.append(("pop", current.pop()))
+    primary = types.SimpleNamespace(
+        push=lambda: (current.append("primary"), events.append(("push", "primary"))))
+    monkeypatch.setitem(sys.modules, "pycuda", types.SimpleNamespace(autoprimaryctx=None))
+    monkeypatch.setitem(sys.modules, "pycuda.autoprimaryctx",
+                        types.SimpleNamespace(context=primary))
+    sys.modules["pycuda"].autoprimaryctx = sys.modules["pycuda.autoprimaryctx"]
+    monkeypatch.setattr(launch, "_pycuda", lambda: modules)
+    kernel = tc.compile("def f(float(N) A) -> (B) { B(i) = A(i) * 2 }", "f", (4,),
+                        options=M().mapToThreads(4), target="cuda")
+    with pytest.raises(tc.TCError, match="launching kernel 'tc_f'"):
+        kernel(f32(4))
+    assert events and current == []
+    assert events == [e for _ in range(len(events) // 2)
+                      for e in (("push", "primary"), ("pop", "primary"))]
 
 
 def test_an_internal_error_names_its_stage_and_function(monkeypatch):

@@ -3,7 +3,9 @@
 Arrays: numpy inputs are copied to the device and the outputs copied back; device arrays (anything
 with `__cuda_array_interface__`: PyTorch CUDA tensors, CuPy arrays, pycuda GPUArrays) are used in
 place and the outputs are allocated in the same framework. pycuda works in the device's primary
-context, the one PyTorch and CuPy use, so their pointers are valid in our launches.
+context, the one PyTorch and CuPy use, so their pointers are valid in our launches; every driver
+call here makes it current on the calling thread first, where no context is (a CUDA context is
+current per thread, and pycuda makes it current only on the thread that imported it).
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ def _pycuda():
         driver.init()
         if driver.Device.count() == 0:
             raise TCError("target='cuda' needs an NVIDIA GPU, and the CUDA driver sees none")
-        import pycuda.autoprimary  # noqa: F401  (the primary context, shared with PyTorch)
+        import pycuda.autoprimaryctx  # noqa: F401  (the primary context, shared with PyTorch)
+        # (the module is pycuda's autoprimaryctx: autoprimary, named once here by mistake, was
+        # the first thing that failed when tcstage first met a GPU)
     except driver.Error as e:
         raise TCError(f"target='cuda' needs a working CUDA driver and GPU: {e}",
                       notes=("target='cuda-emulated' runs the same CUDA source on the CPU",)) \
@@ -60,12 +64,29 @@ def _pycuda():
 
 
 @contextlib.contextmanager
-def driver_errors(what: str, notes: tuple[str, ...] = ()):
-    """pycuda's errors (compiling, launching, allocating, copying) as TCErrors saying what
-    tcstage was doing."""
+def primary_context():
+    """The primary context, made current on this thread for the block where none is (a launch
+    from a thread pool's worker found none: pycuda makes it current on the importing thread)."""
     driver, _, _ = _pycuda()
+    if driver.Context.get_current() is not None:
+        yield
+        return
+    import pycuda.autoprimaryctx
+    pycuda.autoprimaryctx.context.push()
     try:
         yield
+    finally:
+        driver.Context.pop()
+
+
+@contextlib.contextmanager
+def driver_errors(what: str, notes: tuple[str, ...] = ()):
+    """Runs driver calls (compiling, launching, allocating, copying) in the primary context,
+    with pycuda's errors as TCErrors saying what tcstage was doing."""
+    driver, _, _ = _pycuda()
+    try:
+        with primary_context():
+            yield
     except driver.Error as e:
         detail = str(e).strip() or type(e).__name__
         raise TCError(f"{what} failed: {detail}", notes=notes) from e
