@@ -13,6 +13,7 @@ import os
 import sysconfig
 
 from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -78,16 +79,59 @@ def _native_extension():
         sources=["tcstage/halide/_native.cpp"],
         include_dirs=[include, _pybind11_include()],
         library_dirs=[libdir],
-        libraries=["Halide"],
+        # libstdc++ named explicitly: the shared one, the C++ runtime libHalide uses too (see
+        # _SharedRuntimeBuild)
+        libraries=["Halide", "stdc++"],
         language="c++",
         extra_compile_args=["-std=c++17", "-O2", "-g0", "-fvisibility=hidden"],
         extra_link_args=[f"-Wl,-rpath,{p}" for p in seen],
     )
 
 
+# Flags that would link a second, static copy of the C++ runtime into the extension.
+_STATIC_RUNTIME = ("-static-libstdc++", "-static-libgcc", "-static")
+
+
+def _needed_libraries(path):
+    """tcstage/halide/elf.py's reader, loaded by path: tcstage is not importable yet."""
+    spec = importlib.util.spec_from_file_location(
+        "_tcstage_elf", os.path.join(HERE, "tcstage", "halide", "elf.py"))
+    elf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(elf)
+    return elf.needed_libraries(path)
+
+
+class _SharedRuntimeBuild(build_ext):
+    """Links the extension against the shared libstdc++, whatever the environment's flags say,
+    and checks the result. A build environment may put -static-libstdc++ into LDFLAGS (the H200
+    machine's image did); the extension then carries its own libstdc++ beside the shared one
+    libHalide uses, and crashes inside std::ostringstream once PyTorch or the CUDA driver puts
+    the shared one in the process's global scope (tcstage/halide/elf.py says more)."""
+
+    def build_extension(self, ext):
+        dropped = set()
+        for attr in ("linker_so", "linker_so_cxx", "compiler_cxx", "compiler_so"):
+            command = getattr(self.compiler, attr, None)
+            if isinstance(command, list):
+                dropped |= {a for a in command if a in _STATIC_RUNTIME}
+                setattr(self.compiler, attr, [a for a in command if a not in _STATIC_RUNTIME])
+        if dropped:
+            print(f"tcstage: ignoring {' '.join(sorted(dropped))} from the build environment: "
+                  "the extension must share libHalide's C++ runtime")
+        super().build_extension(ext)
+        path = self.get_ext_fullpath(ext.name)
+        needed = _needed_libraries(path)
+        if not any(n.startswith("libstdc++.so") for n in needed):
+            raise RuntimeError(
+                f"{path} was linked without the shared libstdc++ (it needs {needed}): a static "
+                "copy of the C++ runtime beside libHalide's crashes at run time. Check LDFLAGS "
+                "and the compiler's defaults for -static-libstdc++.")
+
+
 setup(
     packages=find_packages(where=HERE, include=["tcstage", "tcstage.*"]),
     ext_modules=[_native_extension()],
+    cmdclass={"build_ext": _SharedRuntimeBuild},
     # The C++ source is only needed to build; keep it out of installed trees.
     exclude_package_data={"tcstage.halide": ["*.cpp"]},
     zip_safe=False,

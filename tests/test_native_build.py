@@ -1,0 +1,61 @@
+"""The native extension shares libHalide's C++ runtime.
+
+On the first GPU machine tcstage ran on (an H200 image whose build flags link libstdc++
+statically), `pip install -e .` produced a `_native` carrying its own libstdc++; with PyTorch or
+the CUDA driver loaded, the two runtimes' locale tables mixed and every GPU test process crashed
+inside `std::ostringstream` (`type_to_str`). setup.py now drops such flags, links the shared
+libstdc++ by name and refuses a build without it; these tests hold it to that.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tcstage.halide import _native, elf
+
+ROOT = Path(__file__).parent.parent
+
+
+def test_the_installed_extension_needs_the_shared_libstdcxx():
+    needed = elf.needed_libraries(_native.__file__)
+    assert "libHalide.so" in needed
+    assert any(n.startswith("libstdc++.so") for n in needed), needed
+
+
+def test_the_elf_reader_against_readelf(tmp_path):
+    if shutil.which("readelf") is None:
+        pytest.skip("readelf (binutils) is not installed")
+    for path in (_native.__file__, shutil.which("ls")):
+        out = subprocess.run(["readelf", "-d", path], capture_output=True, text=True,
+                             check=True).stdout
+        expected = [line.split("[", 1)[1].split("]", 1)[0] for line in out.splitlines()
+                    if "(NEEDED)" in line]
+        assert elf.needed_libraries(path) == expected
+    text = tmp_path / "not-elf"
+    text.write_text("#!/bin/sh\n")
+    with pytest.raises(ValueError, match="not a 64-bit little-endian ELF"):
+        elf.needed_libraries(str(text))
+
+
+@pytest.mark.slow
+def test_a_build_environment_asking_for_a_static_libstdcxx_still_gets_the_shared_one(tmp_path):
+    """LDFLAGS=-static-libstdc++ (what the H200 image's builds amounted to): setup.py says it
+    ignores the flag, and the extension it builds needs libstdc++.so."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout")
+    for name in tracked.stdout.split():
+        if name.startswith(("setup.py", "pyproject.toml", "tcstage/")):
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, tmp_path / name)
+    env = {**os.environ, "LDFLAGS": "-static-libstdc++"}
+    r = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ignoring -static-libstdc++" in r.stdout
+    built = next((tmp_path / "tcstage" / "halide").glob("_native*.so"))
+    assert any(n.startswith("libstdc++.so") for n in elf.needed_libraries(str(built)))
