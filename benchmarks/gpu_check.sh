@@ -7,8 +7,10 @@
 # On a GPU machine prepared as ../shared/gpu/README.md says (.gpu/ carried along), in one device
 # `run` (10 minutes; each step has a time budget, `timeout`, and the whole run GPU_CHECK_BUDGET
 # seconds, default 540):
-#   setup        .gpu/unpack.sh (halide, islpy, pycuda built there), the test tools packed by
-#                `pack`, then `pip install --no-deps --no-build-isolation -e .`
+#   setup        .gpu/unpack.sh (halide, islpy, and pycuda: the wheel `pack` built where it
+#                could, else built there, about 100 s), the test tools packed by `pack`, then
+#                `pip install --no-deps --no-build-isolation -e .`, checked to link libstdc++
+#                dynamically (setup.py says why)
 #   gpu-tests    pytest -m gpu (tests/test_gpu.py: mapped kernels through pycuda, torch tensors)
 #   gpu-bench    benchmarks/gpu_bench.py: the paper's kernels and issue 15's (sums, softmax,
 #                layernorm, half/bf16 tmm with and without tensor cores) against PyTorch
@@ -101,6 +103,14 @@ for n in names:
         print(f"{n}: {getattr(m, '__version__', '')} {getattr(m, '__file__', '')}")
     except Exception as e:  # noqa: BLE001
         bad.append(f"{n}: {type(e).__name__}: {e}")
+try:  # the extension must share libHalide's C++ runtime (tcstage/halide/elf.py says why)
+    from tcstage.halide import _native, elf
+    needed = elf.needed_libraries(_native.__file__)
+    print("tcstage.halide._native needs:", " ".join(needed))
+    if not any(n.startswith("libstdc++.so") for n in needed):
+        bad.append("tcstage.halide._native carries a static libstdc++: it will crash")
+except Exception as e:  # noqa: BLE001
+    bad.append(f"reading tcstage.halide._native: {type(e).__name__}: {e}")
 print("\n".join(bad))
 sys.exit(1 if bad else 0)
 EOF
@@ -173,6 +183,7 @@ setup_gpu_machine() {  # .gpu/ unpacked, the test tools it carries, tcstage inst
                 "${missing[@]}" || return 1
         fi
     fi
+    env | grep -E '^(LDFLAGS|CFLAGS|CXXFLAGS|CPPFLAGS|LDSHARED|CC|CXX)=' || true  # (the build's)
     python3 -m pip install -q --no-deps --no-build-isolation -e . \
         || python3 -m pip install -q --no-deps --no-build-isolation --break-system-packages -e . \
         || return 1
@@ -269,6 +280,9 @@ if [ "$stage" = pack ]; then
     # (pack.sh notes .gpu/ in .git/info/exclude, which a trimmed clone may lack the folder of)
     mkdir -p "$(git rev-parse --git-path info)"
     [ -f .gpu/halide.tar.xz ] || bash ../shared/gpu/pack.sh || exit 1
+    # pycuda as a wheel built here (where a Python 3.12 and nvcc are): saves the GPU machine
+    # about 100 s of compiling in every check
+    bash scripts/build_pycuda_wheel.sh || exit 1
     rm -rf .gpu/extra && mkdir -p .gpu/extra
     python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu/extra \
