@@ -342,6 +342,25 @@ def test_row_statistics_under_promotion_and_fusion(name, options):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.skipif(nvcc.nvcc_path() is None, reason="nvcc is not installed")
+def test_a_statistic_is_read_after_the_barrier_that_publishes_it():
+    """On an H200, softmax's E came out inf everywhere: every thread loaded Mx(n) before the
+    barrier after which thread 0's maximum is visible, and nvcc reused that load afterwards,
+    because Mx was a `__restrict__` pointer (the emulator, compiled by GCC, reloads). Only the
+    inputs are restricted now, and in the PTX the exp loop's operand is loaded after the last
+    barrier before it."""
+    x = np.random.default_rng(8).standard_normal((7, 300)).astype(np.float32)
+    k, _ = run("softmax", x, options=WIDE.useSharedMemory(True).usePrivateMemory(True))
+    signature = k.cuda_source.split("tc_softmax(", 1)[1].split(")", 1)[0]
+    for p in signature.split(", "):
+        if "*" in p:
+            assert ("__restrict__" in p) == p.startswith("const "), p
+    lines = nvcc.ptx(k.cuda_source).splitlines()
+    first_exp = next(i for i, line in enumerate(lines) if "ex2.approx" in line)
+    barrier = max(i for i, line in enumerate(lines[:first_exp]) if "bar.sync" in line)
+    assert any("ld.global.f32" in line for line in lines[barrier:first_exp])
+
+
 GROUP_NORM = """
 def group_norm(float(N, G, D, H, W) I, float(G, D) gamma, float(G, D) beta) -> (mean, var, O) {
     mean(n, g) +=! I(n, g, d, h, w)

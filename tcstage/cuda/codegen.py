@@ -202,7 +202,7 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
     macros += tc_macros
     macros = [f"#define {b}() __syncthreads()" for b in syncs or [SYNC]] + macros
     params = printer.parameters() + [
-        Parameter(a.name, f"{c_type(a.dtype)}* __restrict__ {a.name}", "scratch", a.name,
+        Parameter(a.name, f"{c_type(a.dtype)}* {a.name}", "scratch", a.name,  # (see parameters)
                   a.dtype, a.shape) for a in scratch]
     name = kernel_name(fn.name)
     header = ", ".join(p.c_decl for p in params)
@@ -340,14 +340,19 @@ class _ValuePrinter:
 
     # -- the kernel's parameters -------------------------------------------------------------
     def parameters(self) -> list[Parameter]:
+        """The kernel's parameters. Only the inputs, which no thread writes, are `__restrict__`:
+        a restricted pointer that one thread writes and another reads after a barrier lets
+        nvcc keep a value loaded before the barrier (alias analysis decides the barrier cannot
+        write through it). On an H200 the softmax's threads kept Mx(n) = -inf from before the
+        block's max was stored, and E came out inf everywhere; the emulator cannot see this."""
         fn, out = self.fn, []
         for name in fn.outputs:
             t = fn.tensors[name]
-            out.append(Parameter(name, f"{c_type(t.type)}* __restrict__ {self.c(name)}", "output", name,
+            out.append(Parameter(name, f"{c_type(t.type)}* {self.c(name)}", "output", name,
                                  t.type.name))
         for name, t in fn.tensors.items():
             if t.kind == "temp":
-                out.append(Parameter(name, f"{c_type(t.type)}* __restrict__ {self.c(name)}", "temp", name,
+                out.append(Parameter(name, f"{c_type(t.type)}* {self.c(name)}", "temp", name,
                                      t.type.name))
         for t in fn.inputs:
             if t.rank:
