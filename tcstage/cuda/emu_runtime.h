@@ -177,9 +177,11 @@ template <class I> static inline unsigned short bf16_from_integer(I v) {
     if (v < 0) return bf16_from_magnitude(true, 0ull - (unsigned long long)(long long)v);
     return bf16_from_magnitude(false, (unsigned long long)v);
 }
-// CUDA's __bfloat162int_rz and friends: truncate, saturate, NaN -> 0.
+// CUDA's __bfloat162int_rz and friends: truncate, saturate; NaN -> 0 for types of up to 32
+// bits, and 0x8000000000000000 for the 64-bit ones (as CUDA's documentation of __bfloat162ll_rz
+// and __bfloat162ull_rz says, and an H200 gave for (long long) of a bfloat16 NaN).
 template <class I> static inline I float_to_integer_rz(float f) {
-    if (f != f) return 0;
+    if (f != f) return sizeof(I) == 8 ? (I)(1ull << 63) : (I)0;
     double t = trunc((double)f);
     if (t <= (double)std::numeric_limits<I>::min()) return std::numeric_limits<I>::min();
     if (t >= (double)std::numeric_limits<I>::max()) return std::numeric_limits<I>::max();
@@ -851,8 +853,10 @@ static void resolve(Fiber* lanes, unsigned m) {
         for (unsigned r = m; r; r &= r - 1) {
             Fiber& f = lanes[__builtin_ctz(r)];
             unsigned src = shuffle_source(kind, lane_of(f), f.arg, f.width);
-            // Reading a lane the mask leaves out is undefined in CUDA; here it reads its own.
-            f.result = (m >> src & 1) ? lanes[src].value : f.value;
+            // Reading a lane the mask leaves out is undefined in CUDA. A lane past the block's
+            // threads reads 0 here, as on an H200 (2026-11-26); one that exists, its own value.
+            f.result = (m >> src & 1) ? lanes[src].value
+                     : size_t(lanes - sched.fibers) + src >= sched.nthreads ? 0 : f.value;
         }
     } else if (kind == MMA_M16N8K16_BF16 || kind == MMA_M16N8K16_F16) {
         resolve_mma(lanes, kind);

@@ -20,8 +20,9 @@ arrived, then resolves it. Every lane the mask names must reach the same collect
 site, kind and mask; `__syncwarp` may differ in call site, as on sm_70+), else the launch ends
 with "divergent warp collective"; a mask naming a lane past the block's threads, a lane that has
 returned, or not the calling lane, and a `width` that is not a power of 2 up to 32, are errors too
-(CUDA leaves these undefined). A shuffle reading a lane the mask leaves out returns the reader's
-own value (undefined in CUDA: real code must not use it). `__activemask()` returns the lanes that
+(CUDA leaves these undefined). A shuffle reading a lane the mask leaves out (undefined in CUDA: real
+code must not use it) returns 0 where that lane is past the block's threads, as an H200 did, and
+else the reader's own value. `__activemask()` returns the lanes that
 reach that call site together.
 
 Race detection: `emulate` runs the kernel on private copies of the arrays under two schedules,
