@@ -477,8 +477,10 @@ class _ValuePrinter:
         """(C text, type name)."""
         tag = t[0]
         if tag == "int":
-            return (("true" if t[1] else "false"), "bool") if isinstance(t[1], bool) \
-                else (str(int(t[1])), "int32")
+            if isinstance(t[1], bool):
+                return ("true" if t[1] else "false"), "bool"
+            # (C reads -2147483648 as the negation of a long: write int32's least value so)
+            return ("(-2147483647 - 1)" if int(t[1]) == -2 ** 31 else str(int(t[1]))), "int32"
         if tag == "float":
             return _float_literal(t[1], "float32"), "float32"
         if tag == "var":
@@ -549,6 +551,8 @@ class _ValuePrinter:
         if base == "is_nan" and suffix in types:  # (double erf keeps NaN through it)
             text, ty = args[0]
             return f"isnan({'(float)' if ty in _NARROW else ''}({text}))", "bool"
+        if name in _STRICT:  # strict_float's IEEE operations: rounded each, never fused
+            return _strict(name, *args)
         if name == "round":  # Halide rounds halfway cases to even, as rint does
             return _math("rint", [args[0][0]], args[0][1])
         if name == "abs":
@@ -580,6 +584,28 @@ class _ValuePrinter:
 
 
 _BITWISE = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^", "bitwise_not": "~"}
+# Halide's strict_float intrinsics (is_nan and strict_float() make them; apps/resize uses the
+# latter): arithmetic through CUDA's _rn functions, which nvcc never contracts into an fma
+_STRICT = {"strict_add": "add", "strict_sub": "sub", "strict_mul": "mul", "strict_div": "div",
+           "strict_min": "min", "strict_max": "max", "strict_lt": "<", "strict_le": "<=",
+           "strict_eq": "=="}
+
+
+def _strict(name: str, a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
+    (x, tx), (y, ty) = a, b
+    t = _common(tx, ty)
+    op = _STRICT[name]
+    if op in ("<", "<=", "=="):
+        return f"({x} {op} {y})", "bool"
+    if op in ("min", "max"):
+        return f"tc::{op}<{c_type(t)}>({x}, {y})", t
+    if t == "float64":
+        return f"__d{op}_rn({x}, {y})", t
+    if t == "float32":
+        return f"__f{op}_rn({x}, {y})", t
+    return f"(({c_type(t)})__f{op}_rn((float)({x}), (float)({y})))", t  # half, bfloat16
+
+
 _LOGICAL = {"bitwise_and": "&&", "bitwise_or": "||", "bitwise_xor": "!=", "bitwise_not": "!"}
 
 

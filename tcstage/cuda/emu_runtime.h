@@ -408,7 +408,9 @@ static inline float __fsqrt_rn(float x) { return sqrtf(x); }
 static inline float __frsqrt_rn(float x) { return 1.0f / sqrtf(x); }
 static inline float __saturatef(float x) { return x != x ? 0.0f : fminf(fmaxf(x, 0.0f), 1.0f); }
 static inline double __dadd_rn(double x, double y) { return x + y; }
+static inline double __dsub_rn(double x, double y) { return x - y; }
 static inline double __dmul_rn(double x, double y) { return x * y; }
+static inline double __ddiv_rn(double x, double y) { return x / y; }
 static inline double __fma_rn(double x, double y, double z) { return fma(x, y, z); }
 static inline int __float2int_rn(float x) { return (int)nearbyintf(x); }
 static inline int __float2int_rz(float x) { return (int)x; }

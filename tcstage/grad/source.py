@@ -207,13 +207,21 @@ _TERNARY, _UNARY, _ATOM = 0, 7, 9
 
 
 def to_tc(e: C.Expr) -> str:
-    """TC text of e, with the parentheses C's precedence needs (casts are left to TC's
-    implicit conversions)."""
+    """TC text of e, with the parentheses C's precedence needs. Casts that lose information (to
+    an integer or bool, or to a narrower float) are written out, `int32(x)`; widening ones are
+    left to TC's implicit conversions."""
     return _fmt(e)[0]
+
+
+def _loses_information(e: C.Cast) -> bool:
+    to, of = e.type, e.operand.type
+    return not to.is_float or (of.is_float and (to.bits < of.bits or to.kind != of.kind))
 
 
 def _fmt(e: C.Expr) -> tuple[str, int]:
     if isinstance(e, C.Cast):
+        if _loses_information(e):
+            return f"{e.type.name}({to_tc(e.operand)})", _ATOM
         return _fmt(e.operand)
     if isinstance(e, C.Const):
         v = e.value

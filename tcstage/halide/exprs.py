@@ -18,7 +18,7 @@ import halide as hl
 
 from tcstage.halide.solver import HALIDE_BINARY
 from tcstage.lang import checked as C
-from tcstage.lang.types import ScalarType
+from tcstage.lang.types import ScalarType, integer_range
 
 
 class DataDependent(Exception):
@@ -38,6 +38,25 @@ def constant(value, t: ScalarType) -> hl.Expr:
         return hl.cast(hl.Bool(), hl.u8(int(bool(value))))
     return hl.cast(halide_type(t), hl.i64(int(value))) if t.kind == "int" or value < 2**63 \
         else hl.u64(value)
+
+
+def cast(x: hl.Expr, t: ScalarType) -> hl.Expr:
+    """x converted to t with tcstage's semantics (docs/language.md, Casts), on every back end:
+    a float becomes an integer truncated toward zero and saturated to the integer's range, NaN
+    giving 0 (C and Halide leave out-of-range conversions undefined; CUDA's hardware saturates
+    but gives 0x8000000000000000 for a NaN to 64 bits, x86 gives the least integer), so the
+    conversion itself only ever sees values in range."""
+    target = halide_type(t)
+    if not (x.type().is_float() and t.kind in ("int", "uint")):
+        return hl.cast(target, x)
+    nan = hl.is_nan(x)  # (of a half itself: Halide 21's is_nan of a half widened to float32
+    if x.type().bits() == 16:  # is false on x86)
+        x = hl.cast(hl.Float(32), x)
+    low, high = integer_range(t)
+    top, bottom = float(high + 1), float(low)  # powers of two (or 0): exact in every float type
+    return hl.select(nan, hl.cast(target, 0),
+                     hl.select(x >= top, constant(high, t),
+                               hl.select(x < bottom, constant(low, t), hl.cast(target, x))))
 
 
 def _erf(x):
@@ -139,7 +158,7 @@ def to_halide(e: C.Expr, names: Mapping[str, hl.Expr],
                 raise DataDependent(e)
             return dim(e)
         if isinstance(e, C.Cast):
-            return hl.cast(halide_type(e.type), go(e.operand))
+            return cast(go(e.operand), e.type)
         if isinstance(e, C.Unary):
             x = go(e.operand)
             return hl.logical_not(x) if e.op == "!" else -x

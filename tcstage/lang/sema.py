@@ -29,7 +29,7 @@ from tcstage.lang import inline
 from tcstage.lang.builtins import BUILTINS
 from tcstage.lang.lexer import number_value
 from tcstage.lang.types import (BOOL, FLOAT32, INT32, INT64, SCALAR_TYPES, UINT64, ScalarType,
-                                promote)
+                                cast_value, promote)
 
 REDUCTIONS = ("+", "*", "min", "max")
 
@@ -519,6 +519,12 @@ class _StatementChecker:
                 args.append(_index(x, "subscripts"))
             self.read_nesting -= 1
             return self.read(n, tuple(args), e.span)
+        cast_to = SCALAR_TYPES.get(n)
+        if cast_to is not None and n not in BUILTINS:  # a cast: `float(x)`, `int32(B(i))`, ...
+            if len(e.args) != 1:
+                raise self.error(f"the cast '{n}(...)' takes one argument, not {len(e.args)}",
+                                 e.span, f"'{n}(x)' converts x to {cast_to}")
+            return _cast(self.expr(e.args[0])[0], cast_to, e.span)
         b = BUILTINS.get(n)
         if b is None and n in self.functions:
             raise self.error(f"'{n}' is a TC function; a call is a statement of its own, not "
@@ -701,6 +707,16 @@ def _convert(e: C.Expr, t: ScalarType) -> C.Expr:
         value = bool(e.value) if t == BOOL else float(e.value) if t.is_float else int(e.value)
         return C.Const(value, t, span=e.span)
     return C.Cast(t, e, span=e.span)
+
+
+def _cast(e: C.Expr, t: ScalarType, span: Span) -> C.Expr:
+    """An explicit cast of e to t, strongly typed (`float(0)` is a float32, not a literal that
+    adapts). A constant is converted here, as the cast would at run time."""
+    if isinstance(e, C.Const):
+        return C.Const(cast_value(e.value, t), t, span=span)
+    if t == BOOL:
+        return _to_bool(e)
+    return e if e.type == t else C.Cast(t, e, span=span)
 
 
 def _to_bool(e: C.Expr) -> C.Expr:

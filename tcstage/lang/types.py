@@ -104,3 +104,34 @@ def promote(a: ScalarType, b: ScalarType) -> ScalarType:
         return a
     bits = max(a.bits, b.bits)
     return ScalarType(a.kind if a.kind == b.kind else "int", bits)
+
+
+def integer_range(t: ScalarType) -> tuple[int, int]:
+    """The least and greatest value of an integer type (bool: 0 and 1)."""
+    if t.kind == "bool":
+        return 0, 1
+    if t.kind == "int":
+        return -(1 << t.bits - 1), (1 << t.bits - 1) - 1
+    return 0, (1 << t.bits) - 1
+
+
+def cast_value(value: int | float | bool, t: ScalarType) -> int | float | bool:
+    """A constant converted to t as a cast converts at run time (docs/language.md, Casts): to an
+    integer type, a float is truncated toward zero and saturated to the type's range, NaN giving
+    0, and an integer wraps to the type's width; to a float type, the value is rounded to
+    nearest even; to bool, any non-zero value is true."""
+    if t.kind == "bool":
+        return bool(value)
+    if t.is_float:
+        return float(np.array(float(value), np.float64).astype(t.numpy))
+    low, high = integer_range(t)
+    if isinstance(value, float):
+        if value != value:
+            return 0
+        if value >= high + 1:
+            return high
+        if value < low:
+            return low
+        return int(value)  # (int() truncates toward zero)
+    wrapped = int(value) & ((1 << t.bits) - 1)
+    return wrapped - (1 << t.bits) if t.kind == "int" and wrapped > high else wrapped
