@@ -236,6 +236,49 @@ def test_bfloat16_cuda_source():
     assert "((float)(A[" in source and "((float)(H[" in source
 
 
+@pytest.mark.parametrize("spelling, dtype, u", TYPES)
+def test_an_initialisation_before_the_sum_keeps_its_shape(spelling, dtype, u):
+    """The paper's MLP1 and sconv2d start with `O1(b,n) = B1(n)`, which bounds only n: the
+    shape comes from the later `+=`. In half and bfloat16 that `+=` writes a float32
+    accumulator, and range inference failed ("cannot infer the range of 'b'") until the
+    accumulator's statements counted as the tensor's own. On the CPU and emulated."""
+    with open("examples/mlp.tc") as f:
+        mlp = define(f.read().replace("float(", f"{spelling}("))
+    with open("examples/sconv2d.tc") as f:
+        sconv = define(f.read().replace("float(", f"{spelling}("))
+    I, W, b = narrow(dtype, 4, 40), narrow(dtype, 3, 40), narrow(dtype, 3)
+    exact = np.maximum(I.astype(np.float64) @ W.astype(np.float64).T + b.astype(np.float64), 0)
+    magnitude = np.abs(I.astype(np.float64)) @ np.abs(W.astype(np.float64)).T + \
+        np.abs(b.astype(np.float64))
+    kernel = tc.compile(mlp, "MLP1", I, W, b, target="cuda-emulated")
+    for got in (mlp["MLP1"](I, W, b), kernel(I, W, b)):
+        assert got.dtype == dtype
+        assert_within(got, exact, magnitude, 41, u, what="MLP1")
+    X, Wt, B = narrow(dtype, 2, 3, 9, 8), narrow(dtype, 4, 3, 3, 3), narrow(dtype, 4)
+    x, wt = X.astype(np.float64), Wt.astype(np.float64)
+    windows = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))[:, :, ::2, ::2]
+    exact = np.einsum("nchwij,fcij->nfhw", windows, wt) + B.astype(np.float64)[:, None, None]
+    magnitude = np.einsum("nchwij,fcij->nfhw", np.abs(windows), np.abs(wt)) + \
+        np.abs(B.astype(np.float64))[:, None, None]
+    got = sconv["sconv2d"](2, 2, X, Wt, B)
+    assert got.dtype == dtype and got.shape == (2, 4, 4, 3)
+    assert_within(got, exact, magnitude, 28, u, what="sconv2d")
+
+
+def test_pytorch_operators_take_float16_mlp1():
+    """docs/torch.md: a `float` TC runs in float16 with float16 tensors (MLP1 failed range
+    inference that way)."""
+    torch = pytest.importorskip("torch")
+    import tcstage.torch as tct
+    with open("examples/mlp.tc") as f:
+        op = tct.op(f.read(), "MLP1")
+    I, W, b = (torch.randn(*s, dtype=torch.float16) for s in ((4, 32), (3, 32), (3,)))
+    got = op(I, W, b)
+    exact = torch.relu(I.double() @ W.double().T + b.double())
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got.double(), exact, rtol=2 ** -10, atol=32 * 2 ** -11)
+
+
 def test_pytorch_operators_take_bfloat16_and_the_option():
     """A `float` TC retyped to the call's bfloat16 tensors, accumulating as its Program says."""
     torch = pytest.importorskip("torch")

@@ -437,7 +437,9 @@ def _shape_of(fn: C.Function, first: int, symbols, bounds) -> tuple[int, TensorB
     cannot bound them (the paper's `O1(b,n) = B1(n)` before `O1(b,n) += I(b,m) * W1(n,m)`),
     the first later statement of the same tensor that can gives the shape, and the earlier
     statements are inferred against it. This only accepts programs the per-statement rule
-    rejects; it never changes a range that rule infers.
+    rejects; it never changes a range that rule infers. A statement into the tensor's float32
+    accumulator (lang/accumulate.py: the `+=` of a half MLP1 now writes `O1_acc`) counts as one
+    of the tensor's own.
     """
     st = fn.statements[first]
     try:
@@ -446,7 +448,9 @@ def _shape_of(fn: C.Function, first: int, symbols, bounds) -> tuple[int, TensorB
         for n, later in enumerate(fn.statements[first + 1:], start=first + 1):
             # (a scatter, `O(b, 1) += ...`, has no left-hand variable per dimension to give
             # a shape: its box had too few dimensions, an IndexError later)
-            if later.tensor != st.tensor or later.scatter:
+            own = later.tensor == st.tensor or \
+                fn.tensors[later.tensor].accumulates == st.tensor
+            if not own or later.scatter:
                 continue
             try:
                 sr = _StatementInference(fn, later, symbols, bounds, []).run()

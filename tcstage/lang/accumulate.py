@@ -54,7 +54,8 @@ def accumulate_in_float32(fn: C.Function) -> C.Function:
             continue
         t = fn.tensors[st.tensor]
         acc = C.fresh_name(f"{st.tensor}_acc", taken)
-        tensors[acc] = C.Tensor(acc, "temp", FLOAT32, ("",) * t.rank, span=t.span)
+        tensors[acc] = C.Tensor(acc, "temp", FLOAT32, ("",) * t.rank, span=t.span,
+                                accumulates=t.name)
         # A read of the tensor in its own statement sees the running value (the accumulator's),
         # except in its first statement, where it sees the caller's values (the tensor's, kept
         # as they are until the result is copied back).

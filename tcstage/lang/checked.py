@@ -135,6 +135,9 @@ class Tensor:
     dims: tuple[str, ...]  # size variables for inputs; for in/out outputs their `T.n` names
     inout: bool = False  # an output whose initial values come from the caller (see sema)
     span: Span | None = _span
+    # A float32 accumulator of lang/accumulate.py: the half or bfloat16 tensor whose values it
+    # holds while a sum runs (it has that tensor's shape)
+    accumulates: str | None = None
 
     @property
     def rank(self) -> int:
