@@ -122,9 +122,20 @@ _UNARY: dict[str, Callable] = {
     "floor": hl.floor, "ceil": hl.ceil, "round": hl.round, "trunc": hl.trunc,
     "fabs": hl.abs, "sigmoid": lambda x: 1 / (1 + hl.exp(-x)),
 }
+def _c_extremum(pick: Callable) -> Callable:
+    """C's fmax/fmin for floats (docs/language.md, NaN): a NaN operand is ignored, and the
+    result is NaN only when both are. Halide's own float max on x86 returns one operand or the
+    other by position, and CUDA's half has no fmax: spelled out, all back ends agree."""
+    def extremum(a, b):
+        if not a.type().is_float():
+            return pick(a, b)
+        return hl.select(hl.is_nan(a), b, hl.select(hl.is_nan(b), a, pick(a, b)))
+    return extremum
+
+
 _BINARY: dict[str, Callable] = {
-    "pow": hl.pow, "fmax": hl.max, "fmin": hl.min, "atan2": hl.atan2, "fmod": _fmod,
-    "max": hl.max, "min": hl.min,
+    "pow": hl.pow, "fmax": _c_extremum(hl.max), "fmin": _c_extremum(hl.min), "atan2": hl.atan2,
+    "fmod": _fmod, "max": _c_extremum(hl.max), "min": _c_extremum(hl.min),
 }
 
 

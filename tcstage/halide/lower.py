@@ -398,6 +398,11 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
     if st.reduction is None:
         func[lhs] = rhs
     else:
+        if st.reduction in ("min", "max") and tensor.type.is_float:
+            # NaN is skipped, as C's fmax folded from the identity skips it (docs/language.md,
+            # NaN): filtered out of the value, the update stays a plain max that Halide can
+            # prove associative and vectorise, and that CUDA's fmaxf folds alike
+            rhs = hl.select(hl.is_nan(rhs), _identity(st.reduction, tensor.type), rhs)
         func[lhs] = _combine(st.reduction, hl.Expr(func[lhs]), rhs)
     return rdom_names, frozenset(read_tensors.values())
 
