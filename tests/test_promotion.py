@@ -424,3 +424,20 @@ def test_register_tiled_tmm_compiles_to_registers_and_reused_shared_loads():
     tiled, plain = counts[True], counts[False]
     assert tiled["local"] == 0 and tiled["fma"] >= 2 * tiled["shared"] > 0, counts
     assert plain["local"] > 0 and plain["fma"] < plain["shared"], counts
+
+
+def test_a_copy_in_waits_for_other_threads_writes_before_the_scope():
+    """Differential seed 70057, minimised: T0's identity (-inf) is written by several threads,
+    then one thread copies T0 into shared memory for the max=!: without a barrier before the
+    copy-in it read elements other threads had not written yet (a race the emulator saw)."""
+    source = """def f(float(P, Q, P) Z) -> (O0) {
+  O0(i) = Z(i, i, i)
+  T0(p, kh) max=! Z(p, p, p + kh)
+}"""
+    z = np.random.default_rng(0).standard_normal((6, 6, 6)).astype(np.float32)
+    options = tc.MappingOptions().tile(0, 4).mapToThreads(4).mapToBlocks(3).unroll(4) \
+        .useSharedMemory(True).usePrivateMemory(True).sharedDepth(1).useReadOnlyCache(True) \
+        .outerScheduleFusionStrategy("Min")
+    kernel = tc.compile(source, "f", z, options=options, target="cuda-emulated")
+    assert "shared_T0" in kernel.cuda_source
+    np.testing.assert_array_equal(kernel(z), z[np.arange(6), np.arange(6), np.arange(6)])

@@ -413,11 +413,18 @@ class _State:
         made, copies_in, copies_out = self._build("shared", chosen)
         copied_in = tuple(p.tensor for p in made if p.copy_in is not None)
         copied_out = tuple(p.tensor for p in made if p.copy_out is not None)
-        before = copies_in + ([self._sync(node, "after copy-in", copied_in)] if copies_in else [])
+        outside_refs = self._outside(domain)[0] if copies_in or copies_out else {}
+        # a barrier before the copy-in where statements outside the scope write a tensor it
+        # copies: other threads' writes (a `max=!`'s identity, differential seed 70057) must
+        # be done before one thread reads them into shared memory
+        written_outside = tuple(t for t in copied_in
+                                if any(r.write for r in outside_refs.get(t, ())))
+        before = ([self._sync(node, "before copy-in", written_outside)] if written_outside
+                  else []) + copies_in + \
+            ([self._sync(node, "after copy-in", copied_in)] if copies_in else [])
         # barrier first: other threads wrote the data; and one after, where statements outside
         # the scope access a tensor copied out (the barrier that ordered them after the
         # original writes may lie inside the scope, before the copy-out)
-        outside_refs = self._outside(domain)[0] if copies_out else {}
         escapes = any(p.copy_out is not None and p.tensor in outside_refs for p in made)
         after = ([self._sync(node, "before copy-out", copied_out)] if copies_out else []) \
             + copies_out + ([self._sync(node, "after copy-out", copied_out)] if escapes else [])
