@@ -82,6 +82,9 @@ def _is_bool(value: Any) -> bool:
         type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool"))
 
 
+_MAX_DIGITS = 19  # enough for any 64-bit value; every option's own range is narrower
+
+
 def _to_int(value: Any, option: str, what: str) -> int:
     """`value` as a Python int: ints and numpy integers pass; bools, floats and strings do not."""
     index = getattr(value, "__index__", None)
@@ -802,6 +805,10 @@ class _Parser:
     def parse_arg(self, in_list: bool = False) -> tuple[Any, Span]:
         tok = self.tok
         if tok.kind == "int":
+            digits = len(tok.text.lstrip("+-"))
+            if digits > _MAX_DIGITS:  # (Python refuses to read more than 4300 digits at all)
+                raise TCOptionsError(f"an integer of {digits} digits is out of range: option "
+                                     f"values have at most {_MAX_DIGITS}", tok.span)
             self.next()
             return int(tok.text), tok.span
         if tok.kind == "float":

@@ -517,3 +517,17 @@ def test_dict_round_trip(o):
     d = o.to_dict()
     assert M.from_dict(json.loads(json.dumps(d))) == o
     assert M.from_dict(d).to_dict() == d
+
+
+@pytest.mark.parametrize("digits", [20, 5000])
+def test_an_integer_too_long_to_be_an_option_is_an_error_at_its_place(digits):
+    """Python refuses to read an integer of more than 4,300 digits (a raw ValueError leaked
+    from both parsers); every option value fits in 19 digits."""
+    from tcstage.cpu.options import CpuSchedule
+    big = "9" * digits
+    with pytest.raises(TCOptionsError, match=f"an integer of {digits} digits is out of range") \
+            as e:
+        MappingOptions.parse(f"MappingOptions().tile(4, {big})")
+    assert "^" in str(e.value)
+    with pytest.raises(TCError, match=f"an integer of {digits} digits is out of range"):
+        CpuSchedule.parse(f"CpuSchedule().registerTile({big}, 2)")

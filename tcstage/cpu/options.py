@@ -175,6 +175,11 @@ def _value(raw: str, method: str):
     if word in ("False", "false"):
         return False
     if re.fullmatch(r"[+-]?\d+", word):
+        digits = len(word.lstrip("+-"))
+        if digits > 19:  # (Python refuses to read more than 4300 digits at all)
+            raise TCScheduleError(f"CpuSchedule.{method}: an integer of {digits} digits is out "
+                                  "of range (at most 19)")
         return int(word)
-    raise TCScheduleError(f"CpuSchedule.{method}: cannot read argument {word!r} (integers and "
+    shown = word if len(word) <= 40 else word[:37] + "..."
+    raise TCScheduleError(f"CpuSchedule.{method}: cannot read argument {shown!r} (integers and "
                           "True/False only)")
