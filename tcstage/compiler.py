@@ -35,7 +35,7 @@ import attrs
 import islpy as isl
 
 from tcstage.cuda.codegen import CudaKernel, generate
-from tcstage.errors import TCError, warn
+from tcstage.errors import TCArgumentError, TCError, warn
 from tcstage.halide.lower import Lowered
 from tcstage.options import MappingOptions
 from tcstage.poly.mapping import Mapped, map_to_gpu
@@ -241,10 +241,21 @@ def compile(source, name: str | None = None, *inputs, options=None, target: str 
     _check_target(target)  # before the work of compiling
     _, fn, inputs = function_of(source, name, inputs, output_shape)
     name = fn.name
+    if inputs and isinstance(inputs[0], (MappingOptions, str)):
+        raise TCArgumentError(
+            f"tc.compile: {str(inputs[0])!r} stands where the first input of '{name}' goes; "
+            f"tcstage takes the options by keyword, after the inputs: tc.compile(source, "
+            f"'{name}', *inputs, options=...) (TC's order, compile(tc, name, options, "
+            "*inputs), is not tcstage's)")
     dynamic = check_dynamic(fn, dynamic)  # before the work of finding options
     auto = isinstance(options, str) and options.strip().lower() == "auto"
     if auto:
         options = auto_options(fn, inputs, out, target)
+    elif isinstance(options, MappingOptions) and options == MappingOptions():
+        warn(f"in '{name}': these are the naive mapping options, MappingOptions(): one thread "
+             "in one block runs the whole kernel. tcstage's options are immutable: o.tile(32) "
+             "returns new options and leaves o as it was (TC's change o in place), so a chain "
+             "whose result was not kept is lost; pass options=\"naive\" to mean these")
     options = as_options(options)
     binding = fn.bind(inputs, out, shapes_only=True)
     fixed = tuple(sorted((k, v) for k, v in binding.sizes.items() if k not in dynamic))

@@ -212,15 +212,16 @@ def _format_arg(value: Any) -> str:
     return f'"{value.name}"' if isinstance(value, FusionStrategy) else str(value)
 
 
-@attrs.frozen(kw_only=True, repr=False)
+@attrs.frozen(kw_only=True, repr=False, init=False)
 class MappingOptions:
     """How to map one TC function onto a GPU: tiling, block/thread mapping, memory promotion,
     unrolling and scheduling choices.
 
     `MappingOptions()` are the naive options: no tiling, one thread in one block, no memory
     promotion, unroll factor 1, and `Preserve3Coincident` fusion for both the outer and the
-    intra-tile schedule. Change them with the chain methods (TC's names), each of which returns a
-    new object::
+    intra-tile schedule. `MappingOptions("mlp")`, TC's Python spelling, starts from a preset
+    (`named`). Change them with the chain methods (TC's names), each of which returns a new
+    object (unlike TC's, which change it in place: `o.tile(32)` alone leaves `o` as it was)::
 
         MappingOptions().tile(32, 32).mapToThreads(32, 8).mapToBlocks(64, 64).unroll(4)
 
@@ -262,6 +263,18 @@ class MappingOptions:
     match_library_calls: bool = _bool_field("matchLibraryCalls")
     parallel_reductions: bool = _bool_field("parallelReductions", True)
     use_tensor_cores: bool = _bool_field("useTensorCores")
+
+    def __init__(self, preset: str | None = None, /, **fields):
+        if preset is not None:
+            if not isinstance(preset, str):
+                raise TCOptionsError(
+                    f"MappingOptions takes a preset name ({', '.join(_PRESETS)}) or keyword "
+                    f"fields, not a value of type {type(preset).__name__}; chain the options "
+                    "instead, as in "
+                    "MappingOptions().tile(32, 32)", option="MappingOptions", value=preset)
+            named = attrs.asdict(type(self).named(preset), recurse=False)
+            fields = {**named, **fields}
+        self.__attrs_init__(**fields)
 
     # -- chain methods (TC names); each returns a new MappingOptions ------------------------
 

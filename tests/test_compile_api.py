@@ -248,3 +248,42 @@ def test_prepared_calls_reuse_their_arrays():
     A[...] = 0  # inputs are bound by reference on the CPU: a new launch sees new values
     call.launch()
     assert call.results() is C and not C.any()
+
+
+# -- TC's Python spellings (issue 25) -----------------------------------------------------------
+
+def test_tcs_preset_constructor():
+    M = tc.MappingOptions
+    assert M("naive") == M() and M("mlp") == M.mlp() and M("Group-Conv") == M.group_conv()
+    assert M("conv", unroll_factor=2) == M.conv().unroll(2)
+    with pytest.raises(tc.TCError, match=r"unknown named mapping options 'nave' \(did you mean "
+                                          r"'naive'\?\)"):
+        M("nave")
+    with pytest.raises(tc.TCError, match="MappingOptions takes a preset name"):
+        M(32)
+
+
+def test_options_in_tcs_argument_order_name_the_keyword():
+    src = "def f(float(N) A) -> (B) { B(i) = A(i) }"
+    for options in ("naive", tc.MappingOptions().tile(4)):
+        with pytest.raises(tc.TCArgumentError, match=r"tcstage takes the options by keyword.*"
+                                                      r"options=\.\.\."):
+            tc.compile(src, "f", options, np.ones(4, np.float32), target="cuda-emulated")
+
+
+def test_a_discarded_chain_is_reported():
+    """TC's options change in place (`o.tile(...)`); tcstage's return new ones, so TC code
+    that drops the result compiles the naive options: the compile says so. options="naive"
+    asks for them knowingly."""
+    src = "def f(float(N) A) -> (B) { B(i) = A(i) * 2 }"
+    a = np.arange(8, dtype=np.float32)
+    o = tc.MappingOptions("naive")
+    o.tile(4).mapToThreads(4)  # TC's style: the result is lost
+    with pytest.warns(tc.TCWarning, match="naive mapping options.*one thread in one block.*"
+                                          "immutable"):
+        k = tc.compile(src, "f", a, options=o, target="cuda-emulated")
+    assert k.grid == (1, 1, 1) and k.block == (1, 1, 1)
+    np.testing.assert_array_equal(k(a), a * 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tc.TCWarning)
+        tc.compile(src, "f", a, options="naive", target="cuda-emulated")
