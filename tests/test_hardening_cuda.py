@@ -302,7 +302,7 @@ def test_options_without_effect_are_warned_about_and_kept():
     for pattern in [r"tile\(4, 4, 4\): the outermost band has 1 loop",
                     r"mapToThreads\(4, 4\): only 1 loop can be split across threads.*"
                     r"threadIdx\.y stays 1",
-                    r"mapToBlocks\(4, 4\): only 1 loop can be mapped to blocks.*blockIdx\.y",
+                    r"mapToBlocks\(4, 4\): blockIdx\.y stays 1: the outer band has 1 loop",
                     r"sharedDepth\(9\): .*promoted at depth",
                     r"privateDepth\(2\): has no effect without usePrivateMemory\(True\)"]:
         assert re.search(pattern, messages), (pattern, messages)
@@ -310,6 +310,33 @@ def test_options_without_effect_are_warned_about_and_kept():
     assert {n.option for n in kernel.compiled.notes} == {
         "tile(4, 4, 4)", "mapToThreads(4, 4)", "mapToBlocks(4, 4)", "sharedDepth(9)",
         "privateDepth(2)"}
+
+
+@pytest.mark.parametrize("tile,blocks,grid", [
+    ((32, 8), (1, 8), (1, 8, 1)),  # TC's idiom: the leading 1 is the m loop's, not n's
+    ((16, 8), (1, 8), (1, 8, 1)),
+    ((32, 8), (8, 8), (1, 8, 1)),  # m has one tile: 1 block along x, 8 along y
+    ((8, 8), (8, 8), (4, 8, 1)),
+])
+def test_each_block_size_goes_to_the_loop_it_names(tile, blocks, grid):
+    """A single-tile outer loop once shifted the block sizes onto the next loop: tmm at M = 32
+    with tile(32, 8).mapToBlocks(1, 8) ran on one block (the 1 went to n), and the warning
+    blamed a dependence. Size k goes to loop k, as in TC."""
+    a, b = f32(32, 16), f32(64, 16)
+    options = M().tile(*tile).mapToThreads(8).mapToBlocks(*blocks)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always", tc.TCWarning)
+        kernel = tc.compile("def tmm(float(M,K) A, float(N,K) B) -> (C) "
+                            "{ C(m,n) +=! A(m,k) * B(n,k) }", "tmm", a, b, options=options,
+                            target="cuda-emulated")
+    assert kernel.grid == grid
+    np.testing.assert_allclose(kernel(a, b), a @ b.T, rtol=1e-5)
+    notes = [str(w.message) for w in record if "mapToBlocks" in str(w.message)]
+    if grid[0] == 1 and blocks[0] > 1:
+        assert notes and "blockIdx.x stays 1: its loop, the outer band's first, has a single " \
+            "value" in notes[0] and "dependence" not in notes[0]
+    else:
+        assert not notes
 
 
 def test_threads_where_only_reductions_run_are_warned_about():

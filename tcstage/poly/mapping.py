@@ -169,9 +169,11 @@ def map_to_gpu(schedule: isl.Schedule, dependences: isl.UnionMap, context: isl.S
     notes = _unused_dimensions("mapToThreads", options.threads, block, "threadIdx",
                                "split across threads (the others carry a dependence, such as "
                                "a reduction, or take a single value)")
-    notes += _unused_dimensions("mapToBlocks", options.blocks, grid, "blockIdx",
-                                "mapped to blocks (such a loop encloses every statement and "
-                                "carries no dependence: blocks cannot synchronise)")
+    single = [d for d, size in enumerate(options.blocks) if size > 1 and grid[d] == 1]
+    if single:
+        notes += (OptionNote(call("mapToBlocks", options.blocks), "; ".join(
+            f"blockIdx.{'xyz'[d]} stays 1: "
+            f"{blocks.why.get(d, 'no loop goes to it')}" for d in single)),)
     return Mapped(node.get_schedule(), context.intersect_params(ranges).params(),
                   grid, tuple(block), len(blocks.bands), len(decide.bands), insert.syncs,
                   insert.unrolled, notes, blocks.loops, _united(decide.loops),
@@ -212,6 +214,7 @@ class _Blocks:
     values: isl.UnionMap | None  # instance -> its block-mapped member values
     loops: tuple[isl.UnionMap, ...] = ()  # per grid dimension used, its loop (all bands)
     filters: tuple = ()  # Mapped.block_filters
+    why: dict = attrs.field(factory=dict)  # grid dimension -> why it has a single block
 
 
 def _block_bands(schedule, deps) -> tuple[list[isl.ScheduleNode], bool]:
@@ -238,31 +241,48 @@ def _map_blocks(schedule, deps, blocks: Sequence[int]) -> tuple[isl.Schedule, _B
     """Filters the leading dependence-free members of the block bands onto the grid."""
     chosen = {}
     bands, connected = _block_bands(schedule, deps)
+    # Size k goes to member k, as in TC, also where that loop has a single value (one tile):
+    # `mapToBlocks(1, 8)` on tmm at M = 32 with `tile(32, 8)` is one block along m and 8
+    # along n, not 1 along n (the sizes once shifted past single-valued loops)
+    # why a dimension asked for more than one block got one (the OptionNote's text)
+    why: dict[int, str] = {}
+    ordinal = ("first", "second", "third")
+    if not bands:
+        why = {d: "a dependence crosses every loop around all the statements, so no loop can "
+                  "go to blocks (blocks cannot synchronise)" for d in range(len(blocks))}
+
+    def stopped(k: int, n_members: int) -> None:
+        for d in range(k, len(blocks)):
+            why[d] = (f"the outer band's {ordinal[k]} loop carries a dependence (blocks cannot "
+                      "synchronise)") if k < n_members else \
+                f"the outer band has {n_members} loop{'s' if n_members != 1 else ''}"
+
     if connected:  # one mapping for all: member k of every band, as one loop
         members = []
-        for k in range(min(b.band_n_member() for b in bands)):
+        n_members = min(b.band_n_member() for b in bands)
+        for k in range(min(n_members, len(blocks))):
             member = functools.reduce(isl.UnionMap.union, [member_map(b, k) for b in bands])
             if not keeps_value(deps, None, member):
                 break
             count = max(value_count(member_map(b, k)) for b in bands)
-            if count > 1:
-                members.append((k, min(blocks[len(members)], count)))
-                if len(members) == len(blocks):
-                    break
+            members.append((k, min(blocks[k], count)))
+        stopped(len(members), n_members)
         # (none: one block runs them all, one kernel scope above them, as for one band)
         chosen = {path_of(b): members for b in bands} if members else {}
     for band in bands if not connected else ():
         members = []
-        for k in range(band.band_n_member()):
+        for k in range(min(band.band_n_member(), len(blocks))):
             member = member_map(band, k)
             if not keeps_value(deps, None, member):
                 break
-            count = value_count(member)
-            if count > 1:
-                members.append((k, min(blocks[len(members)], count)))
-                if len(members) == len(blocks):
-                    break
+            members.append((k, min(blocks[k], value_count(member))))
+        stopped(len(members), band.band_n_member())
         chosen[path_of(band)] = members
+    for members in chosen.values():
+        for d, (k, size) in enumerate(members):
+            if size == 1:
+                why.setdefault(d, f"its loop, the outer band's {ordinal[k]}, has a single value "
+                                  "at these sizes (one tile)")
     grid = [1, 1, 1]
     for members in chosen.values():
         for d, (_, size) in enumerate(members):
@@ -273,7 +293,7 @@ def _map_blocks(schedule, deps, blocks: Sequence[int]) -> tuple[isl.Schedule, _B
     if not n_dims:  # one block: its work on one tile still begins below each tile band
         for path in chosen or [()]:
             schedule = node_at(schedule, path).child(0).insert_mark(isl.Id(KERNEL)).get_schedule()
-        return schedule, _Blocks({}, (1, 1, 1), None)
+        return schedule, _Blocks({}, (1, 1, 1), None, why=why)
     bands, values, per_band = {}, None, []
     for path, members in chosen.items():  # inserting in one branch leaves the others' paths
         band = node_at(schedule, path)
@@ -299,7 +319,7 @@ def _map_blocks(schedule, deps, blocks: Sequence[int]) -> tuple[isl.Schedule, _B
             values = own if values is None else values.union(own)
     filters = tuple(tuple(zip(loops, (size for _, size in members)))
                     for loops, members in zip(per_band, chosen.values()))
-    return schedule, _Blocks(bands, tuple(grid), values, _united(per_band), filters)
+    return schedule, _Blocks(bands, tuple(grid), values, _united(per_band), filters, why)
 
 
 # -- threads: deciding -------------------------------------------------------------------------
