@@ -261,7 +261,12 @@ class MappingOptions:
     fix_parameters_before_scheduling: bool = _bool_field("fixParametersBeforeScheduling")
     tile_imperfectly_nested: bool = _bool_field("tileImperfectlyNested")
     match_library_calls: bool = _bool_field("matchLibraryCalls")
-    parallel_reductions: bool = _bool_field("parallelReductions", True)
+    # None (the default): split only where no loop free of dependences can take threads;
+    # True: also where those loops give less than a warp; False: never (parallelReductions)
+    parallel_reductions: bool | None = attrs.field(
+        default=None, converter=lambda v: None if v is None else _check_bool(v,
+                                                                             "parallelReductions"),
+        metadata={"method": "parallelReductions"})
     use_tensor_cores: bool = _bool_field("useTensorCores")
 
     def __init__(self, preset: str | None = None, /, **fields):
@@ -398,13 +403,16 @@ class MappingOptions:
         return self._with("match_library_calls", flag)
 
     def parallelReductions(self, flag: bool) -> MappingOptions:
-        """Split reductions across threads (beyond the paper; on by default): where the loops
-        free of dependences cannot fill the threads `mapToThreads` asks for (a full sum, row
-        statistics), a reduction loop of a `+`, `*`, `min` or `max` reduction goes to
-        threadIdx.x; each thread combines its share, then the warp (shuffles) and the block
-        (shared memory) combine theirs, and, where `mapToBlocks` leaves blocks free and nothing
-        in the kernel reads the result, blocks combine theirs atomically. Floating-point sums
-        are reassociated (docs/cuda.md). False keeps reductions sequential per thread."""
+        """Split reductions across threads (beyond the paper): a reduction loop of a `+`, `*`,
+        `min` or `max` reduction goes to threadIdx.x; each thread combines its share, then the
+        warp (shuffles) and the block (shared memory) combine theirs, and, where `mapToBlocks`
+        leaves blocks free and nothing in the kernel reads the result, blocks combine theirs
+        atomically. Floating-point sums are reassociated (docs/cuda.md).
+
+        Left unset, a reduction takes threads only where no loop free of dependences can take
+        any (a full sum; row statistics with the rows on blocks), so that options whose thread
+        sizes the parallel loops can take map as TC maps them. True also splits where those
+        loops give fewer than a warp of the threads asked for; False never splits."""
         return self._with("parallel_reductions", flag)
 
     def useTensorCores(self, flag: bool) -> MappingOptions:

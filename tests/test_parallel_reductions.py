@@ -326,7 +326,9 @@ def test_tc_moments_sum_and_var():
     # E's private copy in the first loop nest is read by other threads in the second: a
     # scope must see the statements outside it (promotion once looked only inside)
     WIDE.tile(1, 64).usePrivateMemory(True),
-    M().tile(4, 32).mapToThreads(32, 4).mapToBlocks(8).useSharedMemory(True),
+    # (the rows' point loop could take 4 threads: only the forced split takes the row loop)
+    M().tile(4, 32).mapToThreads(32, 4).mapToBlocks(8).useSharedMemory(True)
+    .parallelReductions(True),
     WIDE.scheduleFusionStrategy("Min"),
 ], ids=["promoted", "tiled-private", "tiled-xy", "unfused"])
 @pytest.mark.parametrize("name", ["softmax", "layernorm", "moments"])
@@ -375,7 +377,7 @@ def group_norm(float(N, G, D, H, W) I, float(G, D) gamma, float(G, D) beta) -> (
 
 @pytest.mark.parametrize("options", [
     M().mapToThreads(128).mapToBlocks(2, 4),
-    M().mapToThreads(32, 4).mapToBlocks(8).useSharedMemory(True),
+    M().mapToThreads(32, 4).mapToBlocks(8).useSharedMemory(True).parallelReductions(True),
 ], ids=["blocks", "shared"])
 def test_tc_group_norm(options):
     """TC's group normalisation benchmark in one kernel: moments over three reduction loops
@@ -416,3 +418,23 @@ def test_ptx_has_warp_shuffles():
     k = tc.compile(program(), "row_sum", a, options=WIDE, target="cuda-emulated")
     ptx = nvcc.ptx(k.cuda_source)
     assert ptx is not None and "shfl.sync.down" in ptx
+
+
+@pytest.mark.parametrize("forced", [False, True])
+def test_options_the_parallel_loops_can_take_map_as_tc_maps_them(forced):
+    """Left unset, parallelReductions splits a reduction only where no loop free of
+    dependences can take threads: tbmm with tile(1).mapToThreads(128).mapToBlocks(5) puts k
+    (26 values) on threadIdx.x as TC does, where the split once put the reduction over m on
+    128 threads (72 values, 56 idle). parallelReductions(True) still forces the split. Both
+    compute the product."""
+    rng = np.random.default_rng(2)
+    x, y = (rng.standard_normal(s).astype(np.float32) for s in ((10, 26, 72), (10, 26, 72)))
+    options = M().tile(1).mapToThreads(128).mapToBlocks(5)
+    if forced:
+        options = options.parallelReductions(True)
+    k = tc.compile("def tbmm(float(B,N,M) X, float(B,K,M) Y) -> (Z) "
+                   "{ Z(b,n,k) +=! X(b,n,m) * Y(b,k,m) }", "tbmm", x, y, options=options,
+                   target="cuda-emulated")
+    assert bool(split(k)) == forced
+    assert k.block == ((128, 1, 1) if forced else (26, 1, 1)) and k.grid == (5, 1, 1)
+    np.testing.assert_allclose(k(x, y), np.einsum("bnm,bkm->bnk", x, y), rtol=1e-4, atol=1e-4)

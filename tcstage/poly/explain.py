@@ -98,7 +98,7 @@ class _Explainer:
         return "\n".join(lines)
 
     def reductions(self) -> None:
-        """Reductions split across threads (parallelReductions, on by default)."""
+        """Reductions split across threads (parallelReductions)."""
         ops = {"add": "+", "mul": "*", "min": "min", "max": "max"}
         for r in self.m.reductions:
             red = r.reduction

@@ -38,9 +38,10 @@ Register tiling (`useRegisterTiling`): in a thread-mapped band that is permutabl
 mapped to blocks, the members threads do not split (a reduction) move outermost, so that each
 thread runs one reduction step over all its points before the next.
 
-Parallel reductions (`parallelReductions`, on by default; poly/reduction.py): where a band's
-free members would give less than a warp of the threads asked for (at least 32), and no band
-around it would give a warp either, its innermost loop of a `+`, `*`, `min` or `max` reduction
+Parallel reductions (`parallelReductions`; poly/reduction.py): where a band's free members
+give no thread (unset, the default) or less than a warp of the threads asked for (at least 32;
+`parallelReductions(True)`), and no band around it would give that many either, its innermost
+loop of a `+`, `*`, `min` or `max` reduction
 with more values than those threads goes to threadIdx.x instead, on a power of two of
 threads (at most those asked for, at least a warp). The loops before it become a band of their
 own above it (the reduced element must be a function of the loops around the thread band, so
@@ -145,8 +146,10 @@ def map_to_gpu(schedule: isl.Schedule, dependences: isl.UnionMap, context: isl.S
     `whole_warps` makes blockDim.x a multiple of 32 (for tensor cores' warp instructions)."""
     schedule = schedule.intersect_domain(schedule.get_domain().intersect_params(context))
     schedule, blocks = _map_blocks(schedule, dependences, options.blocks)
-    splittable = reductions if options.parallel_reductions and scop is not None else {}
-    decide = _ThreadDecisions(dependences, blocks, options.threads, scop, splittable or {})
+    splittable = reductions if options.parallel_reductions is not False and scop is not None \
+        else {}
+    decide = _ThreadDecisions(dependences, blocks, options.threads, scop, splittable or {},
+                              forced=options.parallel_reductions is True)
     if splittable and math.prod(options.threads) >= WARP:
         schedule = _distribute_reductions(schedule.get_root(), (), decide).get_schedule()
     n_threads = decide.visit(schedule.get_root(), ())
@@ -166,9 +169,22 @@ def map_to_gpu(schedule: isl.Schedule, dependences: isl.UnionMap, context: isl.S
     ids = [f"0 <= {b} < {g}" for b, g in zip(BLOCK_IDS, grid)]
     ids += [f"0 <= {t} < {s}" for t, s in zip(THREAD_IDS, block)]
     ranges = isl.Set(f"[{', '.join(BLOCK_IDS + THREAD_IDS)}] -> {{ : {' and '.join(ids)} }}")
-    notes = _unused_dimensions("mapToThreads", options.threads, block, "threadIdx",
-                               "split across threads (the others carry a dependence, such as "
-                               "a reduction, or take a single value)")
+    split = sorted({decide.reductions[n].tensor for b in decide.bands.values()
+                    for n in b.reductions})
+    if split and any(size > 1 and block[d] == 1 for d, size in enumerate(options.threads)):
+        unused = [f"threadIdx.{'xyz'[d]}" for d, size in enumerate(options.threads)
+                  if size > 1 and block[d] == 1]
+        notes = (OptionNote(call("mapToThreads", options.threads), (
+            f"threadIdx.x went to the loop of the reduction into {', '.join(split)}, split across "
+            f"the "
+            f"block's threads (parallelReductions), which uses threadIdx.x alone, so "
+            f"{' and '.join(unused)} {'stay' if len(unused) > 1 else 'stays'} 1; "
+            "parallelReductions(False) keeps reductions sequential and gives the threads to "
+            "the loops free of dependences")),)
+    else:
+        notes = _unused_dimensions("mapToThreads", options.threads, block, "threadIdx",
+                                   "split across threads (the others carry a dependence, such "
+                                   "as a reduction, take a single value, or go to blocks)")
     single = [d for d, size in enumerate(options.blocks) if size > 1 and grid[d] == 1]
     if single:
         notes += (OptionNote(call("mapToBlocks", options.blocks), "; ".join(
@@ -328,8 +344,11 @@ class _ThreadDecisions:
     """Which band of each branch goes to threads; keyed by tree path (child indices)."""
 
     def __init__(self, deps, blocks: _Blocks, threads: Sequence[int], scop=None,
-                 reductions: dict[str, Reduction] | None = None):
+                 reductions: dict[str, Reduction] | None = None, forced: bool = False):
         self.deps, self.blocks, self.threads = deps, blocks, tuple(threads)
+        # a reduction may take the threads where the free loops give fewer than this: a warp
+        # with parallelReductions(True), else only where they take none (TC's kernel otherwise)
+        self.room = WARP if forced else 2
         self.scop, self.reductions = scop, reductions or {}
         self.relaxed = relaxed_dependences(deps, scop, self.reductions) if self.reductions \
             else deps
@@ -455,8 +474,8 @@ class _ThreadDecisions:
             block_map = None  # a group of statements that runs in block 0 only
         members, sizes = self.free_members(node, path, on_blocks)
         wanted = math.prod(self.threads)
-        if self.reductions and wanted >= WARP and math.prod(sizes) < WARP \
-                and self.outer_threads(node, path) < min(WARP, wanted):
+        if self.reductions and wanted >= WARP and math.prod(sizes) < self.room \
+                and self.outer_threads(node, path) < min(self.room, wanted):
             band = self._reduction(node, path, on_blocks, domain, block_map)
             # (only where the reduction has more values for the threads than the free loops)
             if band is not None and band.count > math.prod(sizes):
@@ -579,7 +598,7 @@ class _ThreadDecisions:
         free = [self.count(node, path, k) for k in range(node.band_n_member())
                 if k not in on_blocks and self.count(node, path, k) > 1
                 and keeps_value(deps, block_map, member_map(node, k))]
-        if math.prod(min(f, t) for f, t in zip(free, self.threads)) >= WARP:
+        if math.prod(min(f, t) for f, t in zip(free, self.threads)) >= self.room:
             return None
         if self._reduction(node, path, on_blocks, domain, block_map, probe=True) is not None:
             return None  # (the reductions go to threads as they are)

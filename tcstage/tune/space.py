@@ -73,7 +73,7 @@ class Space:
             max_shared_memory=g["max_shared"] if g["shared"] else None,
             shared_depth=g["shared_depth"] if g["shared"] else None,
             private_depth=g["private_depth"] if g["private"] else None,
-            parallel_reductions=g.get("parallel_reductions", True),
+            parallel_reductions=g.get("parallel_reductions"),
             use_tensor_cores=g.get("tensor_cores", False))
         return opts
 
@@ -184,7 +184,7 @@ def build_space(loops: Sequence[Sequence[int]], narrow_operands: bool = False) -
              Gene("max_shared", SHARED_LIMITS),
              Gene("shared_depth", (None, *range(_DEPTHS))),
              Gene("private_depth", (None, *range(_DEPTHS))),
-             Gene("parallel_reductions", (True, False))]
+             Gene("parallel_reductions", (None, True, False))]
     if narrow_operands:  # (elsewhere the option only adds a note: the same kernel again)
         genes.append(Gene("tensor_cores", (False, True)))
     return Space(tuple(genes), loops)

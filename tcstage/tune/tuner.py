@@ -382,7 +382,8 @@ class _Session:
                 genome[f"{kind}_dims"] = max(n, 1)
             # (with parallel reductions a reduction loop may take threadIdx.x when the probe's
             # few threads find no other loop)
-            if n == 0 and not (kind == "thread" and genome.get("parallel_reductions", True)):
+            if n == 0 and not (kind == "thread" and
+                               genome.get("parallel_reductions") is not False):
                 genome[f"{kind}_x"] = 1
         return genome
 
