@@ -39,7 +39,7 @@ from tcstage.errors import TCArgumentError, TCError, warn
 from tcstage.halide.lower import Lowered
 from tcstage.options import MappingOptions
 from tcstage.poly.mapping import Mapped, map_to_gpu
-from tcstage.poly.notes import OptionNote
+from tcstage.poly.notes import OptionNote, no_effect_notes
 from tcstage.poly.promotion import Promoted, promote
 from tcstage.poly.reduction import splittable_reductions
 from tcstage.poly.tensorcore import find_contractions, map_tensor_cores
@@ -139,9 +139,13 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
     with stage("codegen"):
         cuda = generate(lowered, scop, mapped, promoted, str(options),
                         options.use_read_only_cache, tensor_tiles)
-    notes = tiled.notes + mapped.notes + promoted.notes + tc_notes
-    for note in notes:
+    ignored = no_effect_notes(options.calls())
+    notes = tiled.notes + mapped.notes + promoted.notes + tc_notes + ignored
+    for note in notes[:len(notes) - len(ignored)]:
         warn(f"in '{fn.name}', option {note}")
+    if ignored:  # (one warning for them all: TC's option sets often carry several)
+        warn(f"in '{fn.name}', options that never act in tcstage: "
+             + "; ".join(str(n) for n in ignored))
     return Compiled(fn, options, binding, lowered, scop, schedule, tiled, mapped, promoted, cuda,
                     timings, notes, dynamic, tensor_tiles)
 

@@ -104,7 +104,7 @@ def test_options_without_effect_are_listed_with_the_reason():
     assert "tile(8, 8, 8, 8): the outermost band has 3 loops" in no_effect
     assert "mapToThreads(32, 8, 4): only 2 loops can be split across threads" in no_effect
     assert "threadIdx.z stays 1" in no_effect
-    assert "unrollGpuTile: tcstage does not implement it" in no_effect
+    assert "unrollGpuTile(True): tcstage does not implement it" in no_effect
 
 
 def test_private_memory_with_nothing_to_promote():
@@ -125,3 +125,47 @@ def test_naive_kernel_explains_itself():
     assert lines[0].endswith("grid (1, 1, 1) x block (1, 1, 1) = 1 thread, 1 block")
     assert lines[1].startswith("one thread in one block: no mapping options given")
     assert len(lines) == 2
+
+
+# -- the texts TC's option sets showed to be wrong (issue 25) ----------------------------------
+
+SOFTMAX = """def softmax(float(N, C) X) -> (Mx, E, S, Y) {
+    Mx(n) max=! X(n, c)
+    E(n, c) = exp(X(n, c) - Mx(n))
+    S(n) +=! E(n, c)
+    Y(n, c) = E(n, c) / S(n)
+}"""
+
+
+def test_long_option_calls_keep_the_table_aligned_and_never_acting_options_warn_once():
+    options = M().tile(4, 4).mapToThreads(4, 4).mapToBlocks(2).unroll(4) \
+        .outerScheduleFusionStrategy("Max").matchLibraryCalls(True) \
+        .intraTileScheduleFusionStrategy("Max").outerScheduleFusionStrategy("Min")
+    with pytest.warns(tc.TCWarning) as record:
+        k = tc.compile(SOFTMAX, "softmax", f32(6, 40), options=options, target="cuda-emulated")
+    never = [str(w.message) for w in record if "never act" in str(w.message)]
+    assert len(never) == 1
+    assert "matchLibraryCalls(True): no library calls" in never[0]
+    assert 'intraTileScheduleFusionStrategy("Max"): tcstage does not ' \
+        "reschedule" in never[0]
+    lines = k.explain().splitlines()[1:]
+    long_label = lines.index('outerScheduleFusionStrategy("Min")')  # alone on its line
+    assert lines[long_label + 1].startswith(" " * 22 + "the isl scheduler's fusion")
+    for line in lines:
+        assert line == lines[long_label] or line[21] == " " and line[22] != " ", line
+    assert "tiles loops n, c of each of the 6 groups' outer bands" in lines[0]
+    # with the outer bands fused, the loop on threadIdx.x is n in three statements and c in
+    # the last: both named, with the tensors they write
+    k = compile_quietly(SOFTMAX, "softmax", f32(6, 40),
+                        options=M().tile(4, 4).mapToThreads(4, 4).mapToBlocks(2))
+    assert "threadIdx.x <- n (of Mx, E, S) and c (of Y)" in k.explain()
+
+
+def test_unrolling_only_loops_of_one_iteration_is_no_effect():
+    k = compile_quietly(TMM, "tmm", f32(8, 4), f32(8, 4),
+                        options=M().tile(1, 1).mapToThreads(1).mapToBlocks(8, 8).unroll(2)
+                        .tile(1, 1, 1))
+    row = rows(k.explain())
+    assert "unroll(2)" not in row
+    assert "unroll(2): nothing unrolled" in row["no effect"]
+    assert "mapped to blocks)" not in row["no effect"]

@@ -341,7 +341,7 @@ def test_each_block_size_goes_to_the_loop_it_names(tile, blocks, grid):
 
 def test_threads_where_only_reductions_run_are_warned_about():
     # (with parallelReductions, the default, the reduction itself takes the threads)
-    with pytest.warns(tc.TCWarning, match=r"mapToThreads\(32\): only 0 loops can be split"):
+    with pytest.warns(tc.TCWarning, match=r"mapToThreads\(32\): no loop can be split"):
         tc.compile("def f(float(N) A) -> (S) { S() +=! A(n) }", "f", (8,),
                    options=M().mapToThreads(32).parallelReductions(False),
                    target="cuda-emulated")

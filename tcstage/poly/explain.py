@@ -9,24 +9,17 @@ named by the TC index names of the statements' iterators (`kk`, not Halide's `C_
 
 from __future__ import annotations
 
+import functools
+
 import islpy as isl
 
 from tcstage.options import MappingOptions
+from tcstage.poly.notes import NO_EFFECT
 from tcstage.poly.schedule import UNBOUNDED, member_map, outermost_bands, value_count
 
 WIDTH = 22  # the option column
 _XYZ = "xyz"
 # accepted, stored and printed, but not acted on by any pass (docs/cuda.md)
-_NOT_IMPLEMENTED = {
-    "unrollGpuTile": "tcstage does not implement it",
-    "matchLibraryCalls": "no library calls are generated",
-    "intraTileScheduleFusionStrategy": "tcstage does not reschedule inside tiles",
-    "intraTileScheduleAllowSkewing": "tcstage does not reschedule inside tiles",
-    "intraTileSchedulePositiveOrthant": "tcstage does not reschedule inside tiles",
-    "outerSchedulePositiveOrthant": "tcstage does not implement it",
-}
-
-
 def explain(compiled) -> str:
     """A per-option account of what the compiler made of `compiled.options`."""
     return _Explainer(compiled).text()
@@ -47,8 +40,9 @@ class _Explainer:
 
     # -- naming ------------------------------------------------------------------------------
     def name(self, loop: isl.UnionMap) -> str:
-        """The TC loop(s) a band member runs over: 'n', or 'i/j' where statements differ."""
-        found: list[tuple[int, str]] = []  # (statement order, name)
+        """The TC loop(s) a band member runs over: 'n'; 'n (of Mx) and c (of E, Y)' where the
+        statements it spans call it differently; 'kh+kw' where it combines loops."""
+        found: list[tuple[int, str, str]] = []  # (statement order, loop text, tensor)
 
         def piece(m: isl.Map) -> None:
             statement = m.get_tuple_name(isl.dim_type.in_)
@@ -57,11 +51,19 @@ class _Explainer:
             pa = isl.PwMultiAff.from_map(m).get_at(0)
 
             def aff(_, a: isl.Aff) -> None:
-                found.extend((order, n) for i, n in enumerate(names)
-                             if a.involves_dims(isl.dim_type.in_, i, 1))
+                involved = [n for i, n in enumerate(names)
+                            if a.involves_dims(isl.dim_type.in_, i, 1)]
+                if involved:
+                    found.append((order, "+".join(involved), self.writes.get(statement, "?")))
             pa.foreach_piece(aff)
         loop.foreach_map(piece)
-        return "/".join(dict.fromkeys(n for _, n in sorted(found))) or "(a constant)"
+        tensors: dict[str, list[str]] = {}
+        for _, text, tensor in sorted(found):
+            tensors.setdefault(text, []).append(tensor)
+        if len(tensors) <= 1:
+            return next(iter(tensors), "(a constant)")
+        return " and ".join(f"{text} (of {', '.join(dict.fromkeys(ts))})"
+                            for text, ts in tensors.items())
 
     def statements(self, names) -> str:
         return ", ".join(f"{s} (writes {self.writes.get(s, '?')})" for s in names)
@@ -82,9 +84,9 @@ class _Explainer:
         self.outer_loops()
         for method, args in self.o.calls():
             handler = getattr(self, f"on_{method}", None)
-            if method in _NOT_IMPLEMENTED:
-                self.no_effect.append((method, _NOT_IMPLEMENTED[method]))
-            elif handler is not None:
+            if method in NO_EFFECT:  # (its note, with the call, comes with the others')
+                continue
+            if handler is not None:
                 handler(args)
         self.barriers()
         self.reductions()
@@ -117,8 +119,12 @@ class _Explainer:
         """The loops of the outermost band(s) before tiling, for the tile line."""
         bands = outermost_bands(self.c.schedule)
         self.bands = len(bands)
-        self.band_loops = [self.name(member_map(bands[0], k))
-                           for k in range(bands[0].band_n_member())] if bands else []
+        # member k over every band that has one (the first band may be a one-loop
+        # initialisation: "member 1" was all the tile line could say of the others' loops)
+        self.band_loops = [
+            self.name(functools.reduce(isl.UnionMap.union, [
+                member_map(b, k) for b in bands if b.band_n_member() > k]))
+            for k in range(max((b.band_n_member() for b in bands), default=0))]
 
     # -- one method per option ---------------------------------------------------------------
     def on_tile(self, args) -> None:
@@ -245,11 +251,12 @@ class _Explainer:
 
     def on_unroll(self, args) -> None:
         m, n = self.m, args[0]
-        if m.unrolled_loops:
-            # loops of one iteration (a statement's constant member) unroll for free
-            loops = ", ".join(f"{self.name(loop)} ({trips} per thread)"
-                              for loop, trips in m.unrolled_loops if trips > 1) or "none"
-            text = f"unrolled {m.unrolled} loop(s), those with more than one iteration: {loops}"
+        # (loops of one iteration per thread, a statement's constant member, "unroll" for free:
+        # only the others count as unrolled)
+        unrolled = [(loop, trips) for loop, trips in m.unrolled_loops if trips > 1]
+        if unrolled:
+            loops = ", ".join(f"{self.name(loop)} ({trips} per thread)" for loop, trips in unrolled)
+            text = f"unrolled {len(unrolled)} loop{'s' if len(unrolled) > 1 else ''}: {loops}"
             stops = [f"{self.name(loop)} ({_count(trips)} iterations x {copies} copies > {n})"
                      for loop, trips, copies in m.unroll_stops if copies > 1]
             if stops:
@@ -257,9 +264,10 @@ class _Explainer:
             self.rows.append((_call("unroll", args), text))
             return
         stops = [f"{self.name(loop)} runs {_count(trips)} times per thread"
-                 for loop, trips, _ in m.unroll_stops]
+                 for loop, trips, _ in m.unroll_stops if trips > n]
         why = f"nothing unrolled: the innermost loop {' and '.join(stops)}, more than {n}" \
-            if stops else "no loop can be unrolled (the innermost ones are mapped to blocks)"
+            if stops else "nothing unrolled: no loop runs more than once in a thread (the " \
+            "loops left are mapped to threads and blocks, or have one value)"
         self.no_effect.append((_call("unroll", args), why))
 
     def on_unrollCopyShared(self, args) -> None:
@@ -348,6 +356,8 @@ class _Explainer:
         for why, tensors in self.p.barriers:
             names = ", ".join(tensors)
             parts.append({
+                "before copy-in": f"before the copy-in of {names} (other threads wrote them "
+                                  "earlier in the kernel)",
                 "after copy-in": f"after the copy-in of {names} (threads read what others "
                                  "copied)",
                 "before copy-out": f"before the copy-out of {names} (threads copy what others "
@@ -361,7 +371,11 @@ class _Explainer:
 
 
 def _row(label: str, text: str) -> str:
-    return f"{label:<{WIDTH - 1}} {text}"
+    """A row of the table: the label in its column, or, where it is too long for it, alone on
+    a line with the text below it in the column (long option calls kept the table aligned)."""
+    if len(label) < WIDTH - 1:
+        return f"{label:<{WIDTH - 1}} {text}"
+    return f"{label}\n{' ' * WIDTH}{text}"
 
 
 def _call(name: str, args) -> str:

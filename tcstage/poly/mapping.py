@@ -183,8 +183,9 @@ def map_to_gpu(schedule: isl.Schedule, dependences: isl.UnionMap, context: isl.S
             "the loops free of dependences")),)
     else:
         notes = _unused_dimensions("mapToThreads", options.threads, block, "threadIdx",
-                                   "split across threads (the others carry a dependence, such "
-                                   "as a reduction, take a single value, or go to blocks)")
+                                   "split across threads (not one that carries a dependence, "
+                                   "such as a reduction, takes a single value, or goes to "
+                                   "blocks)")
     single = [d for d, size in enumerate(options.blocks) if size > 1 and grid[d] == 1]
     if single:
         notes += (OptionNote(call("mapToBlocks", options.blocks), "; ".join(
@@ -216,8 +217,9 @@ def _unused_dimensions(option: str, wanted: Sequence[int], got: Sequence[int], i
     if not unused:
         return ()
     used = sum(1 for g in got if g > 1)
+    can = f"only {used} loop{'s' if used != 1 else ''} can" if used else "no loop can"
     return (OptionNote(call(option, wanted),
-                       f"only {used} loop{'s' if used != 1 else ''} can be {how}, so "
+                       f"{can} be {how}, so "
                        f"{' and '.join(unused)} {'stay' if len(unused) > 1 else 'stays'} 1"),)
 
 

@@ -20,5 +20,29 @@ class OptionNote:
 
 
 def call(name: str, values: Sequence) -> str:
-    """An option call as the chain writes it: call('tile', (4, 4)) == 'tile(4, 4)'."""
-    return f"{name}({', '.join(map(str, values))})"
+    """An option call as the chain writes it: call('tile', (4, 4)) == 'tile(4, 4)', and a
+    fusion strategy quoted, `scheduleFusionStrategy("Max")`."""
+    return f"{name}({', '.join(_text(v) for v in values)})"
+
+
+def _text(value) -> str:
+    name = getattr(value, "name", None)  # (an enum: FusionStrategy)
+    return f'"{name}"' if isinstance(name, str) and not isinstance(value, str) else str(value)
+
+
+# Options tcstage accepts, stores and prints (TC's option sets use them: matchLibraryCalls in 36
+# of TC's 80 tuned sets, a non-default intra-tile fusion in 30) but that never act here.
+NO_EFFECT = {
+    "unrollGpuTile": "tcstage does not implement it",
+    "matchLibraryCalls": "no library calls are generated",
+    "intraTileScheduleFusionStrategy": "tcstage does not reschedule inside tiles",
+    "intraTileScheduleAllowSkewing": "tcstage does not reschedule inside tiles",
+    "intraTileSchedulePositiveOrthant": "tcstage does not reschedule inside tiles",
+    "outerSchedulePositiveOrthant": "tcstage does not implement it",
+}
+
+
+def no_effect_notes(calls) -> tuple[OptionNote, ...]:
+    """A note for each call (method, args) of an option that never acts in tcstage."""
+    return tuple(OptionNote(call(method, args), NO_EFFECT[method])
+                 for method, args in calls if method in NO_EFFECT)
