@@ -107,7 +107,7 @@ def _parser() -> argparse.ArgumentParser:
                           "cuda-emulated: the same kernel run on the CPU")
     run.add_argument("--options", metavar="'MappingOptions()...'",
                      help="CUDA mapping options of --target cuda and cuda-emulated: a chain or "
-                          "a preset name (default: naive)")
+                          "a preset name (default: single_thread)")
     run.add_argument("--seed", type=_natural, default=0, help="seed of the random inputs")
     run.add_argument("--repeat", type=_natural, default=10, help="timed runs after the first")
     run.add_argument("--schedule", type=_schedule, metavar="NAME",
@@ -129,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="the backward function as TC source (tc.gradient)")
     show.add_argument("--options", metavar="'MappingOptions()...'",
                       help="CUDA mapping options for --schedule and --cuda: a chain or a preset "
-                           "name (default: naive)")
+                           "name (default: single_thread)")
     for p in (tune, compare):
         p.add_argument("--measure", choices=("gpu", "model"),
                        help="time on the GPU, or predict with the cost model (default: the GPU "

@@ -37,7 +37,7 @@ import islpy as isl
 from tcstage.cuda.codegen import CudaKernel, generate
 from tcstage.errors import TCArgumentError, TCError, warn
 from tcstage.halide.lower import Lowered
-from tcstage.options import MappingOptions
+from tcstage.options import PRESETS, MappingOptions
 from tcstage.poly.mapping import Mapped, map_to_gpu
 from tcstage.poly.notes import OptionNote, no_effect_notes
 from tcstage.poly.promotion import Promoted, promote
@@ -72,7 +72,8 @@ class Compiled:
 
 
 def as_options(options) -> MappingOptions:
-    """MappingOptions from an object, a chain text or a preset name (None: the naive ones)."""
+    """MappingOptions from an object, a chain text or a preset name (None: the single-thread
+    options, MappingOptions())."""
     if options is None:
         return MappingOptions()
     if isinstance(options, MappingOptions):
@@ -226,7 +227,8 @@ def compile(source, name: str | None = None, *inputs, options=None, target: str 
 
     `options`: a `MappingOptions`, its chain text, a preset name, or "auto": the best options
     the autotuner cached for this function, sizes and device, or else a default chosen from the
-    TC's structure (with a TCWarning suggesting tuning); default: the naive options.
+    TC's structure (with a TCWarning suggesting tuning); default: the single-thread options,
+    `MappingOptions()`.
     `target`: "cuda" (launch with pycuda) or "cuda-emulated" (the same source run on the CPU).
     `out`: the starting values of in/out outputs, as for calls.
     A Halide pipeline (`tc.from_halide(funcs)`) is compiled as `tc.compile(f, *inputs,
@@ -255,11 +257,11 @@ def compile(source, name: str | None = None, *inputs, options=None, target: str 
     auto = isinstance(options, str) and options.strip().lower() == "auto"
     if auto:
         options = auto_options(fn, inputs, out, target)
-    elif isinstance(options, MappingOptions) and options == MappingOptions():
-        warn(f"in '{name}': these are the naive mapping options, MappingOptions(): one thread "
-             "in one block runs the whole kernel. tcstage's options are immutable: o.tile(32) "
-             "returns new options and leaves o as it was (TC's change o in place), so a chain "
-             "whose result was not kept is lost; pass options=\"naive\" to mean these")
+    elif isinstance(options, MappingOptions) and (start := _starting_point(options)):
+        warn(f"in '{name}': these options are {start}. tcstage's options are immutable: "
+             "o.tile(32) returns new options and leaves o as it was (TC's change o in place), "
+             "so a chain whose result was not kept is lost; pass the name as text (options="
+             "\"naive\") to mean a starting point as it is")
     options = as_options(options)
     binding = fn.bind(inputs, out, shapes_only=True)
     fixed = tuple(sorted((k, v) for k, v in binding.sizes.items() if k not in dynamic))
@@ -277,6 +279,17 @@ def compile(source, name: str | None = None, *inputs, options=None, target: str 
         while len(_kernels) > COMPILED_KERNELS:
             _kernels.popitem(last=False)
     return kernel
+
+
+def _starting_point(options: MappingOptions) -> str:
+    """What options equal to a starting point are, in words ('' for any others)."""
+    if options == MappingOptions():
+        return "MappingOptions(), the single-thread options: one thread in one block runs " \
+            "the whole kernel"
+    for name in PRESETS:
+        if options == MappingOptions.named(name):
+            return f"exactly the {name!r} starting point, MappingOptions({name!r})"
+    return ""
 
 
 def function_of(source, name, inputs: tuple, output_shape) -> tuple:

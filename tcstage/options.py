@@ -217,10 +217,11 @@ class MappingOptions:
     """How to map one TC function onto a GPU: tiling, block/thread mapping, memory promotion,
     unrolling and scheduling choices.
 
-    `MappingOptions()` are the naive options: no tiling, one thread in one block, no memory
-    promotion, unroll factor 1, and `Preserve3Coincident` fusion for both the outer and the
-    intra-tile schedule. `MappingOptions("mlp")`, TC's Python spelling, starts from a preset
-    (`named`). Change them with the chain methods (TC's names), each of which returns a new
+    `MappingOptions()` are the single-thread options: no tiling, one thread in one block, no
+    memory promotion, unroll factor 1, and `Preserve3Coincident` fusion for both the outer and
+    the intra-tile schedule. `MappingOptions("naive")`, TC's Python spelling, starts from one of
+    TC's starting points (`named`: TC's naive one is `tile(32, 32, 32).mapToThreads(32, 8)
+    .mapToBlocks(256, 256)`). Change them with the chain methods (TC's names), each of which returns a new
     object (unlike TC's, which change it in place: `o.tile(32)` alone leaves `o` as it was)::
 
         MappingOptions().tile(32, 32).mapToThreads(32, 8).mapToBlocks(64, 64).unroll(4)
@@ -457,59 +458,63 @@ class MappingOptions:
 
     # -- named starting points -------------------------------------------------------------
 
+    # The starting points are TC's own (tc/core/cuda/cuda_mapping_options.cc, the
+    # make*MappingOptions functions), so that TC code and TC's tuned option sets, which start
+    # from them, mean here what they meant there. Each chain call replaces a field wholesale.
+
+    @classmethod
+    def single_thread(cls) -> MappingOptions:
+        """TC's makeSingleThreadMappingOptions: `tile(1)`, a single thread in a single block;
+        the same kernel as `MappingOptions()`, which does not tile. Always correct, never
+        fast."""
+        return cls().tile(1)
+
     @classmethod
     def naive(cls) -> MappingOptions:
-        """`MappingOptions()`: no tiling, a single thread in a single block, no promotion,
-        no unrolling, `Preserve3Coincident` fusion. Always correct, never fast."""
-        return cls()
+        """TC's naive starting point, from which all of TC's tuned option sets start:
+        `tile(32, 32, 32).mapToThreads(32, 8).mapToBlocks(256, 256).unroll(1)`."""
+        return cls().tile(32, 32, 32).mapToThreads(32, 8).mapToBlocks(256, 256)
 
     @classmethod
     def pointwise(cls) -> MappingOptions:
-        """For elementwise kernels: `tile(32, 32, 32)`, 32 x 4 x 4 = 512 threads,
-        256 x 256 blocks, no unrolling, and maximal fusion (pointwise chains fuse freely)."""
-        return (cls().tile(32, 32, 32).mapToThreads(32, 4, 4).mapToBlocks(256, 256)
-                .scheduleFusionStrategy(FusionStrategy.Max))
+        """TC's pointwise starting point: `tile(32, 32, 32)`, 32 x 4 x 4 threads,
+        100 x 100 x 100 blocks, unroll 128."""
+        return cls().tile(32, 32, 32).mapToThreads(32, 4, 4).mapToBlocks(100, 100, 100) \
+            .unroll(128)
 
     @classmethod
     def mlp(cls) -> MappingOptions:
-        """For matrix products with bias and activation (the paper's MLP1 baseline):
-        `tile(16, 16, 128)`, 16 x 16 threads, 32 x 32 blocks, shared and private memory
-        promotion, no unrolling, and maximal fusion in the outer schedule so that the bias and
-        activation join the product."""
-        return (cls().tile(16, 16, 128).mapToThreads(16, 16).mapToBlocks(32, 32)
-                .useSharedMemory(True).usePrivateMemory(True)
+        """TC's starting point for matrix products with bias and activation: `tile(1)`, 128
+        threads, 128 blocks, and maximal fusion in the outer schedule."""
+        return (cls().tile(1).mapToThreads(128).mapToBlocks(128)
                 .outerScheduleFusionStrategy(FusionStrategy.Max))
 
     @classmethod
     def conv(cls) -> MappingOptions:
-        """For NCHW convolutions: one image and one output channel per tile and a 7 x 7
-        spatial tile, `tile(1, 1, 7, 7)`; a 7 x 7 thread block covers the spatial tile,
-        64 x 64 blocks cover (image, channel); input halos go to shared memory and the
-        accumulator to registers; unroll 4 over the kernel window."""
-        return (cls().tile(1, 1, 7, 7).mapToThreads(7, 7).mapToBlocks(64, 64)
-                .useSharedMemory(True).usePrivateMemory(True).unroll(4))
+        """TC's starting point for convolutions (makeConvolutionMappingOptions):
+        `tile(4, 8, 8, 8)`, 4 x 16 x 4 threads, 256 x 256 x 256 blocks."""
+        return cls().tile(4, 8, 8, 8).mapToThreads(4, 16, 4).mapToBlocks(256, 256, 256)
 
     @classmethod
     def group_conv(cls) -> MappingOptions:
-        """For grouped convolutions (the paper's gconv baseline for small images):
-        `tile(1, 1, 1)`, 4 x 8 x 4 threads, 32 x 32 blocks, shared memory with unrolled copies,
-        no private promotion, no unrolling."""
-        return (cls().tile(1, 1, 1).mapToThreads(4, 8, 4).mapToBlocks(32, 32)
-                .useSharedMemory(True).unrollCopyShared(True))
+        """TC's starting point for grouped convolutions (makeGroupConvolutionMappingOptions):
+        `tile(1, 1)`, 4 x 16 x 4 threads, 256 x 256 blocks."""
+        return cls().tile(1, 1).mapToThreads(4, 16, 4).mapToBlocks(256, 256)
 
     @classmethod
     def reduction(cls) -> MappingOptions:
-        """For reductions along the innermost dimension: one output row per block
-        (`tile(1)`), 256 threads cooperating on the reduction (a library block-reduce when
-        `matchLibraryCalls` recognizes it), up to 1024 blocks, unroll 4."""
-        return (cls().tile(1).mapToThreads(256).mapToBlocks(1024).unroll(4)
-                .matchLibraryCalls(True))
+        """tcstage's own (TC has none) for reductions along the innermost dimension: one output
+        row per block (`tile(1)`), 256 threads cooperating on it (parallelReductions), up to
+        1024 blocks, unroll 4."""
+        return cls().tile(1).mapToThreads(256).mapToBlocks(1024).unroll(4)
 
     @classmethod
     def named(cls, name: str) -> MappingOptions:
-        """The named starting point `name`: one of naive, pointwise, mlp, conv, group_conv,
-        reduction (case-insensitive; '-' may stand for '_')."""
+        """The named starting point `name`: one of single_thread, naive, pointwise, mlp, conv
+        (or convolution), group_conv (or group_convolution), reduction (case-insensitive; '-'
+        may stand for '_')."""
         key = name.strip().lower().replace("-", "_") if isinstance(name, str) else None
+        key = _PRESET_ALIASES.get(key, key)
         if key not in _PRESETS:
             valid = ", ".join(_PRESETS)
             raise TCOptionsError(
@@ -596,7 +601,10 @@ class MappingOptions:
                                  value=e.value) from None
 
 
-_PRESETS = ("naive", "pointwise", "mlp", "conv", "group_conv", "reduction")
+_PRESETS = ("single_thread", "naive", "pointwise", "mlp", "conv", "group_conv", "reduction")
+PRESETS = _PRESETS  # (the names `MappingOptions.named` takes)
+_PRESET_ALIASES = {"convolution": "conv", "group_convolution": "group_conv",
+                   "singlethread": "single_thread", "groupconvolution": "group_conv"}
 _METHODS = sorted({f.metadata["method"] for f in attrs.fields(MappingOptions)}
                   | {"scheduleFusionStrategy"})
 
@@ -647,6 +655,7 @@ _CLASS_NAMES = {"MappingOptions", "CudaMappingOptions", "IslKernelOptions", "Cpu
 
 # C++ static constructors: make<X>MappingOptions() -> preset (None: MappingOptions()).
 _CPP_STARTS = {"makeDefaultMappingOptions": None, "makeUnmappedMappingOptions": None,
+               "makeSingleThreadMappingOptions": "single_thread",
                "makeNaiveMappingOptions": "naive", "makePointwiseMappingOptions": "pointwise",
                "makeMlpMappingOptions": "mlp", "makeConvolutionMappingOptions": "conv",
                "makeGroupConvolutionMappingOptions": "group_conv",

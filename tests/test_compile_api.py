@@ -89,8 +89,13 @@ def test_reductions_split_only_where_parallel_reductions_allow():
     assert k.grid == (3, 1, 1)  # only n; k carries the reduction
     assert k.block == (2, 1, 1)
     np.testing.assert_allclose(k(A), A.sum(axis=1), rtol=1e-5, atol=1e-5)
-    # by default the 8 values of a k tile outnumber n's 2: threads split k, blocks keep n
+    # left unset, n's 2 values of a tile take threads, as TC maps them: no split
     k = tc.compile(prog, "rowsum", A, options=options, target="cuda-emulated")
+    assert k.grid == (3, 1, 1) and k.block == (2, 1, 1)
+    np.testing.assert_allclose(k(A), A.sum(axis=1), rtol=1e-5, atol=1e-5)
+    # forced, the 8 values of a k tile outnumber n's 2: threads split k, blocks keep n
+    k = tc.compile(prog, "rowsum", A, options=options.parallelReductions(True),
+                   target="cuda-emulated")
     assert k.grid == (3, 1, 1) and k.block == (32, 1, 1)
     np.testing.assert_allclose(k(A), A.sum(axis=1), rtol=1e-5, atol=1e-5)
 
@@ -254,7 +259,12 @@ def test_prepared_calls_reuse_their_arrays():
 
 def test_tcs_preset_constructor():
     M = tc.MappingOptions
-    assert M("naive") == M() and M("mlp") == M.mlp() and M("Group-Conv") == M.group_conv()
+    assert M("single_thread") == M().tile(1) and M("mlp") == M.mlp() and M("Group-Conv") == M.group_conv()
+    # TC's starting points, as tc/core/cuda/cuda_mapping_options.cc defines them
+    assert str(M("naive")) == "MappingOptions().tile(32, 32, 32).mapToThreads(32, 8)" \
+        ".mapToBlocks(256, 256)"
+    assert M("convolution") == M().tile(4, 8, 8, 8).mapToThreads(4, 16, 4) \
+        .mapToBlocks(256, 256, 256)
     assert M("conv", unroll_factor=2) == M.conv().unroll(2)
     with pytest.raises(tc.TCError, match=r"unknown named mapping options 'nave' \(did you mean "
                                           r"'naive'\?\)"):
@@ -265,7 +275,7 @@ def test_tcs_preset_constructor():
 
 def test_options_in_tcs_argument_order_name_the_keyword():
     src = "def f(float(N) A) -> (B) { B(i) = A(i) }"
-    for options in ("naive", tc.MappingOptions().tile(4)):
+    for options in ("single_thread", tc.MappingOptions().tile(4)):
         with pytest.raises(tc.TCArgumentError, match=r"tcstage takes the options by keyword.*"
                                                       r"options=\.\.\."):
             tc.compile(src, "f", options, np.ones(4, np.float32), target="cuda-emulated")
@@ -273,17 +283,21 @@ def test_options_in_tcs_argument_order_name_the_keyword():
 
 def test_a_discarded_chain_is_reported():
     """TC's options change in place (`o.tile(...)`); tcstage's return new ones, so TC code
-    that drops the result compiles the naive options: the compile says so. options="naive"
-    asks for them knowingly."""
+    that drops the result compiles the starting point (TC's naive options, or one thread):
+    the compile says so. A starting point named as text is asked for knowingly."""
     src = "def f(float(N) A) -> (B) { B(i) = A(i) * 2 }"
     a = np.arange(8, dtype=np.float32)
-    o = tc.MappingOptions("naive")
-    o.tile(4).mapToThreads(4)  # TC's style: the result is lost
-    with pytest.warns(tc.TCWarning, match="naive mapping options.*one thread in one block.*"
-                                          "immutable"):
-        k = tc.compile(src, "f", a, options=o, target="cuda-emulated")
-    assert k.grid == (1, 1, 1) and k.block == (1, 1, 1)
-    np.testing.assert_array_equal(k(a), a * 2)
+    for start, block in (("naive", (8, 1, 1)), ("single_thread", (1, 1, 1))):
+        o = tc.MappingOptions(start)
+        o.tile(4).mapToThreads(4)  # TC's style: the result is lost
+        with pytest.warns(tc.TCWarning, match=f"exactly the '{start}' starting point.*immutable"):
+            k = tc.compile(src, "f", a, options=o, target="cuda-emulated")
+        assert k.block == block
+        np.testing.assert_array_equal(k(a), a * 2)
+    with pytest.warns(tc.TCWarning, match=r"MappingOptions\(\), the single-thread options: one "
+                                          "thread in one block"):
+        tc.compile(src, "f", a, options=tc.MappingOptions(), target="cuda-emulated")
     with warnings.catch_warnings():
         warnings.simplefilter("error", tc.TCWarning)
+        tc.compile(src, "f", a, options="single_thread", target="cuda-emulated")
         tc.compile(src, "f", a, options="naive", target="cuda-emulated")

@@ -47,7 +47,7 @@ def test_compare_pipeline_with_your_schedule_as_baseline(operands):
                         tune_budget=0, progress=False, cache=False)
     assert result.baseline == "Halide CPU, your schedule (baseline)"
     names = [r.name for r in result.rows]
-    for name in ["naive", "manual 1", "Halide CPU, your schedule (baseline)",
+    for name in ["single thread", "manual 1", "Halide CPU, your schedule (baseline)",
                  "CPU tcstage schedule", "Halide CPU Mullapudi2016",
                  "CPU every intermediate at the root"]:
         assert name in names

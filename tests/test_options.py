@@ -18,9 +18,9 @@ M = MappingOptions
 # chain, immutability, equality
 # --------------------------------------------------------------------------------------------
 
-def test_naive_defaults():
+def test_single_thread_defaults():
     o = M()
-    assert o == M.naive() == M.named("naive")
+    assert M.single_thread() == M.named("single_thread") == M("single_thread") == o.tile(1)
     assert o.tile_sizes == () and o.threads == (1,) and o.blocks == (1,)
     assert o.unroll_factor == 1
     assert not (o.use_shared_memory or o.use_private_memory or o.unroll_copy_shared)
@@ -49,7 +49,7 @@ def test_equality_and_hash():
     a = M().tile(32, 32).useSharedMemory(True)
     b = M().useSharedMemory(True).tile([32, 32])
     assert a == b and hash(a) == hash(b)
-    assert len({a, b, M(), M.naive()}) == 2
+    assert len({a, b, M(), M.single_thread()}) == 3
     assert a != a.useSharedMemory(False)
     assert M().mapToThreads(32) != M().mapToThreads(32, 1)  # kept as given, like TC
 
@@ -162,16 +162,29 @@ def test_validation_errors(call, option, value, allowed):
 
 
 def test_named_presets():
-    for name in ("naive", "pointwise", "mlp", "conv", "group_conv", "reduction"):
+    for name in ("single_thread", "naive", "pointwise", "mlp", "conv", "group_conv",
+                 "reduction"):
         preset = M.named(name)
-        assert preset == getattr(M, name)() == M.named(name.upper())
+        assert preset == getattr(M, name)() == M.named(name.upper()) == M(name)
         assert M.parse(str(preset)) == preset
-    assert M.pointwise() == M.parse(
-        "MappingOptions().tile(32, 32, 32).mapToThreads(32, 4, 4).mapToBlocks(256, 256)"
-        ".scheduleFusionStrategy(Max)")
+    # TC's own starting points (tc/core/cuda/cuda_mapping_options.cc), by both spellings
+    tc_starts = {
+        "Naive": "tile(32, 32, 32).mapToThreads(32, 8).mapToBlocks(256, 256)",
+        "SingleThread": "tile(1)",
+        "Pointwise": "tile(32, 32, 32).mapToThreads(32, 4, 4).mapToBlocks(100, 100, 100)"
+                     ".unroll(128)",
+        "Mlp": 'tile(1).mapToThreads(128).mapToBlocks(128).outerScheduleFusionStrategy("Max")',
+        "Convolution": "tile(4, 8, 8, 8).mapToThreads(4, 16, 4).mapToBlocks(256, 256, 256)",
+        "GroupConvolution": "tile(1, 1).mapToThreads(4, 16, 4).mapToBlocks(256, 256)",
+    }
+    for start, chain in tc_starts.items():
+        expected = "MappingOptions()" + ("." + chain if chain else "")
+        assert str(M.parse(f"tc::CudaMappingOptions::make{start}MappingOptions()")) == expected
+        assert str(M(start)) == expected
     assert M.named("group-conv") == M.group_conv()
-    with pytest.raises(TCOptionsError, match=r"'mpl' \(did you mean 'mlp'\?\); allowed: naive, "
-                                             r"pointwise, mlp, conv, group_conv, reduction"):
+    with pytest.raises(TCOptionsError, match=r"'mpl' \(did you mean 'mlp'\?\); allowed: "
+                                             r"single_thread, naive, pointwise, mlp, conv, "
+                                             r"group_conv, reduction"):
         M.named("mpl")
 
 
@@ -413,7 +426,7 @@ def test_parse_rejects_non_text():
 def test_to_dict_is_plain_json():
     d = M.mlp().maxSharedMemory(1024).to_dict()
     assert json.loads(json.dumps(d)) == d
-    assert d["tile_sizes"] == [16, 16, 128] and d["threads"] == [16, 16]
+    assert d["tile_sizes"] == [1] and d["threads"] == [128]
     assert d["outer_schedule_fusion_strategy"] == "Max" and d["max_shared_memory"] == 1024
     assert M.from_dict(d) == M.mlp().maxSharedMemory(1024)
     assert M.from_dict({}) == M() and M.from_dict({"threads": [8, 4]}) == M().mapToThreads(8, 4)

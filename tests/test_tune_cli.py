@@ -53,11 +53,11 @@ def test_tune_save_then_compare_picks_it_up_and_plots(tmp_path, capsys):
     rows = table_rows(out)
     # (the baseline is PyTorch's einsum where torch is installed, numpy's otherwise)
     baseline = next(r for r in rows if r in ("torch.einsum (baseline)", "numpy.einsum (baseline)"))
-    for row in ("naive", "preset pointwise", "preset mlp", "preset conv", "preset group_conv",
+    for row in ("single thread", "preset naive", "preset pointwise", "preset mlp", "preset conv", "preset group_conv",
                 "preset reduction", "manual 1", "tmm-tuned", "tuned", baseline,
                 "Halide CPU Mullapudi2016"):
         assert row in rows, (row, out)
-    for row in ("naive", "preset mlp", "manual 1", "tmm-tuned", "tuned", baseline):
+    for row in ("single thread", "preset mlp", "manual 1", "tmm-tuned", "tuned", baseline):
         assert "  yes  " in rows[row], rows[row]
     assert "cost model (H100); checked emulated" in rows["tmm-tuned"]
     assert "1x" in rows[baseline]

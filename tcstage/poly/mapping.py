@@ -75,6 +75,9 @@ BLOCK_IDS = ("b0", "b1", "b2")  # blockIdx.x, .y, .z
 THREAD_IDS = ("t0", "t1", "t2")  # threadIdx.x, .y, .z
 SYNC = "_sync"  # the extension statement that prints as __syncthreads()
 WARP = 32
+# Fewer blocks than this leave SMs idle (132 on an H100 or H200): only then does an unset
+# parallelReductions split a reduction across blocks too
+FEW_BLOCKS = 128
 REDUCE = "reduce"  # mark above a reduction's thread band, until its init and combine are grafted
 REDUCTION_INIT, REDUCTION_COMBINE = "_rinit", "_rcomb"  # extension statements, + the band's k
 # Marks left for memory promotion: KERNEL + n sits below each block-mapped band (where a block's
@@ -351,6 +354,7 @@ class _ThreadDecisions:
         # a reduction may take the threads where the free loops give fewer than this: a warp
         # with parallelReductions(True), else only where they take none (TC's kernel otherwise)
         self.room = WARP if forced else 2
+        self.forced = forced
         self.scop, self.reductions = scop, reductions or {}
         self.relaxed = relaxed_dependences(deps, scop, self.reductions) if self.reductions \
             else deps
@@ -427,8 +431,12 @@ class _ThreadDecisions:
             return block
         block[0] = x
         d = max((i + 1 for i, g in enumerate(grid) if g > 1), default=0)
+        # Left unset, parallelReductions splits across blocks only where the parallel loops'
+        # blocks are too few to fill a GPU (a row sum of 32 rows: 4x faster on an H200 split
+        # 32 ways); TC's Sum_2D_1D options ask 72 blocks more per row of 1024 rows, for nothing
+        few = self.forced or math.prod(grid) < FEW_BLOCKS
         for path, band in self.bands.items():
-            if band.reductions and band.spreads and d < len(blocks_asked) \
+            if few and band.reductions and band.spreads and d < len(blocks_asked) \
                     and blocks_asked[d] > 1 and band.count > band.sizes[0]:
                 across = min(blocks_asked[d], -(-band.count // band.sizes[0]))
                 self.bands[path] = attrs.evolve(band, across=(d, across))

@@ -38,7 +38,8 @@ GPU_RUNS = 20
 
 @attrs.frozen
 class Row:
-    """One schedule: `kind` is naive, preset, manual, tuned, baseline or cpu; `time` seconds per
+    """One schedule: `kind` is naive (the single-thread options), preset, manual, tuned,
+    baseline or cpu; `time` seconds per
     call (None when it failed); `ratio` time / the baseline's; `correct` True/False, or None
     when not checked (`detail` says why); `how` how the time was obtained."""
 
@@ -169,7 +170,7 @@ def compare(source, name=None, *inputs, options=(), schedules_dir="schedules", t
     out = as_out(random_outs)
     measure = _measure(measure)
 
-    schedules = [("naive", "naive", MappingOptions(), "")]
+    schedules = [("single thread", "naive", MappingOptions(), "")]
     schedules += [(f"preset {p}", "preset", MappingOptions.named(p), "") for p in PRESETS]
     schedules += [(f"manual {k}", "manual", o, "") for k, o in enumerate(manual_options, 1)]
     schedules += [(n, "manual", o, where) for n, o, where in

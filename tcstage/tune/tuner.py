@@ -43,7 +43,7 @@ CHECK_TOP = 2  # under the model: emulate candidates that would enter the best t
 PROPOSALS = 20
 TIMEOUT = 120.0  # seconds per candidate and phase
 SCHEDULES = "schedules"  # manual schedules: the working directory's schedules/*.txt
-PRESETS = ("pointwise", "mlp", "conv", "group_conv", "reduction")
+PRESETS = ("naive", "pointwise", "mlp", "conv", "group_conv", "reduction")  # (TC's, then ours)
 
 
 @attrs.frozen
@@ -212,7 +212,7 @@ class _Session:
     def seeds(self, start_from) -> list[tuple[MappingOptions, str]]:
         """Warm starts, best first: start_from, the cache (this device at these sizes, then
         the nearest sizes, then other devices), manual schedules for this function at these
-        sizes (schedules/*.txt), the structural default, the presets, naive."""
+        sizes (schedules/*.txt), the structural default, the presets, a single thread."""
         from tcstage.compiler import as_options
         seeds: list[tuple[MappingOptions, str]] = []
         if start_from is not None and not (isinstance(start_from, str)
@@ -236,7 +236,7 @@ class _Session:
             seeds.append((options, f"schedules ({label}, {where})"))
         seeds.append((heuristic_options(self.fn, self.reports), "heuristic"))
         seeds += [(MappingOptions.named(p), f"preset {p}") for p in PRESETS]
-        seeds.append((MappingOptions(), "naive"))
+        seeds.append((MappingOptions(), "single thread"))
         unique, seen = [], set()
         for options, origin in seeds:
             if str(options) not in seen:
