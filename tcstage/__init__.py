@@ -19,12 +19,12 @@ from tcstage.options import FusionStrategy, MappingOptions
 from tcstage.cpu.options import CpuSchedule
 from tcstage.cuda.runtime import Kernel
 from tcstage.compiler import compile
-from tcstage.program import Program, TCFunction, define
+from tcstage.program import PolymorphicFunction, Program, TCFunction, define
 from tcstage.halide.pipeline import HalideFunction, from_halide
 from tcstage.tune.tuner import TuneResult, autotune
 from tcstage.tune.compare import compare
 from tcstage.grad import gradient
 
-__all__ = ["CpuSchedule", "define", "gradient", "from_halide", "HalideFunction", "compile", "autotune", "compare", "TuneResult", "Kernel", "Program", "TCFunction", "TCError", "TCSyntaxError", "TCSemanticError",
+__all__ = ["CpuSchedule", "define", "gradient", "from_halide", "HalideFunction", "compile", "autotune", "compare", "TuneResult", "Kernel", "Program", "TCFunction", "PolymorphicFunction", "TCError", "TCSyntaxError", "TCSemanticError",
            "TCRangeError", "TCPartitionError", "TCArgumentError", "TCWarning", "MappingOptions", "FusionStrategy"]
 __version__ = "0.1.0"

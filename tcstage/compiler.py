@@ -297,7 +297,7 @@ def function_of(source, name, inputs: tuple, output_shape) -> tuple:
     of a source or Program, or a Halide pipeline (tc.from_halide, or bare Funcs) with its
     output shapes fixed, which has no name argument (what came as `name` is its first input)."""
     from tcstage.halide.pipeline import HalideFunction, as_pipeline
-    from tcstage.program import Program, define
+    from tcstage.program import Program, define, resolve
     source = as_pipeline(source)
     if isinstance(source, HalideFunction):
         inputs = inputs if name is None else (name, *inputs)
@@ -307,7 +307,7 @@ def function_of(source, name, inputs: tuple, output_shape) -> tuple:
         raise TCError("output_shape= is for Halide pipelines (tc.from_halide); a TC function "
                       "infers its output shapes")
     program = source if isinstance(source, Program) else define(source)
-    return program, program[name], inputs
+    return program, resolve(program[name], inputs), inputs
 
 
 def clear_kernel_cache() -> None:

@@ -20,11 +20,12 @@ import attrs
 import ml_dtypes
 import numpy as np
 
-from tcstage.errors import TCArgumentError, TCError, warn
+from tcstage.errors import TCArgumentError, TCError, TCSemanticError, warn
 from tcstage.halide import ranges as R
 from tcstage.halide.jit import DEFAULT_SCHEDULE, CpuKernel, needs_large_buffers, schedule_name
 from tcstage.halide.lower import Lowered, lower
 from tcstage.halide.solver import evaluate
+from tcstage.lang import ast, ellipsis
 from tcstage.lang import checked as C
 from tcstage.lang.accumulate import accumulate_in_float32
 from tcstage.lang.parser import parse
@@ -50,11 +51,33 @@ def define(source: str, filename: str = "<string>", *,
         raise TCArgumentError(f"narrow_accumulation takes True or False, got "
                               f"{_describe(narrow_accumulation)}")
     module = parse(source, filename)
-    functions = {}
-    for name, fn in check_module(module).items():
+    polymorphic = [d for d in module.defs if ellipsis.is_polymorphic(d)]
+    plain = attrs.evolve(module, defs=tuple(d for d in module.defs if d not in polymorphic))
+    _no_calls_of(polymorphic, module)
+    functions: dict = {}
+    for name, fn in check_module(plain).items():
         functions[name] = TCFunction(fn if narrow_accumulation else accumulate_in_float32(fn),
                                      written=fn)
-    return Program(functions, source, filename, narrow_accumulation=bool(narrow_accumulation))
+    for d in polymorphic:
+        if d.name.name in functions or d.name.name in [e.name.name for e in polymorphic
+                                                       if e is not d and e.span.start < d.span.start]:
+            raise TCSemanticError(f"redefinition of TC function '{d.name.name}'", d.name.span)
+        functions[d.name.name] = PolymorphicFunction(d, plain, bool(narrow_accumulation))
+    ordered = {d.name.name: functions[d.name.name] for d in module.defs}
+    return Program(ordered, source, filename, narrow_accumulation=bool(narrow_accumulation))
+
+
+def _no_calls_of(polymorphic: list, module) -> None:
+    """A call of a rank-polymorphic function from another TC function is refused: its rank
+    would come from the caller's tensors, which inlining does not know yet."""
+    names = {d.name.name for d in polymorphic}
+    for d in module.defs:
+        for s in d.statements:
+            if isinstance(s, ast.TCCall) and s.callee.name in names:
+                raise TCSemanticError(
+                    f"'{s.callee.name}' is rank-polymorphic ('...' in its types), and a call "
+                    "from another TC function cannot instantiate it", s.callee.span,
+                    ("call it from Python, or write the caller's rank out in a copy of it",))
 
 
 def _describe(value) -> str:
@@ -96,6 +119,101 @@ class Program:
 
     def __repr__(self) -> str:
         return f"<tcstage.Program: {', '.join(self.names)}>"
+
+
+class PolymorphicFunction:
+    """A rank-polymorphic TC function (`...` in its types; docs/language.md, "Any rank"). Each
+    call instantiates it for the rank of its arguments (lang/ellipsis.py): `instance(n)` is the
+    ordinary TCFunction for a run of n dimensions, kept once made, and calls, shapes, ranges,
+    lowering and `tc.compile` go through the instance their arguments choose."""
+
+    def __init__(self, d: ast.Def, others, narrow_accumulation: bool):
+        ellipsis.check_pattern(d)
+        self.definition, self.name = d, d.name.name
+        self._others, self._narrow = others, narrow_accumulation
+        self._instances: dict[int, TCFunction] = {}
+        self.instance(1)  # errors and warnings surface at definition time, for one dimension
+
+    def __repr__(self) -> str:
+        sig = ", ".join(p.type.span.text() + " " + p.name.name for p in self.definition.params)
+        return f"<TC function {self.name}({sig}) -> " \
+            f"({', '.join(r.name for r in self.definition.returns)}), any rank>"
+
+    @property
+    def parameters(self) -> list[str]:
+        return [p.name.name for p in self.definition.params]
+
+    def instance(self, length: int) -> "TCFunction":
+        """The function written out for a `...` of `length` dimensions."""
+        if not isinstance(length, (int, np.integer)) or isinstance(length, bool) or length < 0:
+            raise TCArgumentError(f"instance() takes the number of dimensions '...' stands "
+                                  f"for, an int >= 0, got {_describe(length)}")
+        found = self._instances.get(int(length))
+        if found is None:
+            d = ellipsis.instantiate(self.definition, int(length))
+            module = attrs.evolve(self._others, defs=(*self._others.defs, d))
+            fn = check_module(module)[self.name]
+            found = TCFunction(fn if self._narrow else accumulate_in_float32(fn), written=fn)
+            self._instances[int(length)] = found
+        return found
+
+    def for_arguments(self, args: Sequence, named: Mapping | None = None) -> "TCFunction":
+        """The instance a call with these arguments (arrays, shape tuples, scalars; in
+        signature order, then by name) runs."""
+        params = self.parameters
+        bound = dict(zip(params, args)) | dict(named or {})
+        shapes = {}
+        for name, a in bound.items():
+            info = array_info(a) if name in params else None
+            if info is not None:
+                shapes[name] = info[0]
+            elif isinstance(a, (tuple, list)) and all(isinstance(n, (int, np.integer))
+                                                      for n in a):
+                shapes[name] = tuple(int(n) for n in a)
+            elif type(a).__module__.split(".")[0] == "torch" and hasattr(a, "shape"):
+                shapes[name] = tuple(a.shape)  # (SymInts under torch.compile: not int()ed)
+            elif isinstance(a, (int, float, np.number, bool)):
+                shapes[name] = ()
+        return self.instance(ellipsis.run_length(self.definition, shapes))
+
+    # the TCFunction interface, through the instance of the call
+    def __call__(self, *args, out=None, **kwargs):
+        named = {k: v for k, v in kwargs.items() if k in self.parameters}
+        return self.for_arguments(args, named)(*args, out=out, **kwargs)
+
+    def output_shapes(self, *args, out=None, **named):
+        return self.for_arguments(args, named).output_shapes(*args, out=out, **named)
+
+    def output_mins(self, *args, out=None, **named):
+        return self.for_arguments(args, named).output_mins(*args, out=out, **named)
+
+    def ranges(self, *args, out=None, **named):
+        """Per statement, the inferred ranges of the instance the arguments choose (without
+        arguments: of the one-dimensional instance)."""
+        fn = self.for_arguments(args, named) if args or named else self.instance(1)
+        return fn.ranges(*args, out=out, **named)
+
+    def lower(self, *args, out=None, **named):
+        return self.for_arguments(args, named).lower(*args, out=out, **named)
+
+    def explain(self, *args, out=None, **kwargs):
+        named = {k: v for k, v in kwargs.items() if k in self.parameters}
+        return self.for_arguments(args, named).explain(*args, out=out, **kwargs)
+
+    def bind(self, args: Sequence, out=None, shapes_only: bool = False, named=None):
+        return self.for_arguments(args, named).bind(args, out, shapes_only, named)
+
+    @property
+    def checked(self):
+        raise TCError(f"'{self.name}' is rank-polymorphic: it has a checked function per rank; "
+                      f"use .instance(n) (n: the number of dimensions '...' stands for), or "
+                      "pass arguments")
+
+
+def resolve(fn, args: Sequence, named: Mapping | None = None):
+    """The TCFunction a call of fn with these arguments runs: fn itself, or the instance of a
+    rank-polymorphic one."""
+    return fn.for_arguments(args, named) if isinstance(fn, PolymorphicFunction) else fn
 
 
 @attrs.frozen

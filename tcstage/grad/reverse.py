@@ -50,11 +50,119 @@ class _Version:
 
 
 def backward(source_or_program, name: str) -> Backward:
-    """The backward function of TC function `name` (see `tcstage.grad`)."""
-    from tcstage.program import Program, define
+    """The backward function of TC function `name` (see `tcstage.grad`); a rank-polymorphic
+    one's keeps `...` (`_polymorphic`)."""
+    from tcstage.program import PolymorphicFunction, Program, define
     program = source_or_program if isinstance(source_or_program, Program) \
         else define(source_or_program)
-    return _Generator(program[name].written).run()  # (as written: no float32 accumulators)
+    fn = program[name]
+    if isinstance(fn, PolymorphicFunction):
+        return _polymorphic(fn, program)
+    return _Generator(fn.written).run()  # (as written: no float32 accumulators)
+
+
+# The run of a rank-polymorphic function is written out with these names to differentiate it,
+# then they are read back as `...`: two dimensions, so that every place the run stands is seen
+# as the whole of it, in order.
+_RUN_SIZES, _RUN_INDICES = ("ELLIPSIS_D0", "ELLIPSIS_D1"), ("ellipsis_i0", "ellipsis_i1")
+
+
+def _polymorphic(fn, program) -> Backward:
+    """The backward function of a rank-polymorphic TC, with `...` where the forward has it:
+    derived for a run of two dimensions named apart (`_RUN_SIZES`, `_RUN_INDICES`), then read
+    back as `...` in types and subscript lists (`_as_run`). Where the derivation uses a run's
+    variable otherwise, the backward cannot keep `...`: an error says so."""
+    from tcstage.lang.ellipsis import instantiate
+    from tcstage.lang.sema import check_module
+    d = instantiate(fn.definition, 2, (list(_RUN_SIZES), list(_RUN_INDICES)))
+    module = attrs.evolve(fn._others, defs=(*fn._others.defs, d))
+    b = _Generator(check_module(module)[fn.name]).run()
+    return attrs.evolve(b, source=_as_run(b, fn.name))
+
+
+def _as_run(b: Backward, forward: str) -> str:
+    """The backward source of the two-dimensional instance with its run written `...`.
+
+    Per statement: the variables the derivation named afresh where the run stands in a
+    parameter's subscripts (`d_M_total(y, x) = d_M(y, x)`) take the run's names; a where
+    clause bounding the run's variables (a gradient broadcast over the run, `d_X(..., n) +=!
+    d_S(n)`, has nothing else to bound them) becomes a read of the forward input whose gradient
+    the statement computes, in a select whose branches are equal, `X(..., n) == X(..., n) ? v :
+    v`, which gives the run its ranges and leaves the value alone; then the run's names are
+    written `...`."""
+    import re
+
+    from tcstage.lang import ast
+    from tcstage.lang.parser import parse
+    module = parse(b.source)
+    d = next(x for x in module.defs if x.name.name == b.name)
+    runs = {}  # parameter -> the position of the run in its subscripts
+    for p in d.params:
+        names = [dim.name for dim in p.type.dims]
+        if _RUN_SIZES[0] in names:
+            runs[p.name.name] = names.index(_RUN_SIZES[0])
+    source_of = {v: k for k, v in b.d_inputs.items()}  # gradient -> the input it is of
+    text, pieces, last = b.source, [], 0
+    for st in d.statements:
+        piece = text[st.span.start:st.span.end]
+        rename = {}
+        for read in _reads(st.rhs) + [ast.Apply(st.tensor, st.indices, st.span)]:
+            k = runs.get(read.name.name)
+            if k is None:
+                continue
+            for j, marker in enumerate(_RUN_INDICES):
+                a = read.args[k + j] if k + j < len(read.args) else None
+                if isinstance(a, ast.Ident) and a.name != marker:
+                    rename[a.name] = marker
+        for old, new in rename.items():
+            piece = re.sub(rf"\b{re.escape(old)}\b", new, piece)
+        bounds = [w for w in st.where if w.var.name in _RUN_INDICES or w.var.name in rename]
+        if bounds:
+            anchor = source_of.get(st.tensor.name)
+            if anchor is None or len(bounds) != len(_RUN_INDICES):
+                _no_run(forward)
+            head, rest = piece.split(" where ", 1)
+            kept = [w for w in rest.split(", ") if not w.split(" in ")[0].strip()
+                    in (*_RUN_INDICES, *rename)]
+            lhs, op, value = re.match(r"(.*?\))\s*(\+=!|\*=!|min=!|max=!|\+=|\*=|=)\s*(.*)",
+                                      head).groups()
+            read = anchor + lhs[len(st.tensor.name):]
+            piece = f"{lhs} {op} {read} == {read} ? ({value}) : ({value})" + \
+                (f" where {', '.join(kept)}" if kept else "")
+        pieces.append(text[last:st.span.start] + piece)
+        last = st.span.end
+    text = "".join(pieces) + text[last:]
+    text = re.sub(r",\s*".join(rf"\b{n}\b" for n in _RUN_SIZES), "...", text)
+    text = re.sub(r",\s*".join(rf"\b{n}\b" for n in _RUN_INDICES), "...", text)
+    if any(re.search(rf"\b{n}\b", text) for n in (*_RUN_SIZES, *_RUN_INDICES)):
+        _no_run(forward)
+    return text
+
+
+def _reads(e) -> list:
+    from tcstage.lang import ast
+    out, stack = [], [e]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, ast.Apply):
+            out.append(n)
+            stack += n.args
+        elif isinstance(n, ast.Unary):
+            stack.append(n.operand)
+        elif isinstance(n, ast.Binary):
+            stack += [n.lhs, n.rhs]
+        elif isinstance(n, ast.Ternary):
+            stack += [n.cond, n.then, n.other]
+        elif isinstance(n, ast.Padded):
+            stack += [n.read, n.value]
+    return out
+
+
+def _no_run(forward: str):
+    raise TCError(f"the gradient of rank-polymorphic '{forward}' uses its '...' run outside "
+                  "subscript lists, so it cannot be written with '...'",
+                  notes=("differentiate an instance of one rank: tc.gradient on the source "
+                         "with '...' written out",))
 
 
 class _Generator:

@@ -75,7 +75,15 @@ class Padded:
     span: Span
 
 
-Expr = Union[Number, Ident, Apply, DimRef, Unary, Binary, Ternary, Padded]
+@attrs.frozen
+class Dots:
+    """`...` in a subscript list: the index variables of the function's `...` run (a
+    rank-polymorphic TC, lang/ellipsis.py replaces it before checking)."""
+
+    span: Span
+
+
+Expr = Union[Number, Ident, Apply, DimRef, Unary, Binary, Ternary, Padded, Dots]
 
 
 @attrs.frozen

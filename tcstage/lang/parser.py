@@ -117,6 +117,10 @@ class _Parser:
         if self.at("("):
             self.advance()
             dims = self.comma_list(self.dim, ")")
+            runs = [d for d in dims if d.name == "..."]
+            if len(runs) > 1:
+                raise TCSyntaxError("a tensor type has at most one '...' (the run of dimensions "
+                                    "it stands for would be ambiguous)", runs[1].span)
             close = self.expect(")").span
             type_span = scalar.span.to(close)
         else:
@@ -125,7 +129,10 @@ class _Parser:
         return ast.Param(ast.TensorType(scalar, tuple(dims), type_span), name, scalar.span.to(name.span))
 
     def dim(self) -> ast.Ident:
-        """A size variable, or a constant size such as the spec's `int(1) S`."""
+        """A size variable, a constant size such as the spec's `int(1) S`, or `...`: a run of
+        dimensions (a rank-polymorphic TC, lang/ellipsis.py)."""
+        if self.at("..."):
+            return ast.Ident("...", self.advance().span)
         if self.tok.kind == "number" and self.tok.text.isdigit():
             token = self.advance()
             return ast.Ident(str(number_value(token.text)), token.span)
@@ -267,6 +274,9 @@ class _Parser:
                 pending.append(_Pending("paren", self.advance()))
             elif token.kind == "number":
                 operands.append((ast.Number(self.advance().text, token.span), 1))
+                return
+            elif self.at("..."):  # (where it may stand is checked by lang/ellipsis.py)
+                operands.append((ast.Dots(self.advance().span), 1))
                 return
             elif token.kind == "ident":
                 name = self.ident()

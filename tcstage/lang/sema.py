@@ -509,6 +509,11 @@ class _StatementChecker:
                     f"tensor reads nested more than {MAX_READ_NESTING} deep in subscripts",
                     e.span, "read the inner subscripts into a temporary tensor first, "
                     "as in 'T(i) = B(C(i))' and then 'A(T(i))'")
+            t = self.tensors.get(n)
+            if not e.args and t is not None and t.kind == "input":
+                # `s()`: a rank-0 input read with its empty subscript list (as a
+                # rank-polymorphic `S(...)` becomes at rank 0) is the scalar `s`
+                return C.ScalarParam(n, t.type, span=e.span)
             args = []
             self.read_nesting += 1
             for a in e.args:

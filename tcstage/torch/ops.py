@@ -33,7 +33,7 @@ from tcstage.halide import ranges as R
 from tcstage.lang import checked as C
 from tcstage.lang.retype import SPELLING, retype
 from tcstage.lang.types import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, ScalarType
-from tcstage.program import Program, define
+from tcstage.program import PolymorphicFunction, Program, define, resolve
 from tcstage.torch.backward import backward_from_text, check_backward
 from tcstage.torch.shapes import evaluate_symbolic
 
@@ -98,20 +98,21 @@ def _op_name(name: str, identity: list) -> str:
 def _resolve_backward(program: Program, name: str, backward) -> Backward | TCError:
     """The backward of `name`, or the error that prevents one (raised if a gradient is asked
     for; the forward operator works without one)."""
-    forward = program[name].checked
+    forward = _representative(program[name])
     if not any(t.type.is_float for t in forward.inputs):
         return TCError(f"'{name}' has no floating-point input, so nothing to differentiate")
     if isinstance(backward, str):
         return backward_from_text(forward, backward)  # the user's mistakes surface now
     if isinstance(backward, Backward):
-        check_backward(forward, define(backward.source)[backward.name].checked, backward)
+        check_backward(forward, _representative(define(backward.source)[backward.name]),
+                       backward)
         return backward
     from tcstage.grad import backward as generate
     try:
         generated = generate(program, name)
         with warnings.catch_warnings():  # (its preconditions are the forward's, warned already)
             warnings.simplefilter("ignore", TCWarning)
-            checked = define(generated.source)[generated.name].checked
+            checked = _representative(define(generated.source)[generated.name])
         check_backward(forward, checked, generated)
         return generated
     except TCError as e:
@@ -124,7 +125,14 @@ class TCOp:
     def __init__(self, program: Program, name: str, options: str | None, op_name: str,
                  backward: Backward | TCError | None = None, forward: "TCOp | None" = None):
         self.program, self.name, self.options, self.op_name = program, name, options, op_name
-        self.checked: C.Function = program[name].checked
+        # (a rank-polymorphic function's is its one-dimensional instance: the parameters, types
+        # and outputs every instance shares; calls use their own instance, `_checked_for`)
+        self.polymorphic = isinstance(program[name], PolymorphicFunction)
+        # parameters with '...' in their type: tensors at every rank, 0-dimensional ones too
+        self.runs = frozenset(p.name.name for p in program[name].definition.params
+                              if any(dim.name == "..." for dim in p.type.dims)) \
+            if self.polymorphic else frozenset()
+        self.checked: C.Function = _representative(program[name])
         self.forward = forward  # for a backward operator: the operator it differentiates
         inout = [o for o in self.checked.outputs if self.checked.tensors[o].inout]
         if inout:
@@ -134,7 +142,7 @@ class TCOp:
                           self.checked.span)
         self._typed: dict[ScalarType, Program] = {}
         self._ranges: dict[tuple, R.FunctionRanges] = {}
-        self.schema = _schema(self.checked)
+        self.schema = _schema(self.checked, program[name])
         self.custom_op = torch.library.custom_op(f"{NAMESPACE}::{op_name}", self._run,
                                                  mutates_args=(), schema=self.schema)
         self.custom_op.register_fake(self._fake)
@@ -161,7 +169,7 @@ class TCOp:
         """The arity, and a tensor for each ranked input, as TCArgumentErrors naming the TC's
         parameters (the dispatcher's own errors are raw RuntimeErrors quoting the hashed
         schema); the operator checks ranks, dtypes and sizes itself."""
-        fn = self.checked
+        fn = self._checked_for(args, kwargs)
         names = _param_names(fn)
         unknown = [k for k in kwargs if k not in names]
         if unknown:
@@ -175,10 +183,10 @@ class TCOp:
                                   + (f"; missing {', '.join(missing)}" if missing else ""))
         for t, name in zip(fn.inputs, names):
             a = bound[name]
-            if t.rank and not isinstance(a, torch.Tensor):
+            if (t.rank or t.name in self.runs) and not isinstance(a, torch.Tensor):
                 raise TCArgumentError(f"'{fn.name}' expects {t.name} as a torch.Tensor, got "
                                       f"{type(a).__name__}")
-            if not t.rank and (a is None or isinstance(a, (str, bytes))
+            if not t.rank and t.name not in self.runs and (a is None or isinstance(a, (str, bytes))
                                or (isinstance(a, float) and not t.type.is_float)):
                 raise TCArgumentError(f"'{fn.name}' expects {t.name} as a Python "
                                       f"{'float' if t.type.is_float else 'int'} ({t.type}), got "
@@ -201,14 +209,14 @@ class TCOp:
     def float_type(self, args) -> ScalarType | None:
         """The floating-point type of a call (checking its arguments' kinds and ranks): that of
         its floating-point tensors, which must agree; None if it has none."""
-        fn = self.checked
+        fn = self._checked_for(args)
         if len(args) != len(fn.inputs):
             raise TCArgumentError(f"'{fn.name}' takes {len(fn.inputs)} inputs "
                                   f"({', '.join(t.name for t in fn.inputs)}), got {len(args)}")
         dtypes: dict[torch.dtype, str] = {}
         devices = {}
         for t, a in zip(fn.inputs, args):
-            if t.rank == 0:
+            if t.rank == 0 and t.name not in self.runs:
                 if isinstance(a, torch.Tensor):
                     raise TCArgumentError(f"{t.name} of '{fn.name}' is a scalar ({t.type}); pass "
                                           "a Python number (e.g. x.item())")
@@ -278,14 +286,15 @@ class TCOp:
         """Outputs of the right shapes and dtypes, without computing: shapes from range
         inference evaluated on the input sizes (SymInts under torch.compile)."""
         ftype = self.float_type(args)
-        fn = self.program_for(ftype)[self.name].checked
-        values, scalars = _sizes(self.checked, args), {}
-        for t, a in zip(self.checked.inputs, args):
+        checked = self._checked_for(args)
+        fn = self._checked_for(args, program=self.program_for(ftype))
+        values, scalars = _sizes(checked, args), {}
+        for t, a in zip(checked.inputs, args):
             if t.rank == 0 and t.type.is_int and not isinstance(a, bool):
                 scalars[t.name] = int(a)
         values.update(scalars)
-        spec = tuple(sorted((s, scalars[s]) for s in self.program[self.name].specialized_scalars))
-        bounds = self._inferred(spec).tensors
+        spec = tuple(sorted((s, scalars[s]) for s in R.needs_specialization(checked)))
+        bounds = self._inferred(checked, spec).tensors
         like = next((a for a in args if isinstance(a, torch.Tensor)), None)
         outputs = []
         for name in fn.outputs:
@@ -295,12 +304,22 @@ class TCOp:
                            else torch.empty(shape, dtype=dtype))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def _inferred(self, spec: tuple) -> R.FunctionRanges:
+    def _inferred(self, checked: C.Function, spec: tuple) -> R.FunctionRanges:
+        key = (id(checked), spec)  # (a polymorphic function keeps its instances: ids stay)
         with _ops_lock:
-            fr = self._ranges.get(spec)
+            fr = self._ranges.get(key)
             if fr is None:
-                fr = self._ranges[spec] = R.infer_ranges(self.checked, dict(spec))
+                fr = self._ranges[key] = R.infer_ranges(checked, dict(spec))
             return fr
+
+    def _checked_for(self, args, kwargs=None, program: Program | None = None) -> C.Function:
+        """The checked function a call with these arguments runs (a rank-polymorphic one's
+        instance for their ranks)."""
+        fn = (program or self.program)[self.name]
+        if not self.polymorphic:
+            return fn.checked
+        return resolve(fn, args, {k: v for k, v in (kwargs or {}).items()
+                                  if k in fn.parameters}).checked
 
     # -- autograd ------------------------------------------------------------------------------
     def _setup_context(self, ctx, inputs, output):
@@ -311,9 +330,10 @@ class TCOp:
     def _backward(self, ctx, *grads):
         if isinstance(self.backward, TCError):
             raise self.backward
-        fn, backward = self.checked, self.backward
+        backward = self.backward
         saved = list(ctx.saved_tensors)
         inputs = [saved.pop(0) if s is None else s for s in ctx.scalars]
+        fn = self._checked_for(inputs)
         outputs = saved
         d_outputs = [torch.zeros_like(o) if g is None else g.to(o.dtype)
                      for g, o in zip(grads, outputs)]
@@ -362,13 +382,24 @@ def _backward_op(forward: TCOp, backward: Backward) -> TCOp:
 
 # -- helpers ---------------------------------------------------------------------------------------
 
-def _schema(fn: C.Function) -> str:
-    """The operator schema: tensors for ranked inputs, numbers for scalars, tensors out."""
+def _schema(fn: C.Function, source=None) -> str:
+    """The operator schema: tensors for ranked inputs (and for any with '...' in its type: a
+    tensor of a rank-polymorphic function, whatever the call's rank), numbers for scalars,
+    tensors out."""
     kinds = {"float": "float", "bfloat": "float", "int": "int", "uint": "int", "bool": "bool"}
-    params = [f"{'Tensor' if t.rank else kinds[t.type.kind]} {name}"
+    runs = {p.name.name for p in source.definition.params
+            if any(dim.name == "..." for dim in p.type.dims)} \
+        if isinstance(source, PolymorphicFunction) else set()
+    params = [f"{'Tensor' if t.rank or t.name in runs else kinds[t.type.kind]} {name}"
               for t, name in zip(fn.inputs, _param_names(fn))]
     out = "Tensor" if len(fn.outputs) == 1 else f"({', '.join(['Tensor'] * len(fn.outputs))})"
     return f"({', '.join(params)}) -> {out}"
+
+
+def _representative(fn) -> C.Function:
+    """The checked function of a TCFunction; of a rank-polymorphic one, its one-dimensional
+    instance's."""
+    return fn.instance(1).checked if isinstance(fn, PolymorphicFunction) else fn.checked
 
 
 def _param_names(fn: C.Function) -> list[str]:
