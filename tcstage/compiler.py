@@ -8,6 +8,9 @@ Figure 2), each a function of its own module.
     schedule    the isl scheduler with a fusion strategy         (poly/schedule.py)
     tile        the outermost band                               (poly/tiling.py)
     map         blocks, threads, barriers, unrolling, reductions (poly/mapping.py, reduction.py)
+                (where one kernel of all the statements would get too little of the GPU,
+                they are split into launches, each scheduled, tiled and mapped on its own:
+                                                                  poly/launches.py)
     promote     shared and private memory, copies and barriers   (poly/promotion.py)
                 (then contraction tiles as warp mma.sync steps:   poly/tensorcore.py)
     codegen     CUDA source from the isl AST                     (cuda/codegen.py)
@@ -34,10 +37,11 @@ from collections.abc import Sequence
 import attrs
 import islpy as isl
 
-from tcstage.cuda.codegen import CudaKernel, generate
+from tcstage.cuda.codegen import CudaKernel, generate, kernel_name, module_source
 from tcstage.errors import TCArgumentError, TCError, warn
 from tcstage.halide.lower import Lowered
 from tcstage.options import PRESETS, MappingOptions
+from tcstage.poly.launches import fill, partition, restricted
 from tcstage.poly.mapping import Mapped, map_to_gpu
 from tcstage.poly.notes import OptionNote, no_effect_notes
 from tcstage.poly.promotion import Promoted, promote
@@ -69,6 +73,16 @@ class Compiled:
     notes: tuple[OptionNote, ...] = ()  # options that could not take effect, and why
     dynamic: tuple[str, ...] = ()  # size variables left symbolic: any value at launch
     tensor_tiles: tuple = ()  # contraction tiles on tensor cores (poly/tensorcore.py)
+    # A kernel sequence (poly/launches.py): each launch compiled on its own, in launch order;
+    # this Compiled's scop is the whole function's, its schedule, tiled, mapped, promoted and
+    # tensor_tiles those of the first launch, its cuda all the launches' kernels in one
+    # source (grid and block: the first's). Empty for a kernel of one launch.
+    launches: tuple["Compiled", ...] = ()
+
+    @property
+    def parts(self) -> tuple["Compiled", ...]:
+        """The launches, in order: this Compiled alone for a kernel of one launch."""
+        return self.launches or (self,)
 
 
 def as_options(options) -> MappingOptions:
@@ -107,6 +121,66 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
     fix_first = options.fix_parameters_before_scheduling or options.schedule_specialize
     with stage("dependences"):
         to_schedule, dependences = scheduled_scop(symbolic, scop, fix_first)
+    mappings: dict[tuple[str, ...], _Mapping] = {}
+
+    def mapping(names) -> _Mapping:  # (each set of statements mapped once)
+        key = tuple(names)
+        if key not in mappings:
+            whole = len(key) == len(scop.statements)
+            mappings[key] = _map(lowered, options, *(
+                (scop, to_schedule, dependences) if whole else
+                (restricted(scop, key), restricted(to_schedule, key),
+                 _within(dependences, to_schedule, key))), stage)
+        return mappings[key]
+    # (the stages' times add up over the statement sets tried and the launches made)
+    launches = partition(scop, dependences, options, lambda names: mapping(names).parallelism)
+    if len(launches) == 1:
+        part = _launch(fn, options, binding, lowered, mapping(launches[0]),
+                       kernel_name(fn.name), stage)
+        compiled = attrs.evolve(part, timings=timings, dynamic=dynamic)
+    else:
+        parts = tuple(_launch(fn, options, binding, lowered, mapping(names),
+                              f"{kernel_name(fn.name)}_{k}", stage, launch=k)
+                      for k, names in enumerate(launches))
+        first = parts[0]
+        cuda = CudaKernel(kernel_name(fn.name), module_source([p.cuda for p in parts]),
+                          first.cuda.parameters, first.cuda.grid, first.cuda.block)
+        compiled = Compiled(fn, options, binding, lowered, scop, first.schedule, first.tiled,
+                            first.mapped, first.promoted, cuda, timings,
+                            tuple(dict.fromkeys(n for p in parts for n in p.notes)), dynamic,
+                            first.tensor_tiles,
+                            tuple(attrs.evolve(p, dynamic=dynamic) for p in parts))
+    ignored = no_effect_notes(options.calls())
+    notes = compiled.notes
+    for note in notes:
+        warn(f"in '{fn.name}', option {note}")
+    if ignored:  # (one warning for them all: TC's option sets often carry several)
+        warn(f"in '{fn.name}', options that never act in tcstage: "
+             + "; ".join(str(n) for n in ignored))
+    return attrs.evolve(compiled, notes=notes + ignored)
+
+
+@attrs.frozen
+class _Mapping:
+    """Statements scheduled, tiled and mapped: one launch's first passes."""
+
+    scop: Scop
+    dependences: isl.UnionMap
+    schedule: isl.Schedule
+    tiled: Tiled
+    mapped: Mapped
+    contractions: dict
+    not_contractions: list
+
+    @property
+    def parallelism(self) -> int:
+        """What poly/launches.py weighs: blocks (as far as they fill a GPU) times threads."""
+        return fill(math.prod(self.mapped.grid)) * math.prod(self.mapped.block)
+
+
+def _map(lowered, options, scop: Scop, to_schedule: Scop, dependences: isl.UnionMap,
+         stage) -> _Mapping:
+    """The statements of `scop` scheduled, tiled and mapped to blocks and threads."""
     with stage("schedule"):
         schedule = compute_schedule(to_schedule, options.outer_schedule_fusion_strategy,
                                     options.outer_schedule_allow_skewing, dependences)
@@ -114,7 +188,7 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
         tiled = tile_outer_band(schedule, options.tile_sizes, options.tile_imperfectly_nested,
                                 dependences)
     with stage("map"):
-        dtypes = {name: t.type.name for name, t in lowered.fn.tensors.items()}
+        dtypes = {n: t.type.name for n, t in lowered.fn.tensors.items()}
         reductions = splittable_reductions(scop, lowered.halide_names(), dtypes)
         contractions, not_contractions = find_contractions(
             scop, lowered.halide_names(), dtypes) if options.use_tensor_cores else ({}, [])
@@ -122,6 +196,15 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
         mapped = map_to_gpu(tiled.schedule, dependences.intersect_params(scop.context),
                             scop.context, options, scop, reductions,
                             whole_warps=bool(contractions))
+    return _Mapping(scop, dependences, schedule, tiled, mapped, contractions, not_contractions)
+
+
+def _launch(fn, options, binding, lowered, mapping: _Mapping, name: str, stage,
+            launch: int | None = None) -> Compiled:
+    """One kernel: mapped statements promoted and printed as the CUDA kernel `name`
+    (`launch`: its place in a kernel sequence, None for the only one)."""
+    scop, mapped, contractions = mapping.scop, mapping.mapped, mapping.contractions
+    dtypes = {n: t.type.name for n, t in lowered.fn.tensors.items()}
     with stage("promote"):
         promoted = promote(
             scop, mapped, options, dtypes,
@@ -129,26 +212,27 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
             shared_only=frozenset(t for c in contractions.values()
                                   for t in (c.a.tensor, c.b.tensor)))
         schedule_tc, tensor_tiles, tc_notes = map_tensor_cores(
-            promoted.schedule, scop, contractions, dependences.intersect_params(scop.context),
-            math.prod(mapped.block))
+            promoted.schedule, scop, contractions,
+            mapping.dependences.intersect_params(scop.context), math.prod(mapped.block))
         promoted = attrs.evolve(promoted, schedule=schedule_tc)
         if options.use_tensor_cores and not contractions:
             tc_notes += (OptionNote("useTensorCores(True)", "no contraction of half or "
                                     "bfloat16 operands into a float32 accumulator"
-                                    + (f" ({'; '.join(not_contractions)})"
-                                       if not_contractions else "")),)
+                                    + (f" ({'; '.join(mapping.not_contractions)})"
+                                       if mapping.not_contractions else "")),)
     with stage("codegen"):
         cuda = generate(lowered, scop, mapped, promoted, str(options),
-                        options.use_read_only_cache, tensor_tiles)
-    ignored = no_effect_notes(options.calls())
-    notes = tiled.notes + mapped.notes + promoted.notes + tc_notes + ignored
-    for note in notes[:len(notes) - len(ignored)]:
-        warn(f"in '{fn.name}', option {note}")
-    if ignored:  # (one warning for them all: TC's option sets often carry several)
-        warn(f"in '{fn.name}', options that never act in tcstage: "
-             + "; ".join(str(n) for n in ignored))
-    return Compiled(fn, options, binding, lowered, scop, schedule, tiled, mapped, promoted, cuda,
-                    timings, notes, dynamic, tensor_tiles)
+                        options.use_read_only_cache, tensor_tiles, name=name,
+                        scratch_prefix="" if launch is None else f"_l{launch}")
+    notes = mapping.tiled.notes + mapped.notes + promoted.notes + tc_notes
+    return Compiled(fn, options, binding, lowered, scop, mapping.schedule, mapping.tiled,
+                    mapped, promoted, cuda, {}, notes, (), tensor_tiles)
+
+
+def _within(dependences: isl.UnionMap, scop: Scop, names) -> isl.UnionMap:
+    """The dependences between these statements."""
+    domain = restricted(scop, names).domain
+    return dependences.intersect_domain(domain).intersect_range(domain)
 
 
 def check_dynamic(fn: TCFunction, dynamic) -> tuple[str, ...]:
@@ -210,7 +294,7 @@ def _stage(function: str, timings: dict, name: str):
                       f"{type(e).__name__}: {e}",
                       notes=("this is a bug in tcstage; please report it with the TC, the "
                              "sizes and the options",)) from e
-    timings[name] = time.perf_counter() - start
+    timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
 
 
 # -- the public entry -----------------------------------------------------------------------------

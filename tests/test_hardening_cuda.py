@@ -47,9 +47,11 @@ PROMOTE_ALL = M().tile(4, 4).mapToThreads(4, 4).mapToBlocks(2, 2).useSharedMemor
 
 @pytest.mark.parametrize("source,options,n", [
     ("def f(float(N) A) -> (T) { T() +=! A(n) }", PROMOTE_ALL, 9),
-    # (mlp's 256 threads would split this reduction across threads, which keeps its
-    # accumulators in registers of their own instead of a promoted buffer)
-    ("def f(float(2) I0) -> (T0) { T0() +=! I0(k) }", M.mlp().parallelReductions(False), 2),
+    # (mlp's 128 threads would split this reduction across threads, which keeps its
+    # accumulators in registers of their own instead of a promoted buffer; TC's mlp preset
+    # leaves promotion off)
+    ("def f(float(2) I0) -> (T0) { T0() +=! I0(k) }",
+     M.mlp().parallelReductions(False).useSharedMemory(True).usePrivateMemory(True), 2),
 ])
 def test_reductions_to_a_scalar_are_promoted(source, options, n):
     A = f32(n)

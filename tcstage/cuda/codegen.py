@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 import islpy as isl
@@ -151,6 +151,10 @@ class CudaKernel:
     parameters: tuple[Parameter, ...]
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
+    # the source in parts, for a kernel sequence's one source (module_source): the includes
+    # and helpers it needs, each once, and the kernel function with its comment
+    prelude: tuple[str, ...] = ()
+    function: str = ""
 
 
 def c_type(t: str | ScalarType) -> str:
@@ -159,16 +163,18 @@ def c_type(t: str | ScalarType) -> str:
 
 def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
              options_text: str = "", read_only_cache: bool = False,
-             tensor_tiles: tuple = ()) -> CudaKernel:
+             tensor_tiles: tuple = (), name: str | None = None,
+             scratch_prefix: str = "") -> CudaKernel:
     """The CUDA kernel running `promoted.schedule`: a schedule of `scop` mapped to blocks and
     threads (`mapped`), with its promoted array tiles (and contraction tiles on tensor cores,
-    poly/tensorcore.py)."""
+    poly/tensorcore.py). `name`: the kernel's (default: the function's, `kernel_name`); a
+    launch of a kernel sequence has its own, and `scratch_prefix` for its scratch arrays."""
     fn = lowered.fn
     index = index_type(scop)
     printer = _ValuePrinter(lowered, scop, promoted.promotions, read_only_cache, index)
     declarations, macros, printer.accumulators, scratch = reduction_code(
         mapped.reductions, mapped.block, printer.element_of, c_type, _float_literal,
-        lambda tensor: _elements(scop.tensor_extents[tensor]))
+        lambda tensor: _elements(scop.tensor_extents[tensor]), scratch_prefix)
     tc_declarations, tc_macros, tc_prelude = tensor_core_code(
         tensor_tiles, scop, printer, c_type, lambda text: _index_text(text, index), _c_of,
         math.prod(mapped.block))
@@ -177,11 +183,11 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
         dims = "".join(f"[{d}]" for d in p.padded) or "[1]"
         space = "__shared__ " if p.memory == "shared" else ""
         declarations.append(f"{space}{c_type(p.dtype)} {p.buffer}{dims};")
-        for name, inward in ((p.copy_in, True), (p.copy_out, False)):
-            if name:
+        for copy, inward in ((p.copy_in, True), (p.copy_out, False)):
+            if copy:
                 macros.append(f"// {'copy-in to' if inward else 'copy-out from'} {p.memory} "
                               f"memory: {p.tensor}")
-                macros.append(printer.copy(name, p, inward))
+                macros.append(printer.copy(copy, p, inward))
     on_tensor_cores = {t.contraction.statement: t.index for t in tensor_tiles}
     for s in scop.statements:
         # (a contraction on tensor cores keeps its loops, empty: its _mma statement runs it)
@@ -204,7 +210,7 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
     params = printer.parameters() + [
         Parameter(a.name, f"{c_type(a.dtype)}* {a.name}", "scratch", a.name,  # (see parameters)
                   a.dtype, a.shape) for a in scratch]
-    name = kernel_name(fn.name)
+    name = name or kernel_name(fn.name)
     header = ", ".join(p.c_decl for p in params)
     text = fn.span.text() if fn.span is not None else fn.name  # the TC, as a comment
     comment = "\n".join(f"// {line}" for line in text.splitlines() if line.strip())
@@ -223,15 +229,26 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
     undef = "\n".join(f"#undef {m}" for m in (syncs or [SYNC]) + copies + extensions
                        + [s.name for s in scop.statements])
     threads = math.prod(mapped.block)
-    prelude = PRELUDE + (REDUCTION_PRELUDE if mapped.reductions else "") + tc_prelude
+    parts = [PRELUDE, REDUCTION_PRELUDE if mapped.reductions else "", tc_prelude]
     if any(t.type.name == "float16" for t in fn.tensors.values()) or "half" in "".join(macros):
-        prelude = "#include <cuda_fp16.h>\n" + prelude
+        parts.insert(0, "#include <cuda_fp16.h>\n")
     if any(t.type.name == "bfloat16" for t in fn.tensors.values()) \
             or "__nv_bfloat16" in "".join(macros):
-        prelude = "#include <cuda_bf16.h>\n" + prelude
-    source = (f"{prelude}\n{comment}\nextern \"C\" __global__ void __launch_bounds__({threads}) "
-              f"{name}({header}) {{\n" + "\n".join(macros) + "\n" + body + "\n" + undef + "\n}\n")
-    return CudaKernel(name, source, tuple(params), mapped.grid, mapped.block)
+        parts.insert(0, "#include <cuda_bf16.h>\n")
+    prelude = tuple(p for p in parts if p)
+    function = (f"{comment}\nextern \"C\" __global__ void __launch_bounds__({threads}) "
+                f"{name}({header}) {{\n" + "\n".join(macros) + "\n" + body + "\n" + undef +
+                "\n}\n")
+    return CudaKernel(name, "".join(prelude) + "\n" + function, tuple(params), mapped.grid,
+                      mapped.block, prelude, function)
+
+
+def module_source(kernels: Sequence[CudaKernel]) -> str:
+    """One CUDA source holding the kernels of a sequence: every prelude part any of them needs,
+    once (includes first), then their functions in launch order."""
+    parts = list(dict.fromkeys(p for k in kernels for p in k.prelude))
+    parts.sort(key=lambda p: not p.startswith("#include"))  # (a stable sort: order kept)
+    return "".join(parts) + "\n" + "\n".join(k.function for k in kernels)
 
 
 def _elements(extent: isl.Set) -> int | None:

@@ -57,17 +57,30 @@ def ptx(source: str, *, arch: str = DEFAULT_ARCH, timeout: float = 300) -> str |
 def resources(source: str, *, arch: str = DEFAULT_ARCH, timeout: float = 300) -> dict | None:
     """What ptxas reports for the kernel's machine code, without a GPU: registers per thread,
     spill stores and loads and stack frame (bytes; local memory a private array fell back to)
-    and static shared memory (bytes). None if there is no nvcc."""
+    and static shared memory (bytes). A source of several kernels (a kernel sequence) gets
+    each figure's largest over them, and "kernels": each kernel's own figures by name. None if
+    there is no nvcc."""
     out = _nvcc(source, ["--cubin", f"-arch={arch}", "-Xptxas", "-v"], timeout)
     if out is None:
         return None
-    report = out[0]
+    # ptxas reports entry functions in its own order, each from "Compiling entry function"
+    pieces = re.split(r"Compiling entry function '([^']+)'", out[0])
+    kernels = {name: _figures(report) for name, report in zip(pieces[1::2], pieces[2::2])}
+    found = {key: max((k[key] for k in kernels.values()), default=0) for key in _FIGURES}
+    found["kernels"] = kernels
+    return found
+
+
+_FIGURES = {"registers": r"Used (\d+) registers",
+            "spill_stores": r"(\d+) bytes spill stores",
+            "spill_loads": r"(\d+) bytes spill loads",
+            "stack": r"(\d+) bytes stack frame",
+            "shared": r"(\d+) bytes smem"}
+
+
+def _figures(report: str) -> dict:
     found = {}
-    for key, pattern in (("registers", r"Used (\d+) registers"),
-                         ("spill_stores", r"(\d+) bytes spill stores"),
-                         ("spill_loads", r"(\d+) bytes spill loads"),
-                         ("stack", r"(\d+) bytes stack frame"),
-                         ("shared", r"(\d+) bytes smem")):
+    for key, pattern in _FIGURES.items():
         m = re.search(pattern, report)
         found[key] = int(m.group(1)) if m else 0
     return found

@@ -87,10 +87,11 @@ class Scratch:
 
 
 def reduction_code(reductions: tuple[ParallelReduction, ...], block: tuple[int, int, int],
-                   element_text, c_type, literal, elements):
+                   element_text, c_type, literal, elements, scratch_prefix: str = ""):
     """(declarations, macros, accumulators: statement -> (tensor, C variable), scratch arrays)
     of the kernel's parallel reductions. element_text(tensor, element, args) prints the
-    global element a function of the macro arguments gives; elements(tensor) its size."""
+    global element a function of the macro arguments gives; elements(tensor) its size;
+    scratch_prefix sets the scratch arrays of one launch of a sequence apart."""
     declarations, macros, accumulators, scratch = [], [], {}, []
     if not reductions:
         return declarations, macros, accumulators, scratch
@@ -129,7 +130,7 @@ def reduction_code(reductions: tuple[ParallelReduction, ...], block: tuple[int, 
                           "__syncthreads();"]
             else:
                 d, n = r.across
-                part, count = f"_part{i}", f"_count{i}"
+                part, count = f"{scratch_prefix}_part{i}", f"{scratch_prefix}_count{i}"
                 size = elements(red.tensor)
                 scratch += [Scratch(part, red.dtype, (size, n)), Scratch(count, "uint32", (size,))]
                 if "__shared__ bool _last;" not in declarations:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 
+import attrs
 import islpy as isl
 import numpy as np
 
@@ -31,9 +32,23 @@ def schedule_text(schedule: isl.Schedule) -> str:
     return printer.print_schedule(schedule).get_str()
 
 
+@attrs.frozen
+class Launch:
+    """One launch of a Kernel: what runs, on what shape, in which order (`Kernel.launches`)."""
+
+    name: str  # the CUDA kernel's name
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int  # dynamic shared memory per block (tcstage's is all static: 0)
+    static_shared_bytes: int  # the promoted tiles' __shared__ buffers per block
+    statements: tuple[str, ...]  # the TC statements it runs, as written
+
+
 class Kernel:
-    """One TC function compiled to one CUDA kernel for fixed shapes, or, for the size
-    variables compiled as `dynamic`, for any value of them (the grid follows at launch).
+    """One TC function compiled to CUDA for fixed shapes, or, for the size variables compiled
+    as `dynamic`, for any value of them (the grid follows at launch): one kernel, or a
+    sequence of kernels launched in order (`launches`) where a dependence crosses every loop
+    around the statements (poly/launches.py).
 
     `kernel(*inputs, out=...)` runs it (also `kernel.run`); `cuda_source`, `grid`, `block`,
     `schedule_tree` and `describe()` show what the compiler made of the options.
@@ -52,16 +67,34 @@ class Kernel:
 
     @property
     def cuda_source(self) -> str:
+        """The CUDA source of every launch (one kernel function each)."""
         return self.compiled.cuda.source
 
     @property
     def grid(self) -> tuple[int, int, int]:
-        """The grid for the sizes compiled with (`launch_grid` for other dynamic values)."""
+        """The grid for the sizes compiled with (`launch_grid` for other dynamic values); of
+        the first launch of a sequence (`launches` has each one's)."""
         return self.launch_grid(self.compiled.binding.sizes)
 
     @property
     def block(self) -> tuple[int, int, int]:
+        """The block (of the first launch of a sequence)."""
         return self.compiled.cuda.block
+
+    @property
+    def launches(self) -> list[Launch]:
+        """Every launch in order: a kernel of one launch has one."""
+        from tcstage.lang.checked import statement_text
+        out = []
+        for part in self.compiled.parts:
+            indices = sorted({s.tc_statement for s in part.scop.statements})
+            fn = part.fn.checked if hasattr(part.fn, "checked") else None
+            texts = tuple(statement_text(fn.statements[i]) for i in indices) if fn is not None \
+                else tuple(s.tensor for s in part.scop.statements)
+            shared = sum(p.nbytes for p in part.promoted.promotions if p.memory == "shared")
+            out.append(Launch(part.cuda.name, self._part_grid(part, self.compiled.binding.sizes),
+                              part.cuda.block, 0, shared, texts))
+        return out
 
     @property
     def options(self):
@@ -80,18 +113,21 @@ class Kernel:
     def launch_grid(self, sizes: dict) -> tuple[int, int, int]:
         """The grid for these sizes: the compiled one, or, with dynamic sizes, as many blocks
         along each mapped dimension as the loop on it has work for (ceil(extent / tile) for
-        a tile loop), at most the compiled number."""
+        a tile loop), at most the compiled number (the first launch's, for a sequence)."""
+        return self._part_grid(self.compiled.parts[0], sizes)
+
+    def _part_grid(self, part, sizes: dict) -> tuple[int, int, int]:
         if not self.dynamic:
-            return self.compiled.cuda.grid
-        key = tuple(int(sizes[d]) for d in self.dynamic)
+            return part.cuda.grid
+        key = (part.cuda.name, tuple(int(sizes[d]) for d in self.dynamic))
         grid = self._checked_sizes.get(key)
         if grid is None:
             from tcstage.poly.mapping import launch_grid
             from tcstage.poly.scop import check_bounds, specialize
-            values = dict(zip(self.dynamic, key))
-            scop = specialize(self.compiled.scop, values)
+            values = dict(zip(self.dynamic, key[1]))
+            scop = specialize(part.scop, values)
             check_bounds(scop, self.compiled.lowered)  # as a compile for these sizes would
-            grid = launch_grid(self.compiled.mapped, scop.context)
+            grid = launch_grid(part.mapped, scop.context)
             self._checked_sizes[key] = grid
         return grid
 
@@ -106,21 +142,13 @@ class Kernel:
         return dict(self.compiled.timings)
 
     def describe(self) -> str:
-        """The schedule before and after mapping and a summary of the mapping."""
-        c, m = self.compiled, self.compiled.mapped
-        tiles = ", ".join(f"member {k}: {s}" for k, s in zip(c.tiled.tiled_members,
-                                                              c.tiled.tile_sizes)) or "none"
-        renamed = f" (TC function '{c.fn.name}')" if self.name != c.fn.name else ""
-        lines = [f"kernel: {self.name}{renamed}", f"options: {c.options}",
-                 f"sizes: {', '.join(f'{k}={v}' for k, v in sorted(c.binding.sizes.items()))}"
-                 + (f" (dynamic: {', '.join(c.dynamic)})" if c.dynamic else ""),
-                 "", "schedule (isl scheduler, before tiling and mapping):",
-                 schedule_text(c.schedule), "", f"tiled: {tiles}",
-                 f"blocks: grid {m.grid} on {m.block_bands} band(s)",
-                 f"threads: block {m.block} on {m.thread_bands} band(s); "
-                 f"{m.syncs} barrier(s); {m.unrolled} loop(s) unrolled",
-                 c.promoted.describe(), "", "mapped schedule:", self.schedule_tree]
-        return "\n".join(lines)
+        """The schedule before and after mapping and a summary of the mapping (per launch of
+        a sequence)."""
+        if self.compiled.launches:
+            return "\n\n".join(f"launch {k} of {len(self.compiled.launches)}:\n" +
+                                _describe(self, part)
+                                for k, part in enumerate(self.compiled.launches))
+        return _describe(self, self.compiled)
 
     def explain(self) -> str:
         """What each option did: the loops tiled, the loop on each block and thread index,
@@ -142,17 +170,27 @@ class Kernel:
         kernel on those same arrays as often as wanted, with no Python-side checking."""
         binding = self.compiled.fn.bind(inputs, out)
         self._check_shapes(binding)
-        grid = self.launch_grid(binding.sizes)
+        parts = self.compiled.parts
+        grids = [self._part_grid(p, binding.sizes) for p in parts]
         if self.target == "cuda-emulated":
-            args, finish = self._stage_emulated(binding)
-            return PreparedCall(
-                lambda: emulate(self.cuda_source, self.name, grid, self.block, args), finish)
+            runs, finish = self._stage_emulated(binding)
+            source = self.cuda_source
+
+            def emulated():
+                for part, grid, args in zip(parts, grids, runs):
+                    emulate(source, part.cuda.name, grid, part.cuda.block, args)
+            return PreparedCall(emulated, finish)
         from tcstage.cuda.launch import Launcher, stage_on_gpu
-        if self._launcher is None:
-            self._launcher = Launcher(self.compiled.cuda)
+        if self._launcher is None:  # (each launch's function, from the one source)
+            self._launcher = [Launcher(attrs.evolve(p.cuda, source=self.cuda_source))
+                              for p in parts]
         values, finish = stage_on_gpu(self, binding)
-        launcher = self._launcher
-        return PreparedCall(lambda: launcher(values, grid), finish)
+        launchers = self._launcher
+
+        def launch():  # (in order on one stream: each launch sees the last one's results)
+            for launcher, part_values, grid in zip(launchers, values, grids):
+                launcher(part_values, grid)
+        return PreparedCall(launch, finish)
 
     run = __call__
 
@@ -195,15 +233,19 @@ class Kernel:
         """Scratch array -> (shape, dtype): zeroed arrays the kernel needs besides its tensors
         (a reduction split across blocks keeps its blocks' values and count there, and sets
         the count back to 0 before it ends, so one array serves every launch)."""
-        return {p.source: (p.shape, np.dtype(p.dtype)) for p in self.compiled.cuda.parameters
-                if p.kind == "scratch"}
+        return {p.source: (p.shape, np.dtype(p.dtype)) for part in self.compiled.parts
+                for p in part.cuda.parameters if p.kind == "scratch"}
 
-    def launch_values(self, binding, buffers: dict, pointer=lambda a: a) -> list:
-        """The kernel's arguments in parameter order; arrays go through `pointer`."""
+    def launch_values(self, binding, buffers: dict, pointer=lambda a: a) -> list[list]:
+        """Each launch's arguments in its parameter order; arrays go through `pointer`."""
+        return [self._part_values(part, binding, buffers, pointer)
+                for part in self.compiled.parts]
+
+    def _part_values(self, part, binding, buffers: dict, pointer) -> list:
         fn = self.compiled.fn
         sizes = {**self.compiled.binding.sizes, **binding.sizes}  # the call's dynamic sizes
         values = []
-        for p in self.compiled.cuda.parameters:
+        for p in part.cuda.parameters:
             if p.kind in ("output", "temp", "scratch"):
                 values.append(pointer(buffers[p.source]))
             elif p.kind == "input":
@@ -253,3 +295,22 @@ class PreparedCall:
     def __call__(self):
         self.launch()
         return self.results()
+
+
+def _describe(kernel: "Kernel", c) -> str:
+    """Kernel.describe for one launch (`c`: its Compiled)."""
+    m = c.mapped
+    tiles = ", ".join(f"member {k}: {s}" for k, s in zip(c.tiled.tiled_members,
+                                                          c.tiled.tile_sizes)) or "none"
+    renamed = f" (TC function '{c.fn.name}')" if c.cuda.name != c.fn.name else ""
+    lines = [f"kernel: {c.cuda.name}{renamed}", f"options: {c.options}",
+             f"sizes: {', '.join(f'{k}={v}' for k, v in sorted(c.binding.sizes.items()))}"
+             + (f" (dynamic: {', '.join(kernel.dynamic)})" if kernel.dynamic else ""),
+             "", "schedule (isl scheduler, before tiling and mapping):",
+             schedule_text(c.schedule), "", f"tiled: {tiles}",
+             f"blocks: grid {m.grid} on {m.block_bands} band(s)",
+             f"threads: block {m.block} on {m.thread_bands} band(s); "
+             f"{m.syncs} barrier(s); {m.unrolled} loop(s) unrolled",
+             c.promoted.describe(), "", "mapped schedule:",
+             schedule_text(c.promoted.schedule)]
+    return "\n".join(lines)

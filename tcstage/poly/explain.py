@@ -19,10 +19,20 @@ from tcstage.poly.schedule import UNBOUNDED, member_map, outermost_bands, value_
 
 WIDTH = 22  # the option column
 _XYZ = "xyz"
-# accepted, stored and printed, but not acted on by any pass (docs/cuda.md)
+
+
 def explain(compiled) -> str:
-    """A per-option account of what the compiler made of `compiled.options`."""
-    return _Explainer(compiled).text()
+    """A per-option account of what the compiler made of `compiled.options`; for a kernel
+    sequence, why it is one, then each launch's account."""
+    if not compiled.launches:
+        return _Explainer(compiled).text()
+    n = len(compiled.launches)
+    head = (f"kernel sequence of {n} launches for '{compiled.fn.name}': as one kernel, the "
+            "dependences between its statements would keep the loops they cross from blocks "
+            "(blocks cannot wait for each other) and leave half or fewer of the blocks the "
+            "launches get apart; each launch runs after the last, its results in global memory")
+    return "\n\n".join([head] + [f"launch {k}:\n" + _Explainer(p).text()
+                                  for k, p in enumerate(compiled.launches)])
 
 
 class _Explainer:

@@ -71,7 +71,8 @@ def compile_job(job: Job) -> dict:
     if compiled.notes:  # an option the kernel ignores: a simpler candidate makes this kernel
         return {"status": "pruned", "detail": f"no effect: {compiled.notes[0]}"}
     device = job.device or model.H100
-    shared = sum(p.nbytes for p in compiled.promoted.promotions if p.memory == "shared")
+    shared = max(sum(p.nbytes for p in part.promoted.promotions if p.memory == "shared")
+                 for part in compiled.parts)
     if shared > device.shared_per_block:
         return {"status": "pruned", "detail": f"{shared} bytes of shared memory per block; "
                                               f"the device has {device.shared_per_block}"}
@@ -83,8 +84,8 @@ def compile_job(job: Job) -> dict:
         except TCError as e:
             return {"status": "compile_error", "detail": _one_line(e)}
     prediction = model.predict(compiled, device, resources)
-    cuda = compiled.cuda
-    kernel = hashlib.sha256(f"{cuda.grid}{cuda.block}\0{cuda.source}".encode()).hexdigest()[:16]
+    shape = "".join(f"{p.cuda.grid}{p.cuda.block}" for p in compiled.parts)
+    kernel = hashlib.sha256(f"{shape}\0{compiled.cuda.source}".encode()).hexdigest()[:16]
     return {"status": "ok", "kernel": kernel, "predicted": float(prediction.time),
             "work": float(_work(compiled))}
 

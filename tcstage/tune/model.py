@@ -149,8 +149,16 @@ class Prediction:
     blocks_per_sm: int
     occupancy: float  # resident warps / the SM's maximum, 0..1
     waves: int
+    # A kernel sequence: each launch's prediction, in order. The figures above then add up
+    # the launches' (time, terms, traffic, flops); the launch shape is the slowest launch's.
+    launches: tuple["Prediction", ...] = ()
 
     def describe(self) -> str:
+        if self.launches:
+            return "\n".join(
+                [f"predicted {self.time * 1e6:.4g} us per call, {len(self.launches)} launches"]
+                + [f"launch {k}: " + p.describe().replace("\n", "\n  ")
+                   for k, p in enumerate(self.launches)])
         terms = ", ".join(f"{k} {v * 1e6:.3g}" for k, v in
                           sorted(self.terms.items(), key=lambda kv: -kv[1]))
         return "\n".join([
@@ -498,7 +506,11 @@ class _Counts:
 def predict(compiled, device: Device = H100, resources: dict | None = None) -> Prediction:
     """The predicted time per call of `compiled` (a tcstage.compiler.Compiled) on `device`.
     `resources`: what tcstage.cuda.nvcc.resources reports for its source (registers, spills,
-    static shared memory); without it registers are estimated from the private buffers."""
+    static shared memory); without it registers are estimated from the private buffers. A
+    kernel sequence is predicted launch by launch, each after the one before (sum)."""
+    if compiled.launches:
+        kernels = (resources or {}).get("kernels", {})
+        return _sequence([predict(p, device, kernels.get(p.cuda.name)) for p in compiled.launches])
     scop, promoted, mapped = compiled.scop, compiled.promoted, compiled.mapped
     grid, block = tuple(mapped.grid), tuple(mapped.block)
     blocks = math.prod(grid)
@@ -739,6 +751,27 @@ def _time(counts: _Counts, compiled, device: Device, resources, grid, block, blo
         threads_per_block=threads, blocks=blocks,
         registers=registers, shared_bytes=shared, blocks_per_sm=per_sm, occupancy=occupancy,
         waves=waves)
+
+
+def _sequence(parts: list[Prediction]) -> Prediction:
+    """The prediction of launches that run one after the other."""
+    slowest = max(parts, key=lambda p: p.time)
+
+    def total(field: str) -> float:
+        return sum(getattr(p, field) for p in parts)
+    terms = {}
+    for p in parts:
+        for k, v in p.terms.items():
+            terms[k] = terms.get(k, 0.0) + v
+    shared_accesses = total("shared_accesses")
+    return attrs.evolve(
+        slowest, time=total("time"), terms=terms,
+        global_transactions=total("global_transactions"),
+        global_instructions=total("global_instructions"), global_bytes=total("global_bytes"),
+        l2_bytes=total("l2_bytes"), dram_bytes=total("dram_bytes"),
+        shared_accesses=shared_accesses, shared_wavefronts=total("shared_wavefronts"),
+        bank_conflict_factor=total("shared_wavefronts") / shared_accesses
+        if shared_accesses else 1.0, flops=total("flops"), launches=tuple(parts))
 
 
 def _impossible(counts, grid, block, blocks, threads, registers, shared, l2, dram) -> Prediction:

@@ -373,9 +373,14 @@ class _Session:
         key = tuple(genome[k] for k in ("fusion", "allow_skewing", "fix_parameters",
                                         "tile_count", "tile_imperfectly_nested",
                                         "register_tiling"))
+        # threads take loops the blocks leave: their probe keeps the genome's block dimensions
+        # (which of them are more than one block)
+        blocking = tuple(genome[f"block_{a}"] > 1 for a in "xyz"[:genome["block_dims"]])
         if key not in self._mappable:
-            self._mappable[key] = self.mappable_loops(genome)
-        blocks, threads = self._mappable[key]
+            self._mappable[key] = self.mappable_loops(genome)[0]
+        if (key, blocking) not in self._mappable:
+            self._mappable[key, blocking] = self.mappable_loops(genome, blocking)[1]
+        blocks, threads = self._mappable[key], self._mappable[key, blocking]
         genome = dict(genome)
         for kind, n in (("block", blocks), ("thread", threads)):
             if n is not None and genome[f"{kind}_dims"] > max(n, 1):
@@ -387,21 +392,27 @@ class _Session:
                 genome[f"{kind}_x"] = 1
         return genome
 
-    def mappable_loops(self, genome: dict) -> tuple[int | None, int | None]:
+    def mappable_loops(self, genome: dict, blocking: tuple[bool, ...] = (True, True, True)
+                       ) -> tuple[int | None, int | None]:
         """(loops blocks can take, loops threads can take) for the genome's schedule and
-        tiling, from a compile with three of each asked for; None where it cannot be said."""
+        tiling, from a compile with three of each asked for (blocks only in the dimensions
+        `blocking` marks); None where it cannot be said."""
         import warnings
         from tcstage.compiler import compile_cuda
-        probe = dict(genome, thread_dims=3, block_dims=3, thread_x=2, thread_y=2, thread_z=2,
-                     block_x=2, block_y=2, block_z=2, shared=False, private=False)
+        probe = dict(genome, thread_dims=3, block_dims=max(len(blocking), 1), thread_x=2,
+                     thread_y=2, thread_z=2, shared=False, private=False)
+        probe.update({f"block_{a}": 2 if on else 1
+                      for a, on in zip("xyz", blocking + (False,) * 3)})
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                mapped = compile_cuda(self.fn, self.shape_args, self.out_shapes,
-                                      self.space.options(probe)).mapped
+                parts = compile_cuda(self.fn, self.shape_args, self.out_shapes,
+                                     self.space.options(probe)).parts
         except TCError:
             return None, None
-        return len(mapped.block_loops), len(mapped.thread_loops)
+        # (a kernel sequence: the launch that can take the most)
+        return (max(len(p.mapped.block_loops) for p in parts),
+                max(len(p.mapped.thread_loops) for p in parts))
 
     def check(self, to_check, records, generation, origins, state, bar) -> None:
         if self.measure == "gpu":
