@@ -59,6 +59,14 @@ __device__ __forceinline__ double fmod(double a, double b) { return a - b * ::fl
 // min and max for half, which has no overloads of its own, and for mixed integer widths
 template <typename T> __device__ __forceinline__ T min(T a, T b) { return b < a ? b : a; }
 template <typename T> __device__ __forceinline__ T max(T a, T b) { return a < b ? b : a; }
+// C's fmax and fmin for every float type (a NaN operand is ignored): the select chain they
+// lower to names each operand twice, so printed as nested text it doubles with every level
+template <typename T> __device__ __forceinline__ T fmax_c(T a, T b) {
+  return isnan((float)a) ? b : isnan((float)b) ? a : max(a, b);
+}
+template <typename T> __device__ __forceinline__ T fmin_c(T a, T b) {
+  return isnan((float)a) ? b : isnan((float)b) ? a : min(a, b);
+}
 // |x| behind a call: GCC folds nested fabs calls in time exponential in their depth (24 deep:
 // 15 s, even at -O0)
 __device__ __forceinline__ float fabs(float x) { return fabsf(x); }
@@ -551,6 +559,12 @@ class _ValuePrinter:
         if tag == "not":
             return f"(!{self.expr(t[1], local)[0]})", "bool"
         if tag == "select":
+            extremum = _c_extremum(t)
+            if extremum is not None:
+                kind, a, b = extremum
+                (a, ta), (b, tb) = self.expr(a, local), self.expr(b, local)
+                ty = _common(ta, tb)
+                return f"tc::f{kind}_c<{c_type(ty)}>({a}, {b})", ty
             c = self.expr(t[1], local)[0]
             (a, ta), (b, _) = self.expr(t[2], local), self.expr(t[3], local)
             return f"({c} ? {a} : {b})", ta
@@ -598,6 +612,25 @@ class _ValuePrinter:
                    f"({c_type(ty)})({w}))", ty
         raise TCError(f"the CUDA back end does not support Halide's '{name}' "
                       f"({', '.join(t for _, t in args)}) yet")
+
+
+def _c_extremum(t: Tree) -> tuple[str, Tree, Tree] | None:
+    """("max" or "min", a, b) where t is C's fmax or fmin of floats a and b as halide/exprs.py
+    lowers it: select(is_nan(a), b, select(is_nan(b), a, max(a, b))), each operand one node
+    (a let bound it, inline_lets shared it), so the tests are `is`, not walks of a DAG."""
+    def same(x, y):  # (a constant or variable operand is not bound, so not shared)
+        return x is y or x[0] in ("int", "float", "var") and x == y
+
+    def nan_test(c, x):
+        return c[0] == "call" and c[1].startswith("is_nan_") and same(c[2][0], x)
+    inner = t[3]
+    if inner[0] != "select" or inner[3][0] not in ("max", "min"):
+        return None
+    a, b = inner[2], t[2]
+    if not (same(inner[3][1], a) and same(inner[3][2], b) and nan_test(inner[1], b)
+            and nan_test(t[1], a)):
+        return None
+    return inner[3][0], a, b
 
 
 _BITWISE = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^", "bitwise_not": "~"}

@@ -313,6 +313,39 @@ py::object bound_tree(const Expr &b, const char *which) {
     return to_tree(s);
 }
 
+// C's fmax/fmin of floats a and b, written into `out` (a halide.Expr the caller made: the
+// bindings give no way to return a new one). The NaN tests name each operand twice; a Let
+// names it once, so a chain of n nested calls stays n deep instead of 3^n as a tree, which
+// is_nan (it rebuilds its argument strict) and every later pass would walk in full.
+void py_c_extremum(const py::object &out_obj, const py::object &a_obj, const py::object &b_obj,
+                   bool is_max) {
+    Expr *out = pybind11_conduit_v1::get_type_pointer_ephemeral<Expr>(out_obj.ptr());
+    if (out == nullptr) {
+        PyErr_Clear();
+        throw py::type_error("c_extremum(out): expected a halide.Expr");
+    }
+    Expr a = expr_from_py(a_obj, "c_extremum(a)"), b = expr_from_py(b_obj, "c_extremum(b)");
+    if (!a.type().is_float() || a.type() != b.type()) {
+        throw py::type_error("c_extremum: operands must be floats of one type");
+    }
+    std::vector<std::pair<std::string, Expr>> lets;
+    auto named = [&](const Expr &e) -> Expr {
+        if (e.as<HI::Variable>() || HI::is_const(e)) {
+            return e;
+        }
+        lets.emplace_back(HI::unique_name('m'), e);
+        return HI::Variable::make(e.type(), lets.back().first);
+    };
+    Expr va = named(a), vb = named(b);
+    Expr body = Halide::select(Halide::is_nan(va), vb,
+                               Halide::select(Halide::is_nan(vb), va,
+                                              is_max ? Halide::max(va, vb) : Halide::min(va, vb)));
+    for (auto it = lets.rbegin(); it != lets.rend(); ++it) {
+        body = HI::Let::make(it->first, it->second, body);
+    }
+    *out = body;
+}
+
 py::object py_to_tree(const py::object &obj) {
     Expr e = expr_from_py(obj, "to_tree");
     return to_tree(e);
@@ -841,6 +874,10 @@ of nested tuples whose first element is a tag:
 Other Halide node types raise ValueError naming the node type.
 )doc";
 
+    m.def("c_extremum", &py_c_extremum, py::arg("out"), py::arg("a"), py::arg("b"),
+          py::arg("is_max"),
+          "Write C's fmax (is_max) or fmin of the float Exprs a and b into the Expr out,\n"
+          "each operand bound once by a Let.");
     m.def("to_tree", &py_to_tree, py::arg("expr"),
           "Convert a halide.Expr (unchanged) into a tuple tree.");
     m.def("func_definitions", &py_func_definitions, py::arg("func"),

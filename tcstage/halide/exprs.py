@@ -16,6 +16,7 @@ from fractions import Fraction
 
 import halide as hl
 
+from tcstage.halide import _native
 from tcstage.halide.solver import HALIDE_BINARY
 from tcstage.lang import checked as C
 from tcstage.lang.types import ScalarType, integer_range
@@ -122,14 +123,19 @@ _UNARY: dict[str, Callable] = {
     "floor": hl.floor, "ceil": hl.ceil, "round": hl.round, "trunc": hl.trunc,
     "fabs": hl.abs, "sigmoid": lambda x: 1 / (1 + hl.exp(-x)),
 }
+
+
 def _c_extremum(pick: Callable) -> Callable:
     """C's fmax/fmin for floats (docs/language.md, NaN): a NaN operand is ignored, and the
     result is NaN only when both are. Halide's own float max on x86 returns one operand or the
     other by position, and CUDA's half has no fmax: spelled out, all back ends agree."""
     def extremum(a, b):
-        if not a.type().is_float():
+        t = pick(a, b).type()  # Halide's type matching
+        if not t.is_float():
             return pick(a, b)
-        return hl.select(hl.is_nan(a), b, hl.select(hl.is_nan(b), a, pick(a, b)))
+        out = hl.Expr(0)
+        _native.c_extremum(out, hl.cast(t, a), hl.cast(t, b), pick is hl.max)
+        return out
     return extremum
 
 

@@ -475,34 +475,54 @@ def evaluate(tree: Tree, values: Mapping[str, Any], arithmetic: Arithmetic = PYT
 
 def substitute(tree: Tree, name: str, value: Tree) -> Tree:
     """tree with the free variable `name` replaced by the tree `value`."""
-    if tree[0] == "var":
-        return value if tree[1] == name else tree
-    if tree[0] in ("int", "float"):
-        return tree
-    if tree[0] in ("read", "call"):
-        return (tree[0], tree[1], tuple(substitute(a, name, value) for a in tree[2]))
-    if tree[0] == "cast":
-        return ("cast", tree[1], substitute(tree[2], name, value))
-    if tree[0] == "let":
-        inner = substitute(tree[2], name, value)
-        body = tree[3] if tree[1] == name else substitute(tree[3], name, value)
-        return ("let", tree[1], inner, body)
-    return (tree[0], *(substitute(c, name, value) for c in tree[1:]))
+    def rewrite(t: Tree, again) -> Tree:  # (map, not a generator: two frames a level)
+        if t[0] == "var":
+            return value if t[1] == name else t
+        if t[0] in ("int", "float"):
+            return t
+        if t[0] in ("read", "call"):
+            return (t[0], t[1], tuple(map(again, t[2])))
+        if t[0] == "cast":
+            return ("cast", t[1], again(t[2]))
+        if t[0] == "let":
+            body = t[3] if t[1] == name else again(t[3])
+            return ("let", t[1], again(t[2]), body)
+        return (t[0], *map(again, t[1:]))
+    return _shared(tree, rewrite)
 
 
 def inline_lets(tree: Tree) -> Tree:
     """tree without let-expressions, each bound name replaced by its value. Halide's CSE binds
     repeated subexpressions (a clamped index used twice) to lets; the polyhedral model needs
-    every subscript written out to see what it accesses."""
+    every subscript written out to see what it accesses. (The value is shared, not copied,
+    where its name was used: the result is a DAG of the let-tree's size, however often each
+    value is used, C's fmax of fmax of ... included.)"""
+    return _shared(tree, _inlined)
+
+
+def _inlined(tree: Tree, again) -> Tree:
     if not isinstance(tree, tuple) or not tree or tree[0] in ("int", "float", "var"):
         return tree
     if tree[0] == "let":
-        return inline_lets(substitute(tree[3], tree[1], inline_lets(tree[2])))
+        return inline_lets(substitute(tree[3], tree[1], again(tree[2])))
     if tree[0] in ("read", "call"):
-        return (tree[0], tree[1], tuple(inline_lets(a) for a in tree[2]))
+        return (tree[0], tree[1], tuple(map(again, tree[2])))
     if tree[0] == "cast":
-        return ("cast", tree[1], inline_lets(tree[2]))
-    return (tree[0], *(inline_lets(c) for c in tree[1:]))
+        return ("cast", tree[1], again(tree[2]))
+    return (tree[0], *map(again, tree[1:]))
+
+
+def _shared(tree: Tree, rewrite) -> Tree:
+    """rewrite(tree, again) applied once per distinct node of a tree that shares nodes
+    (`again` recurses): what a node became is reused wherever the node appears again."""
+    done: dict[int, tuple] = {}  # id(node) -> (node, result); the node kept alive for its id
+
+    def again(t):
+        hit = done.get(id(t))
+        if hit is None:
+            hit = done[id(t)] = (t, rewrite(t, again))
+        return hit[1]
+    return again(tree)
 
 
 def read_names(tree: Tree) -> frozenset[str]:

@@ -293,18 +293,21 @@ def _terms(tree: Tree, tag: str, limit: int = 16) -> list[Tree]:
     return out if len(out) <= limit else [tree]
 
 
-def reads_in(trees):
-    """The read nodes of value trees, each before the reads in its subscripts."""
+def reads_in(trees, seen: set | None = None):
+    """The read nodes of value trees, each before the reads in its subscripts. A node the
+    trees share (inline_lets shares a let's value wherever it was used) counts once."""
+    seen = set() if seen is None else seen
     for t in trees:
-        if not isinstance(t, tuple):
+        if not isinstance(t, tuple) or not t or id(t) in seen:
             continue
-        if t and t[0] == "read":
+        seen.add(id(t))
+        if t[0] == "read":
             yield t
-            yield from reads_in(t[2])
-        elif t and t[0] == "call":
-            yield from reads_in(t[2])
+            yield from reads_in(t[2], seen)
+        elif t[0] == "call":
+            yield from reads_in(t[2], seen)
         else:
-            yield from reads_in(t[1:])
+            yield from reads_in(t[1:], seen)
 
 
 def _canonical_schedule(statements, context: isl.Set) -> isl.Schedule:
