@@ -170,7 +170,8 @@ class _Parser:
             if self.at("<=>"):
                 raise TCSyntaxError("an equivalence annotation '<=> f(...)' goes before 'where'",
                                     self.tok.span)
-        end = where[-1].span if where else equivalent.span if equivalent else _span(rhs)
+        # (the last token read: an expression's own span leaves out a closing ')' of `/ (K)`)
+        end = self.tokens[self.pos - 1].span
         return ast.Statement(tensor, tuple(indices), op, op_token.text.endswith("!"), rhs,
                              tuple(where), tensor.span.to(end), equivalent)
 

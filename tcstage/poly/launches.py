@@ -121,8 +121,14 @@ def partition(scop: Scop, dependences: isl.UnionMap, options: MappingOptions,
     if len(parts) <= 1 or math.prod(options.blocks) <= 1:
         return [[s.name for s in scop.statements]]
     everything = [s.name for s in scop.statements]
+    together = parallelism(everything)
+    # (no group alone can have more than all the blocks and threads asked for: a kernel
+    # with over half of that is kept without mapping the groups)
+    most = fill(math.prod(options.blocks)) * max(math.prod(options.threads), 32)
+    if not starved(together, most):
+        return [everything]
     alone = [parallelism(p) for p in parts]
-    if not starved(parallelism(everything), max(alone)):
+    if not starved(together, max(alone)):
         return [everything]
     launches, current, best = [], list(parts[0]), alone[0]
     for part, own in zip(parts[1:], alone[1:]):

@@ -430,7 +430,9 @@ class _ThreadDecisions:
                 self.thread_ids[index] = self.loops[index] = None
             return block
         block[0] = x
-        d = max((i + 1 for i, g in enumerate(grid) if g > 1), default=0)
+        # (past every dimension a loop is on, a loop of a single tile included: blockIdx.y
+        # of TC's moments2_2D_1D tile(1, 4608) at K=4608 holds r_k's only tile)
+        d = max([len(self.blocks.loops)] + [i + 1 for i, g in enumerate(grid) if g > 1])
         # Left unset, parallelReductions splits across blocks only where the parallel loops'
         # blocks are too few to fill a GPU (a row sum of 32 rows: 4x faster on an H200 split
         # 32 ways); TC's Sum_2D_1D options ask 72 blocks more per row of 1024 rows, for nothing
