@@ -360,6 +360,25 @@ def test_private_promotion_refuses_elements_other_threads_read():
     np.testing.assert_allclose(O3, I @ W2.T @ W3.T, rtol=1e-4, atol=1e-4)
 
 
+def test_an_updates_reads_are_told_apart_by_their_own_variable_names():
+    """Differential seed 300140: the update `O0(kh, m) +=! ... I0(kh) ... I0(r)` reuses the
+    first definition's variables, so Halide's `r` is this statement's kh; both reads were
+    named 'I0(r)', one private copy of I0(kh) served the reduction's I0(r) too (wrong values,
+    a race). Reference: the sums by hand."""
+    src = """def f(float(M) W, int(K, K) E, int(K) I0) -> (O0) {
+      O0(r, kh) = E(kh, kh) + I0(r)
+      O0(kh, m) +=! I0(kh) ? W(m) : I0(r)
+    }"""
+    W, E, I0 = np.array([-1.0], np.float32), np.array([[0, 3], [0, 3]], np.int32), \
+        np.array([-1, 0], np.int32)
+    # O0(kh, 0) = sum over r of (I0(kh) != 0 ? int(W(0)) : I0(r)): row 0 gives -1 + -1, row 1
+    # gives I0(0) + I0(1) = -1; O0(kh, 1) keeps E(1, 1) + I0(kh)
+    expected = np.array([[-2, 2], [-1, 3]], np.int32)
+    k = _compile(src, "f", W, E, I0, options=M().mapToThreads(4, 64).mapToBlocks(2, 1, 8)
+                 .usePrivateMemory(True))
+    np.testing.assert_array_equal(k(W, E, I0), expected)
+
+
 # -- register tiling --------------------------------------------------------------------------
 
 TILED_TMM = M().tile(32, 32, 8).mapToThreads(8, 8).mapToBlocks(4, 4).useSharedMemory(True) \

@@ -308,6 +308,11 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
         if full_rdom is not None else {}
     if lhs_rdom is not None:
         rdom_names.update({lhs_rdom[j].name(): v for j, v in enumerate(partial)})
+    # an update's pure variables are the first definition's: in `O(r, kh) = ...` then
+    # `O(kh, m) +=! I(kh) ... I(r)`, Halide's r is this statement's kh (the texts that identify
+    # references would otherwise name I(kh) and the reduction's I(r) alike)
+    rdom_names.update({p.name(): v for p, v in zip(pure, st.indices)
+                       if v not in partial and p.name() != v})
 
     read_tensors: dict[str, str] = {}  # Halide name read -> tensor
     dead: frozenset[str] = frozenset()  # Halide names whose reads the simplifier removes
