@@ -108,3 +108,38 @@ def test_int32_overflow_as_documented():
         assert list(g) == [True, True]  # folded by Halide's simplifier: no overflow assumed
         assert list(p) == [-2, 10]  # computed values wrap
         assert int(s) == int(np.int32(np.int64(2 ** 31 - 1 + 5) - 2 ** 32))
+
+
+SPECIALS = np.array([NAN, np.inf, -np.inf, 0.0, -1.0, 0.5, 2.0, 100.0, -100.0, 3e38],
+                    np.float32)
+UNARY_SPECIALS = {"exp": np.exp, "log": np.log, "log2": np.log2, "log10": np.log10,
+                  "exp2": np.exp2, "sigmoid": lambda x: 1 / (1 + np.exp(-x))}
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda-emulated"])
+@pytest.mark.parametrize("name", sorted(UNARY_SPECIALS))
+def test_builtins_at_nan_and_infinity_are_cs(name, target):
+    """Halide's float32 polynomials gave exp(inf) = 0, exp(NaN) = 0, log(NaN) = 89 and
+    log(inf) = 88.7 on the CPU (CUDA's functions were right): now every back end gives C's
+    values there. Reference: numpy in float64, rounded to float32."""
+    src = f"def f(float(N) A) -> (O) {{ O(i) = {name}(A(i)) }}"
+    with np.errstate(all="ignore"):
+        want = UNARY_SPECIALS[name](SPECIALS.astype(np.float64)).astype(np.float32)
+    got = tc.define(src)["f"](SPECIALS) if target == "cpu" else \
+        tc.compile(src, "f", SPECIALS, target=target)(SPECIALS)
+    # (results below float's normal range, exp(-100), may be flushed to 0)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1.2e-38, equal_nan=True)
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda-emulated"])
+def test_float_pow_special_cases_are_cs(target):
+    """Halide's float32 pow got most of C's special cases wrong on the CPU (pow(0, -1) = 0,
+    pow(2, inf) = 0, pow(NaN, 2) = inf); it now goes through double. Reference: numpy."""
+    values = [NAN, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0, 3.0, 2.5]
+    a, b = (np.array(v, np.float32) for v in zip(*[(x, y) for x in values for y in values]))
+    src = "def f(float(N) A, float(N) B) -> (O) { O(i) = pow(A(i), B(i)) }"
+    with np.errstate(all="ignore"):
+        want = np.power(a.astype(np.float64), b.astype(np.float64)).astype(np.float32)
+    got = tc.define(src)["f"](a, b) if target == "cpu" else \
+        tc.compile(src, "f", a, b, target=target)(a, b)
+    np.testing.assert_allclose(got, want, rtol=1e-6, equal_nan=True)

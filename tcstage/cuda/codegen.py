@@ -523,6 +523,12 @@ class _ValuePrinter:
                 v = t[2][1]
                 return (_float_literal(v, ty) if _is_float(ty)
                         else f"(({c_type(ty)}){int(v)}{'ULL' if ty.startswith('uint') else 'LL'})"), ty
+            pow_ = t[2]  # halide/exprs.py's float pow through double: CUDA's powf is right
+            if ty == "float32" and pow_[0] == "call" and pow_[1] == "pow_f64" and all(
+                    a[0] == "cast" and a[1] == "float64" and self.expr(a[2], local)[1] ==
+                    "float32" for a in pow_[2]):
+                x, y = (self.expr(a[2], local)[0] for a in pow_[2])
+                return f"powf({x}, {y})", ty
             inner, ti = self.expr(t[2], local)
             return _cast(inner, ti, ty), ty
         if tag == "read":
@@ -565,6 +571,9 @@ class _ValuePrinter:
                 (a, ta), (b, tb) = self.expr(a, local), self.expr(b, local)
                 ty = _common(ta, tb)
                 return f"tc::f{kind}_c<{c_type(ty)}>({a}, {b})", ty
+            guarded = _guarded_call(t)
+            if guarded is not None:
+                return self.expr(guarded, local)
             c = self.expr(t[1], local)[0]
             (a, ta), (b, _) = self.expr(t[2], local), self.expr(t[3], local)
             return f"({c} ? {a} : {b})", ta
@@ -618,8 +627,8 @@ def _c_extremum(t: Tree) -> tuple[str, Tree, Tree] | None:
     """("max" or "min", a, b) where t is C's fmax or fmin of floats a and b as halide/exprs.py
     lowers it: select(is_nan(a), b, select(is_nan(b), a, max(a, b))), each operand one node
     (a let bound it, inline_lets shared it), so the tests are `is`, not walks of a DAG."""
-    def same(x, y):  # (a constant or variable operand is not bound, so not shared)
-        return x is y or x[0] in ("int", "float", "var") and x == y
+    def same(x, y):  # (`is` first: a bound operand is one object wherever it is used)
+        return x is y or x == y
 
     def nan_test(c, x):
         return c[0] == "call" and c[1].startswith("is_nan_") and same(c[2][0], x)
@@ -631,6 +640,17 @@ def _c_extremum(t: Tree) -> tuple[str, Tree, Tree] | None:
             and nan_test(t[1], a)):
         return None
     return inner[3][0], a, b
+
+
+def _guarded_call(t: Tree) -> Tree | None:
+    """X of select(is_nan(a), a, select(c, K, X)), halide/exprs.py's guard of Halide's float
+    polynomials at NaN and infinity (X computes fn(a)): CUDA's own functions are right there,
+    and printed whole, `a` would be printed three times a level."""
+    inner = t[3]
+    if not (t[1][0] == "call" and t[1][1].startswith("is_nan_") and inner[0] == "select"
+            and inner[2][0] in ("float", "cast") and t[1][2][0] == t[2]):
+        return None
+    return inner[3]
 
 
 _BITWISE = {"bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^", "bitwise_not": "~"}

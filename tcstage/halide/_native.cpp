@@ -313,37 +313,29 @@ py::object bound_tree(const Expr &b, const char *which) {
     return to_tree(s);
 }
 
-// C's fmax/fmin of floats a and b, written into `out` (a halide.Expr the caller made: the
-// bindings give no way to return a new one). The NaN tests name each operand twice; a Let
-// names it once, so a chain of n nested calls stays n deep instead of 3^n as a tree, which
-// is_nan (it rebuilds its argument strict) and every later pass would walk in full.
-void py_c_extremum(const py::object &out_obj, const py::object &a_obj, const py::object &b_obj,
-                   bool is_max) {
-    Expr *out = pybind11_conduit_v1::get_type_pointer_ephemeral<Expr>(out_obj.ptr());
+Expr *out_expr(const py::object &obj, const char *what) {
+    Expr *out = pybind11_conduit_v1::get_type_pointer_ephemeral<Expr>(obj.ptr());
     if (out == nullptr) {
         PyErr_Clear();
-        throw py::type_error("c_extremum(out): expected a halide.Expr");
+        throw py::type_error(std::string(what) + ": expected a halide.Expr to write into");
     }
-    Expr a = expr_from_py(a_obj, "c_extremum(a)"), b = expr_from_py(b_obj, "c_extremum(b)");
-    if (!a.type().is_float() || a.type() != b.type()) {
-        throw py::type_error("c_extremum: operands must be floats of one type");
-    }
-    std::vector<std::pair<std::string, Expr>> lets;
-    auto named = [&](const Expr &e) -> Expr {
-        if (e.as<HI::Variable>() || HI::is_const(e)) {
-            return e;
-        }
-        lets.emplace_back(HI::unique_name('m'), e);
-        return HI::Variable::make(e.type(), lets.back().first);
-    };
-    Expr va = named(a), vb = named(b);
-    Expr body = Halide::select(Halide::is_nan(va), vb,
-                               Halide::select(Halide::is_nan(vb), va,
-                                              is_max ? Halide::max(va, vb) : Halide::min(va, vb)));
-    for (auto it = lets.rbegin(); it != lets.rend(); ++it) {
-        body = HI::Let::make(it->first, it->second, body);
-    }
-    *out = body;
+    return out;
+}
+
+// Lets for expressions that name a value more than once (C's fmax tests its operands for
+// NaN, then picks one): the value is written once, so a chain of n nested uses stays n deep
+// instead of growing as k^n as a tree, which is_nan (it rebuilds its argument strict) and
+// every later pass would walk in full. Each result is written into `out`, an Expr the caller
+// made: Halide's bindings give this module no way to return a new one.
+void py_variable(const py::object &out, const std::string &name, const py::object &like) {
+    Expr e = expr_from_py(like, "variable(like)");
+    *out_expr(out, "variable(out)") = HI::Variable::make(e.type(), name);
+}
+
+void py_let(const py::object &out, const std::string &name, const py::object &value,
+            const py::object &body) {
+    Expr v = expr_from_py(value, "let(value)"), b = expr_from_py(body, "let(body)");
+    *out_expr(out, "let(out)") = HI::Let::make(name, v, b);
 }
 
 py::object py_to_tree(const py::object &obj) {
@@ -874,10 +866,10 @@ of nested tuples whose first element is a tag:
 Other Halide node types raise ValueError naming the node type.
 )doc";
 
-    m.def("c_extremum", &py_c_extremum, py::arg("out"), py::arg("a"), py::arg("b"),
-          py::arg("is_max"),
-          "Write C's fmax (is_max) or fmin of the float Exprs a and b into the Expr out,\n"
-          "each operand bound once by a Let.");
+    m.def("variable", &py_variable, py::arg("out"), py::arg("name"), py::arg("like"),
+          "Write a variable `name` of the type of `like` into the Expr out.");
+    m.def("let", &py_let, py::arg("out"), py::arg("name"), py::arg("value"), py::arg("body"),
+          "Write `let name = value in body` into the Expr out.");
     m.def("to_tree", &py_to_tree, py::arg("expr"),
           "Convert a halide.Expr (unchanged) into a tuple tree.");
     m.def("func_definitions", &py_func_definitions, py::arg("func"),

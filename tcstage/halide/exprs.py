@@ -10,6 +10,7 @@ divisor) and the remainder is never negative, as the range-inference spec states
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping
 from fractions import Fraction
@@ -114,15 +115,18 @@ def _fmod(x, y):
     return x - y * hl.trunc(x / y)
 
 
-_UNARY: dict[str, Callable] = {
-    "exp": hl.exp, "log": hl.log, "sqrt": hl.sqrt, "rsqrt": lambda x: 1 / hl.sqrt(x),
-    "tanh": hl.tanh, "sin": hl.sin, "cos": hl.cos, "tan": hl.tan, "asin": hl.asin,
-    "acos": hl.acos, "atan": hl.atan, "sinh": hl.sinh, "cosh": hl.cosh, "erf": _erf,
-    "exp2": lambda x: hl.pow(hl.cast(x.type(), 2), x), "log2": lambda x: hl.log(x) / hl.log(
-        hl.cast(x.type(), 2)), "log10": lambda x: hl.log(x) / hl.log(hl.cast(x.type(), 10)),
-    "floor": hl.floor, "ceil": hl.ceil, "round": hl.round, "trunc": hl.trunc,
-    "fabs": hl.abs, "sigmoid": lambda x: 1 / (1 + hl.exp(-x)),
-}
+_LET_NAMES = itertools.count()
+
+
+def _named(value: hl.Expr, body: Callable[[hl.Expr], hl.Expr]) -> hl.Expr:
+    """body(v), v a variable bound to value by a Let: for expressions that use a value more
+    than once (a NaN test, then the value), so that nesting them does not grow the tree
+    exponentially. (CUDA code sees the value shared: solver.inline_lets.)"""
+    name = f"tc_let{next(_LET_NAMES)}"
+    v, out = hl.Expr(0), hl.Expr(0)
+    _native.variable(v, name, value)
+    _native.let(out, name, value, body(v))
+    return out
 
 
 def _c_extremum(pick: Callable) -> Callable:
@@ -133,14 +137,62 @@ def _c_extremum(pick: Callable) -> Callable:
         t = pick(a, b).type()  # Halide's type matching
         if not t.is_float():
             return pick(a, b)
-        out = hl.Expr(0)
-        _native.c_extremum(out, hl.cast(t, a), hl.cast(t, b), pick is hl.max)
-        return out
+        return _named(hl.cast(t, a), lambda a: _named(hl.cast(t, b), lambda b: hl.select(
+            hl.is_nan(a), b, hl.select(hl.is_nan(b), a, pick(a, b)))))
     return extremum
 
 
+def _guarded(fn: Callable, special: Callable) -> Callable:
+    """fn for floats narrower than double, whose Halide polynomials (exp, log) give finite
+    garbage at NaN and infinity on the CPU (exp(inf) = 0, log(NaN) = 89): a NaN passes
+    through, and `special(v)` gives (condition, value) for the infinite results. Double goes to
+    libm, which is right. The form select(is_nan(v), v, select(c, K, fn(v))) is what CUDA code
+    prints as fn(v) alone (cuda/codegen.py), CUDA's functions being right already."""
+    def guarded(x):
+        if x.type() == hl.Float(64) or not x.type().is_float():
+            return fn(x)
+        t = fn(x).type()
+
+        def body(v):
+            condition, value = special(v)
+            return hl.select(hl.is_nan(v), hl.cast(t, v),
+                             hl.select(condition, hl.cast(t, value), fn(v)))
+        return _named(x, body)
+    return guarded
+
+
+def _pow(x, y):
+    """pow for floats narrower than double through libm's double pow (Halide's float
+    polynomial gets C's special cases wrong: pow(0, -1) = 0, pow(2, inf) = 0, pow(NaN, 2) =
+    inf), rounded once to the float type; CUDA code prints it as powf (cuda/codegen.py)."""
+    t = hl.pow(x, y).type()
+    if t == hl.Float(64) or not t.is_float():
+        return hl.pow(x, y)
+    return hl.cast(t, hl.pow(hl.f64(x), hl.f64(y)))
+
+
+_INFINITY = math.inf
+_exp = _guarded(hl.exp, lambda v: (v > 89, _INFINITY))  # exp(89) overflows float
+_log = _guarded(hl.log, lambda v: (hl.is_inf(v) & (v > 0), _INFINITY))  # (is_inf is strict)
+# (each guarded whole: a NaN that reaches Halide's arithmetic on the CPU may come out as any
+# value, its fast-math flags assuming none appears)
+_log2 = _guarded(lambda x: hl.log(x) / hl.log(hl.cast(x.type(), 2)),
+                 lambda v: (hl.is_inf(v) & (v > 0), _INFINITY))
+_log10 = _guarded(lambda x: hl.log(x) / hl.log(hl.cast(x.type(), 10)),
+                  lambda v: (hl.is_inf(v) & (v > 0), _INFINITY))
+_sigmoid = _guarded(lambda x: 1 / (1 + hl.exp(-x)), lambda v: (v < -89, 0))
+_UNARY: dict[str, Callable] = {
+    "exp": _exp, "log": _log, "sqrt": hl.sqrt, "rsqrt": lambda x: 1 / hl.sqrt(x),
+    "tanh": hl.tanh, "sin": hl.sin, "cos": hl.cos, "tan": hl.tan, "asin": hl.asin,
+    "acos": hl.acos, "atan": hl.atan, "sinh": hl.sinh, "cosh": hl.cosh, "erf": _erf,
+    "exp2": lambda x: _pow(hl.cast(x.type(), 2), x), "log2": _log2, "log10": _log10,
+    "floor": hl.floor, "ceil": hl.ceil, "round": hl.round, "trunc": hl.trunc,
+    "fabs": hl.abs, "sigmoid": _sigmoid,
+}
+
+
 _BINARY: dict[str, Callable] = {
-    "pow": hl.pow, "fmax": _c_extremum(hl.max), "fmin": _c_extremum(hl.min), "atan2": hl.atan2,
+    "pow": _pow, "fmax": _c_extremum(hl.max), "fmin": _c_extremum(hl.min), "atan2": hl.atan2,
     "fmod": _fmod, "max": _c_extremum(hl.max), "min": _c_extremum(hl.min),
 }
 
