@@ -25,6 +25,7 @@ import warnings
 import numpy as np
 
 import tcstage as tc
+from tcstage.lang import ellipsis
 from tcstage.errors import TCError
 from tcstage.halide.jit import AUTOSCHEDULERS, DEFAULT_SCHEDULE, schedule_name
 from tcstage.halide.pipeline import PIPELINE_SCHEDULES
@@ -200,7 +201,12 @@ def _size_items(text: str) -> tuple[tuple[str, str], ...]:
     items = []
     for item in filter(None, (s.strip() for s in text.split(","))):
         name, eq, value = (s.strip() for s in item.partition("="))
-        if not (eq and name and value):
+        if name == "..." and eq:  # the run of a rank-polymorphic TC: '...=2x3', '...=' (none)
+            if value and not all(v.strip().isdigit() for v in value.split("x")):
+                raise argparse.ArgumentTypeError(
+                    f"'...' takes the sizes of the run of dimensions it stands for, as in "
+                    f"'...=2x3' ('...=' for none), got '{value}'")
+        elif not (eq and name and value):
             raise argparse.ArgumentTypeError(
                 f"expects NAME=VALUE pairs separated by commas, got '{item}'")
         if name in dict(items):
@@ -237,17 +243,51 @@ def _load(args) -> tc.TCFunction:
     except UnicodeDecodeError as e:
         raise TCError(f"{args.file} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
                       f"{e.start})") from None
-    prog = args.program = tc.define(text, args.file)
+    with warnings.catch_warnings(record=True) as caught:  # each function warns when defined
+        warnings.simplefilter("always")
+        prog = args.program = tc.define(text, args.file)
     if args.fn is None:
         if args.command in ("tune", "compare") and len(prog.names) > 1:
             raise UsageError(f"{args.file} defines several TC functions ({', '.join(prog.names)})"
                              "; choose one with --fn")
-        return prog[prog.names[-1]]
-    if args.fn not in prog.names:
+        name = prog.names[-1]
+    elif args.fn not in prog.names:
         raise UsageError(f"--fn: {args.file} has no TC function named '{args.fn}'"
                          f"{_did_you_mean(args.fn, prog.names)} (it defines "
                          f"{', '.join(prog.names)})")
-    return prog[args.fn]
+    else:
+        name = args.fn
+    _warn_again(caught, others=[n for n in prog.names if n != name])
+    return _instance(prog[name], args)
+
+
+def _warn_again(caught, others) -> None:
+    """The warnings of defining the file, less those about its other functions ("in '1LUT',
+    ..."), which the command does not run: `run --fn 2LUT` warned about 1LUT's reads too."""
+    about_others = tuple(f"in '{n}'," for n in others)
+    for w in caught:
+        if not str(w.message).startswith(about_others):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def _instance(f, args):
+    """f, or for a rank-polymorphic f the instance `--sizes ...=2x3` asks for (its run's sizes
+    become the instance's size variables D0, D1, ... in args.sizes)."""
+    if not isinstance(f, tc.PolymorphicFunction):
+        if any(name == "..." for name, _ in getattr(args, "sizes", ())):
+            raise UsageError(f"--sizes: '{f.name}' has no '...' in its types, so '...=' gives it "
+                             "nothing")
+        return f
+    items = dict(getattr(args, "sizes", ()))
+    if "..." not in items:
+        raise UsageError(f"'{f.name}' is rank-polymorphic: give the sizes '...' stands for "
+                         "with --sizes, as in --sizes '...=2x3' ('...=' for none)")
+    run = [int(v) for v in items["..."].split("x")] if items["..."] else []
+    instance = f.instance(len(run))
+    sizes, _ = ellipsis.run_names(f.definition, len(run))
+    args.sizes = tuple((n, v) for n, v in args.sizes if n != "...") + \
+        tuple((name, str(v)) for name, v in zip(sizes, run))
+    return instance
 
 
 def _did_you_mean(name: str, candidates) -> str:

@@ -1,6 +1,5 @@
 """`tcstage run` and `tcstage show`, driven through main() as a user would call them."""
 
-import shlex
 import tracemalloc
 from pathlib import Path
 
@@ -41,13 +40,31 @@ def test_run_every_example(capsys):
     ran = 0
     for path in sorted(EXAMPLES.glob("*.tc")):
         for name in tc.define(path.read_text()).names:
-            fn = tc.define(path.read_text())[name].checked
-            sizes = ",".join(f"{n}={EXAMPLE_SIZES[n]}" for n in cli.size_names(fn))
-            argv = ["run", str(path), "--fn", name, "--sizes", sizes, "--repeat", "0"]
+            f = tc.define(path.read_text())[name]
+            run = "...=2x1," if isinstance(f, tc.PolymorphicFunction) else ""  # (any_rank.tc)
+            fn = f.instance(2).checked if run else f.checked
+            sizes = ",".join(f"{n}={EXAMPLE_SIZES.get(n, 2)}" for n in cli.size_names(fn)
+                             if not (run and n in ("D0", "D1")))
+            argv = ["run", str(path), "--fn", name, "--sizes", run + sizes, "--repeat", "0"]
             assert main(argv) == 0, (argv, capsys.readouterr().err)
             assert "defaults:" not in capsys.readouterr().out
             ran += 1
-    assert ran == 13  # (examples/layers.tc: softmax, layernorm, padconv)
+    assert ran == 20  # (layers.tc: softmax, layernorm, padconv; any_rank.tc: 7 layers)
+
+
+def test_run_warns_only_about_the_function_it_runs(capsys):
+    """examples/lut.tc defines 2LUT and 1LUT, and each warns when defined that its table reads
+    are unchecked: `run --fn 2LUT` printed 1LUT's warning as well, and `run` (the last
+    function, 1LUT) 2LUT's two."""
+    sizes = "E1=9,E2=7,D=4,B=2,L1=3,L2=2"
+    assert main(["run", str(EXAMPLES / "lut.tc"), "--fn", "2LUT", "--sizes", sizes,
+                 "--repeat", "0"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning: in '2LUT', the subscript") == 2 and "1LUT" not in err, err
+    assert main(["run", str(EXAMPLES / "lut.tc"), "--sizes", "E1=9,D=4,B=2,L1=3",
+                 "--repeat", "0"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning: in '1LUT', the subscript") == 1 and "2LUT" not in err, err
 
 
 def test_show_ranges_and_halide(capsys):
@@ -261,48 +278,3 @@ def test_internal_errors_are_one_line(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert err.startswith("tcstage: internal error: RuntimeError: boom on two lines (a bug")
     assert err.count("\n") == 1
-
-
-def readme_commands() -> list[list[str]]:
-    """Every `tcstage ...` command of the README, continuation lines joined as a shell would."""
-    lines = (ROOT / "README.md").read_text().splitlines()
-    commands = []
-    for k, line in enumerate(lines):
-        for part in line.split("&&"):
-            if part.strip().startswith("tcstage ") and line.startswith("    "):
-                text = part.strip()
-                for more in lines[k + 1:]:
-                    if not more.startswith("        "):
-                        break
-                    text += "\n" + more
-                commands.append(shlex.split(text))
-    return commands
-
-
-def test_readme_commands_name_real_functions_and_sizes(monkeypatch):
-    """Flags, file, function and every size of each README command are right (its LUT example
-    gave 2LUT's sizes to 1LUT, the last function of its file); `slow` runs them for real."""
-    commands = readme_commands()
-    assert len(commands) >= 6 and ["tcstage", "--version"] in commands
-    monkeypatch.chdir(ROOT)
-    for argv in commands:
-        if argv == ["tcstage", "--version"]:
-            continue
-        args = cli._parser().parse_args(argv[1:])
-        cli._check_flags(args)
-        if args.file.endswith(".py"):  # a Halide pipeline module: it builds, with its inputs
-            f, inputs, shapes = cli._halide_app(args)
-            assert len(inputs) == len(f.arguments) and shapes
-            continue
-        fn = cli._load(args).checked
-        cli.given_sizes(fn, args.sizes, fn.name)
-
-
-@pytest.mark.slow
-def test_readme_commands_run(monkeypatch, capsys):
-    monkeypatch.chdir(ROOT)
-    for argv in readme_commands():
-        if argv != ["tcstage", "--version"]:
-            assert main(argv[1:]) == 0, (argv, capsys.readouterr().err)
-    out = capsys.readouterr().out
-    assert "output:  O1(128, 64) float32" in out and "output:  O2(128, 64) float32" in out

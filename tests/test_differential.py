@@ -110,6 +110,27 @@ def test_reference_rejects_what_is_not_well_formed():
         _run([out_of_bounds], {"B": (B, ("I",))}, {"I": 4})
 
 
+def test_reference_refuses_guarded_reads_that_change_the_ranges():
+    """Differential seed 300168: in `O(k) +=! L <= k ? L : D(k, k)` the else branch's guard
+    keeps k below L, so tcstage's guarded-read rule (docs/language.md) leaves k without an upper
+    bound where spec 001's rounds give 0:L; the reference does not model that rule and refuses
+    the statement. A guard that changes nothing (another read bounds k the same) is kept."""
+    D = np.arange(9, dtype=np.float32).reshape(3, 3)
+    W = np.arange(3, dtype=np.float32)
+    k, size = _var("k"), N.Size("L")
+    guarded = N.select(N.binary("<=", size, k), N.binary("*", size, _lit(1)), _read("D", k, k))
+    st = N.Statement("A", ("k",), "+", True, guarded)
+    with pytest.raises(R.NotModelled, match="guarded read"):
+        _run([st], {"D": (D, ("L", "L"))}, {"L": 3})
+    kept = N.Statement("A", ("k",), "+", True, N.binary("+", guarded, _read("W", k)))
+    r = _run([kept], {"D": (D, ("L", "L")), "W": (W, ("L",))}, {"L": 3})
+    assert r.ranges[0] == {"k": (0, 3)}
+    # A guard that does not keep the read within D (k < L + 1) changes nothing either.
+    loose = N.select(N.binary("<=", N.binary("+", size, _lit(1)), k), size, _read("D", k, k))
+    r = _run([N.Statement("A", ("k",), "+", True, loose)], {"D": (D, ("L", "L"))}, {"L": 3})
+    assert r.ranges[0] == {"k": (0, 3)}
+
+
 def test_reference_knows_which_outputs_are_in_out():
     # An output is in/out when its first statement reads it or accumulates without '!'.
     A = np.arange(3, dtype=np.float32)

@@ -11,6 +11,14 @@ the written tensor has a shape, the write. Subscripts computed from tensor value
 A tensor's shape is the range of its first statement's left-hand variables, or, where that
 statement cannot bound them, of the first later statement of the tensor that can.
 
+Guarded reads (docs/language.md): a read inside a branch of `c ? a : b` whose condition keeps a
+side of a subscript within its tensor does not constrain that side, a departure from spec 001
+that this reference does not model. A statement where that rule gives other ranges than spec
+001's (or fails where spec 001 does not, or the other way round) raises `NotModelled`, an
+`Invalid`: such programs are not used (differential seed 300168). Whether a guard keeps a side
+within its tensor is decided by brute force over a window of index values at the program's
+sizes, which finds it kept at least wherever tcstage's proof (for all values and sizes) does.
+
 Statements then run in order over their whole iteration space with numpy: the right-hand side
 is evaluated on the grid of all index values, converted to the tensor's type, reduced over the
 reduction variables, and stored (`=`), stored from the identity (`op=!`), or combined with the
@@ -38,6 +46,11 @@ WINDOW = 64  # candidate index values are -WINDOW..WINDOW; sizes stay far below
 
 class Invalid(Exception):
     """The program is not well-formed (the reason says why); not a tcstage bug."""
+
+
+class NotModelled(Invalid):
+    """The program is one whose meaning this reference does not model (guarded reads that
+    change the ranges); not used for differential testing either."""
 
 
 @attrs.define
@@ -203,25 +216,92 @@ class Evaluator:
 # -- range inference ---------------------------------------------------------------------------
 
 def _accesses(st: N.Statement, shapes: dict, write_constrains: bool) -> list:
-    """(subscript, lo, hi) for every subscript of every access to a tensor of known shape."""
+    """(subscript, lo, hi, guards) for every subscript of every access to a tensor of known
+    shape; guards: the conditions (expression, whether it holds) of the branches the read is
+    in."""
     out = []
     lhs_args = st.scatter if st.scatter is not None else tuple(N.Var(v) for v in st.lhs)
     # Reads inside a scatter's subscripts (`H(I(i))`) are reads like any other.
-    reads = [r for r in N.reads(st.rhs) + [r for a in lhs_args for r in N.reads(a)]
+    reads = [(r, g) for r, g in _guarded_reads(st.rhs) + [x for a in lhs_args
+                                                           for x in _guarded_reads(a)]
              if r.args and r.tensor in shapes]
     if write_constrains and st.tensor in shapes and lhs_args:
-        reads.append(N.Read(st.tensor, lhs_args, "int32"))
-    for r in reads:
+        reads.append((N.Read(st.tensor, lhs_args, "int32"), ()))
+    for r, guards in reads:
         mins, extents = shapes[r.tensor]
         for arg, lo, ext in zip(r.args, mins, extents):
             if not N.reads(arg):  # subscripts computed from tensor values bound nothing
-                out.append((arg, lo, lo + ext))
+                out.append((arg, lo, lo + ext, guards))
     return out
 
 
-def _solve(arg: N.Expr, lo: int, hi: int, v: str, resolved: dict, ev: Evaluator):
-    """The integers v for which lo <= arg < hi for every value of the resolved variables, as
-    (first, end) with None for a side that the window cannot bound."""
+def _guarded_reads(e: N.Expr, guards: tuple = ()) -> list:
+    """(read, guards) for every read of e, in the order of N.reads: a select's condition holds
+    in its first branch and fails in its second; reads in a read's subscripts share its
+    guards."""
+    if isinstance(e, N.Read):
+        return [(e, guards)] + [x for a in e.args for x in _guarded_reads(a, guards)]
+    if isinstance(e, N.Select):
+        return (_guarded_reads(e.cond, guards) + _guarded_reads(e.a, guards + ((e.cond, True),))
+                + _guarded_reads(e.b, guards + ((e.cond, False),)))
+    return [x for c in N.children(e) for x in _guarded_reads(c, guards)]
+
+
+def _conjuncts(cond: N.Expr, holds: bool) -> list:
+    """(cond, holds) as a conjunction of simpler conditions, as docs/language.md splits a
+    guard: `a && b` holding, `a || b` failing, `!a`."""
+    if isinstance(cond, N.Unary) and cond.op == "!":
+        return _conjuncts(cond.x, not holds)
+    if isinstance(cond, N.Binary) and cond.op == ("&&" if holds else "||"):
+        return _conjuncts(cond.a, holds) + _conjuncts(cond.b, holds)
+    return [(cond, holds)]
+
+
+GUARD_WINDOW = 12  # index values -GUARD_WINDOW..GUARD_WINDOW when deciding what a guard keeps
+
+
+def _kept_sides(arg: N.Expr, lo: int, hi: int, guards: tuple, where: dict,
+                ev: Evaluator) -> tuple[bool, bool]:
+    """Whether the guards (with the statement's where ranges) keep lo <= arg and arg < hi for
+    every value of the index variables in a window, at the program's sizes. Conditions that
+    read tensors, or that cannot be evaluated, are not used."""
+    usable = [(c, h) for g in guards for c, h in _conjuncts(*g) if not N.reads(c)]
+    if not usable:
+        return False, False
+    names = sorted(N.index_vars(arg).union(*(N.index_vars(c) for c, _ in usable))
+                   | where.keys())
+    window = GUARD_WINDOW
+    while (2 * window + 1) ** len(names) > 2_000_000 and window > 2:
+        window //= 2
+    env = {}
+    for k, v in enumerate(names):
+        shape = [1] * len(names)
+        shape[k] = -1
+        env[v] = np.arange(-window, window + 1).reshape(shape)
+    grid = (2 * window + 1,) * len(names)
+    e = Evaluator(ev.tensors, ev.sizes, ev.scalars, env)
+    premise = np.ones(grid, bool)
+    for v, (first, end) in where.items():
+        premise &= (env[v] >= first) & (env[v] < end)
+    for c, h in usable:
+        try:
+            with np.errstate(all="ignore"):
+                value = convert(e(c), c.type, "bool")
+        except Invalid:
+            continue
+        premise &= value if h else ~value
+    try:
+        x = np.broadcast_to(e(arg), grid)
+    except Invalid:
+        return False, False
+    return bool((x[premise] >= lo).all()), bool((x[premise] < hi).all())
+
+
+def _solve(arg: N.Expr, lo: int | None, hi: int | None, v: str, resolved: dict,
+           ev: Evaluator):
+    """The integers v for which lo <= arg < hi (None: that side is not asked for) for every
+    value of the resolved variables, as (first, end) with None for a side that the window
+    cannot bound."""
     others = sorted(N.index_vars(arg) - {v})
     shape_rank = 1 + len(others)
     env = {v: np.arange(-WINDOW, WINDOW + 1).reshape((-1,) + (1,) * len(others))}
@@ -235,7 +315,9 @@ def _solve(arg: N.Expr, lo: int, hi: int, v: str, resolved: dict, ev: Evaluator)
                                                               for o in others])
     except Invalid:
         raise Invalid(f"a subscript of '{v}' cannot be evaluated") from None
-    ok = ((value >= lo) & (value < hi)).reshape(2 * WINDOW + 1, -1).all(axis=1)
+    ok = (((value >= lo) if lo is not None else True)
+          & ((value < hi) if hi is not None else True))
+    ok = np.broadcast_to(ok, value.shape).reshape(2 * WINDOW + 1, -1).all(axis=1)
     found = np.flatnonzero(ok)
     if found.size == 0:
         raise Invalid(f"empty range for '{v}'")
@@ -246,7 +328,8 @@ def _solve(arg: N.Expr, lo: int, hi: int, v: str, resolved: dict, ev: Evaluator)
 
 
 def infer(st: N.Statement, shapes: dict, ev: Evaluator, write_constrains: bool) -> dict:
-    """{var: (lo, hi)} for one statement, or Invalid."""
+    """{var: (lo, hi)} for one statement, or Invalid; NotModelled where tcstage's guarded reads
+    rule (docs/language.md) would give other ranges."""
     resolved = {}
     used = N.index_vars(st.rhs) | st.lhs_vars
     for w in st.where:
@@ -256,8 +339,34 @@ def infer(st: N.Statement, shapes: dict, ev: Evaluator, write_constrains: bool) 
         if hi <= lo:
             raise Invalid(f"empty range for '{w.var}'")
         resolved[w.var] = (lo, hi)
-    unresolved = set(st.variables) - resolved.keys()
     accesses = _accesses(st, shapes, write_constrains)
+    literal = [(arg, lo, hi) for arg, lo, hi, _ in accesses]
+    guarded = []
+    for arg, lo, hi, guards in accesses:
+        kept = _kept_sides(arg, lo, hi, guards, resolved, ev) if guards else (False, False)
+        if not all(kept):
+            guarded.append((arg, None if kept[0] else lo, None if kept[1] else hi))
+    try:
+        ranges = _rounds(st, dict(resolved), literal, ev)
+    except Invalid as error:
+        ranges = error
+    if len(guarded) != len(literal) or any(g[1:] != a[1:] for g, a in zip(guarded, literal)):
+        try:
+            other = _rounds(st, dict(resolved), guarded, ev)
+        except Invalid as error:
+            other = error
+        if isinstance(ranges, Invalid) != isinstance(other, Invalid) or (
+                not isinstance(ranges, Invalid) and ranges != other):
+            raise NotModelled("a guarded read changes the ranges (docs/language.md, "
+                              "'Guarded reads'), which this reference does not model")
+    if isinstance(ranges, Invalid):
+        raise ranges
+    return ranges
+
+
+def _rounds(st: N.Statement, resolved: dict, accesses: list, ev: Evaluator) -> dict:
+    """Spec 001's rounds over accesses (subscript, lo, hi), from the where clauses' ranges."""
+    unresolved = set(st.variables) - resolved.keys()
     while unresolved:
         found: dict = {}
         for arg, lo, hi in accesses:
@@ -391,6 +500,8 @@ def _shape(p: N.Program, first: int, shapes: dict, ev: Evaluator):
         later = p.statements[n]
         try:
             r = infer(later, shapes, ev, write_constrains=False)
+        except NotModelled:
+            raise
         except Invalid as error:
             reason = reason or error
             continue
