@@ -9,6 +9,7 @@ import pytest
 
 import tcstage as tc
 from tcstage import MappingOptions as M
+from tcstage.cuda.nvcc import nvcc_path
 
 TMM = "def tmm(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,kk) * B(n,kk) }"
 MLP2 = """def mlp2(float(B,M) I, float(O,M) W2, float(P,O) W3) -> (O2, O3) {
@@ -124,7 +125,28 @@ def test_naive_kernel_explains_itself():
     lines = k.explain().splitlines()
     assert lines[0].endswith("grid (1, 1, 1) x block (1, 1, 1) = 1 thread, 1 block")
     assert lines[1].startswith("one thread in one block: no mapping options given")
-    assert len(lines) == 2
+    assert lines[2].startswith("GPU use (H100)        1 block on 132 SMs: 1 SMs busy (1%)")
+    assert len(lines) == 5  # (GPU use: blocks, occupancy, bytes and bound)
+
+
+def test_gpu_use_says_how_the_launch_fills_the_device():
+    """Issue 26's static report, per launch: blocks against the SMs, threads per block, the
+    bytes moved against the least the tensors hold (counted by hand: A, B and C once, float32),
+    and the model's bound; the device is a choice, ptxas's figures where asked and nvcc is
+    here."""
+    tmm = "def tmm(float(M,K) A, float(N,K) B) -> (C) { C(m,n) +=! A(m,kk) * B(n,kk) }"
+    options = M().tile(4, 32).mapToThreads(32, 1).mapToBlocks(32, 32).usePrivateMemory(True)
+    k = compile_quietly(tmm, "tmm", (128, 1024), (1024, 1024), options=options)
+    text = k.explain()
+    use = text[text.index("GPU use (H100)"):]
+    assert "1024 blocks on 132 SMs: 132 SMs busy (100%), 7.8 blocks per SM" in use
+    assert "32 threads per block" in use
+    least = (128 * 1024 + 1024 * 1024 + 128 * 1024) * 4
+    assert f"against the {least / 1e6:.3g} MB its tensors hold" in use
+    assert re.search(r"(memory|compute|latency) bound, [0-9.]+ us predicted", use)
+    assert "GPU use (H200)" in k.explain(device="H200")
+    if nvcc_path() is not None:
+        assert "registers per thread (ptxas)" in k.explain(ptxas=True)
 
 
 # -- the texts TC's option sets showed to be wrong (issue 25) ----------------------------------

@@ -150,11 +150,18 @@ class Kernel:
                                 for k, part in enumerate(self.compiled.launches))
         return _describe(self, self.compiled)
 
-    def explain(self) -> str:
+    def explain(self, device: str = "H100", ptxas: bool = False) -> str:
         """What each option did: the loops tiled, the loop on each block and thread index,
-        promotions, unrolling, why each barrier is there, and the options without effect."""
+        promotions, unrolling, why each barrier is there, and the options without effect;
+        then each launch's use of `device` (H100 or H200: blocks against its SMs, occupancy,
+        bytes moved, the cost model's bound), with ptxas's register and shared-memory figures
+        where `ptxas` is true and nvcc is installed (a compile of a few seconds), the cost
+        model's estimates otherwise."""
+        from tcstage.cuda.nvcc import resources
         from tcstage.poly.explain import explain
-        return explain(self.compiled)
+        from tcstage.tune.model import device_by_name
+        found = resources(self.cuda_source) if ptxas else None
+        return explain(self.compiled, device_by_name(device), found)
 
     def __repr__(self) -> str:
         return (f"<tcstage.Kernel {self.name} target={self.target} grid={self.grid} "

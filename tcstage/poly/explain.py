@@ -21,18 +21,86 @@ WIDTH = 22  # the option column
 _XYZ = "xyz"
 
 
-def explain(compiled) -> str:
-    """A per-option account of what the compiler made of `compiled.options`; for a kernel
+def explain(compiled, device=None, resources: dict | None = None) -> str:
+    """A per-option account of what the compiler made of `compiled.options`, then how the
+    launch would use `device` (a tune.model.Device, default the H100; `resources`: ptxas's
+    figures, tcstage.cuda.nvcc.resources, else the cost model's estimates); for a kernel
     sequence, why it is one, then each launch's account."""
+    from tcstage.tune import model  # (the cost model imports the compiler's passes)
+    device = device or model.H100
+    parts = compiled.launches or (compiled,)
+    try:
+        prediction = model.predict(compiled, device, resources)
+        predictions = prediction.launches or (prediction,)
+    except Exception as e:  # (a report: the mapping's account stands without the model's)
+        predictions = [f"the cost model cannot predict this kernel ({type(e).__name__}: {e})"
+                       ] * len(parts)
+    accounts = [_Explainer(p).text() + "\n" + gpu_use(p, own, device, resources is not None)
+                for p, own in zip(parts, predictions)]
     if not compiled.launches:
-        return _Explainer(compiled).text()
+        return accounts[0]
     n = len(compiled.launches)
     head = (f"kernel sequence of {n} launches for '{compiled.fn.name}': as one kernel, the "
             "dependences between its statements would keep the loops they cross from blocks "
             "(blocks cannot wait for each other) and leave half or fewer of the blocks the "
             "launches get apart; each launch runs after the last, its results in global memory")
-    return "\n\n".join([head] + [f"launch {k}:\n" + _Explainer(p).text()
-                                  for k, p in enumerate(compiled.launches)])
+    return "\n\n".join([head] + [f"launch {k}:\n{a}" for k, a in enumerate(accounts)])
+
+
+def gpu_use(compiled, prediction, device, from_ptxas: bool) -> str:
+    """Static facts of one launch on `device`, for reading without a GPU: its blocks against
+    the SMs, threads per block, occupancy and what limits it, the bytes it moves from DRAM
+    against the least its tensors need, and the cost model's bound."""
+    if isinstance(prediction, str):
+        return _row(f"GPU use ({device.name})", prediction)
+    p = prediction
+    busy = min(p.blocks, device.sms)
+    per_sm = p.blocks / device.sms
+    registers = f"{p.registers} registers per thread ({'ptxas' if from_ptxas else 'estimated'})"
+    least = least_bytes(compiled)
+    moved = (f"{_bytes(p.dram_bytes)} from DRAM against the {_bytes(least)} its tensors hold "
+             f"({p.dram_bytes / least:.2g}x)" if least else f"{_bytes(p.dram_bytes)} from DRAM")
+    return "\n".join([
+        _row(f"GPU use ({device.name})",
+             f"{p.blocks} block{'s' if p.blocks != 1 else ''} on {device.sms} SMs: {busy} SMs busy"
+             f" ({100 * busy / device.sms:.0f}%), {per_sm:.2g} blocks per SM, {p.waves} "
+             f"wave{'s' if p.waves != 1 else ''}; {p.threads_per_block} threads per block"),
+        _row("", f"occupancy {p.occupancy:.2f} where blocks are resident (up to {p.blocks_per_sm} "
+                 f"per SM with "
+                 f"{registers} and {p.shared_bytes} B of shared memory per block)"),
+        _row("", f"{moved}; {p.bound} bound, {p.time * 1e6:.3g} us predicted (cost model)")])
+
+
+def least_bytes(compiled) -> int:
+    """Bytes of the tensor elements the launch reads or writes, each once: what any schedule
+    moves at least (0 where the count needs sizes the kernel leaves dynamic)."""
+    from tcstage.tune.model import _count
+    touched: dict[str, isl.Set] = {}
+    for s in compiled.scop.statements:
+        for a in (s.write, *s.reads):
+            r = a.relation.range()
+            touched[a.tensor] = touched[a.tensor].union(r) if a.tensor in touched else r
+    total = 0
+    for tensor, elements in touched.items():
+        if elements.dim(isl.dim_type.param) and not elements.params().is_singleton():
+            return 0
+        t = compiled.lowered.fn.tensors.get(tensor)
+        itemsize = max(t.type.bits // 8, 1) if t is not None else 4
+        total += sum(_count(p) for p in _disjoint_sets(elements)) * itemsize
+    return total
+
+
+def _disjoint_sets(s: isl.Set) -> list[isl.Set]:
+    out = []
+    s.make_disjoint().foreach_basic_set(lambda b: out.append(isl.Set.from_basic_set(b)))
+    return out
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
 
 
 class _Explainer:
