@@ -37,7 +37,85 @@ def pytest_unconfigure(config):
     _REAL_GPU.stop()
 
 
+# The README's test command must stay under about 5 minutes on a 2-core machine. These tests
+# (measured by `pytest --durations=0`: a second or more each there) run in the slow step
+# instead (`pytest -m slow`, in .ci/run). A parametrized test keeps its first cases in the
+# quick run (the number given), so that every path it checks is still checked there.
+SLOW = {
+    "test_promotion.py::test_paper_kernels_with_promotion_match_numpy": 12,
+    "test_promotion.py::test_paper_kernels_with_register_tiling_match_numpy": 4,
+    "test_promotion.py::test_random_memory_options": 0,
+    "test_tune.py::test_search_with_the_model_converges_far_below_the_naive_kernel": 0,
+    "test_tune.py::test_compile_returns_the_same_kernel_for_the_same_call": 0,
+    "test_tune.py::test_the_tuned_kernel_computes_the_right_result": 0,
+    "test_tune.py::test_new_best_is_cached_and_options_auto_uses_it": 0,
+    "test_tune.py::test_crashing_hanging_and_wrong_candidates_get_their_status_and_never_win": 0,
+    "test_tune_model.py::test_copy_of_a_clamped_read_in_pieces_stays_bounded": 0,
+    "test_tune_model.py::test_predict_is_fast_on_the_papers_kernels": 0,
+    "test_tune_cli.py::test_compare_plot_has_the_tuning_curve": 0,
+    "test_cuda_spec.py::test_spec_tc_as_mapped_cuda": 15,
+    "test_cuda_mapping.py::test_mapped_kernel_matches_numpy_and_halide": 12,
+    "test_cuda_mapping.py::test_random_options": 0,
+    "test_halide_ports.py::test_port": 0,
+    "test_halide_apps.py::test_algorithm_matches_reference": 3,
+    "test_halide_apps.py::test_manual_cpu_schedule_matches_reference": 3,
+    "test_halide_pipelines.py::test_halide_intrinsics": 0,
+    "test_halide_pipelines.py::test_inline_reductions_scalar_outputs_wrappers_bools_and_half": 0,
+    "test_halide_pipelines.py::test_autotune_a_pipeline_and_compile_auto": 0,
+    "test_halide_pipelines.py::test_boundary_conditions": 0,
+    "test_halide_compare.py::test_compare_pipeline_with_your_schedule_as_baseline": 0,
+    "test_halide_compare.py::test_cli_compare_module": 1,
+    "test_torch_gradcheck.py::test_gradcheck": 4,
+    "test_torch_op.py::test_gradcheck_float64_with_the_generated_backward": 2,
+    "test_tc_corpus.py::test_values": 6,
+    "test_grad.py::test_backward_runs_as_one_cuda_kernel": 1,
+    "test_grad.py::test_paper_kernels": 4,
+    "test_grad.py::test_layers": 4,
+    "test_grad_fuzz.py::test_gradient_matches_central_differences": 0,
+    "test_tensor_cores.py::test_tmm": 6,
+    "test_tensor_cores.py::test_kronecker_convolution_and_transposed_operands": 1,
+    "test_parallel_reductions.py::test_row_statistics_under_promotion_and_fusion": 4,
+    "test_parallel_reductions.py::test_every_operator_for_float_half_and_bfloat16": 4,
+    "test_differential.py::test_scatter_programs_match_reference": 3,
+    "test_hardening_time.py::test_programs_longer_than_a_chunk_compute_the_reference": 0,
+    "test_hardening_cuda.py::test_functions_named_like_cpp_or_cuda_compile": 4,
+    "test_any_rank.py::test_layers_as_emulated_cuda_at_several_ranks": 4,
+    "test_emulation_warp.py::test_mixed_bf16_expressions_are_as_ambiguous_as_in_cuda": 0,
+    "test_cuda_naive.py::test_every_scalar_type_compiles_and_computes": 4,
+    "test_padding.py::test_padded_convolutions_under_cuda_emulation": 2,
+    "test_casts.py::test_float_to_integer_truncates_saturates_and_sends_nan_to_zero": 8,
+    "test_halide_pipelines.py::test_multi_stage_pipeline_with_reduction_and_pointwise": 0,
+    "test_any_rank.py::test_layers_on_the_cpu_at_every_rank": 6,
+    "test_any_rank_fuzz.py::test_lifted_programs_emulated": 1,
+    "test_cpu_row_reductions.py::test_row_reductions_equal_numpy": 10,
+    "test_nan.py::test_reductions_skip_nan_wherever_it_sits": 4,
+    "test_emulation_warp.py::test_shuffles_of_every_type": 3,
+    "test_tensor_cores.py::test_tbmm": 1,
+    "test_tensor_cores.py::test_mlp1_with_bias_and_relu": 1,
+    "test_tensor_cores.py::test_ptx_has_mma_sync": 1,
+    "test_paper_kernels.py::test_default_schedule": 4,
+    "test_hardening_time.py::test_emulator_compiler_past_its_time_limit_is_a_clear_error": 0,
+    "test_train_example.py::test_training_loss_falls_and_compiling_stops": 0,
+    "test_tune_cli.py::test_untranslatable_tc_uses_the_halide_cpu_baseline": 0,
+    "test_cpu_tune.py::test_the_best_schedule_is_measured_checked_and_usable": 0,
+}
+
+
+def _mark_slow(items) -> None:
+    seen: dict[str, int] = {}
+    for item in items:
+        base = item.nodeid.split("[")[0].removeprefix("tests/")
+        keep = SLOW.get(base)
+        if keep is None:
+            continue
+        seen[base] = seen.get(base, 0) + 1
+        if seen[base] > keep:
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(tryfirst=True)  # (before -m selects by the marks)
 def pytest_collection_modifyitems(config, items):
+    _mark_slow(items)
     if _REAL_GPU.problem:
         skip = pytest.mark.skip(reason=f"{real_gpu.OPTION} needs a GPU: {_REAL_GPU.problem}")
         for item in items:
