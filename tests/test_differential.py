@@ -108,6 +108,11 @@ def test_reference_rejects_what_is_not_well_formed():
                                 (N.Where("i", _lit(0), _lit(5)),))
     with pytest.raises(R.Invalid, match="out of bounds"):
         _run([out_of_bounds], {"B": (B, ("I",))}, {"I": 4})
+    # Differential seed 500015: an input named `expf` makes `expf(x)` a read of it in TC
+    # (docs/language.md), while the generator meant the builtin
+    hidden = N.Statement("A", ("i",), "=", True, N.call("expf", _read("B", _var("i"))))
+    with pytest.raises(R.Invalid, match="hides the builtin"):
+        _run([hidden], {"B": (B, ("I",)), "expf": (B, ("I",))}, {"I": 4})
 
 
 def test_reference_refuses_guarded_reads_that_change_the_ranges():

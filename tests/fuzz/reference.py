@@ -444,11 +444,15 @@ def run(p: N.Program, inputs: dict, outs: dict, refuse_pieces: bool = False) -> 
         a = np.array(a)
         tensors[name] = Tensor(str(a.dtype), (0,) * a.ndim, a, np.ones(a.shape, bool))
     declared = {d for i in p.inputs for d in i.dims}
+    names = {i.name for i in p.inputs} | {st.tensor for st in p.statements}
     for st in p.statements:
         for e in (st.rhs, *(b for w in st.where for b in (w.lo, w.hi))):
             for n in N.walk(e):
                 if isinstance(n, N.Size) and n.name not in declared:
                     raise Invalid(f"'{n.name}' is no input's size: TC takes it for an index")
+                if isinstance(n, N.Call) and n.fn in names:  # (differential seed 500015)
+                    raise Invalid(f"'{n.fn}' names a tensor, which hides the builtin: TC "
+                                  "reads the tensor")
     inout = inout_outputs(p)
     if inout != set(outs):
         raise Invalid(f"in/out outputs are {sorted(inout)}, starting values were given for "
