@@ -179,3 +179,28 @@ def test_real_gpu_without_a_gpu_skips_every_test_saying_why():
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"SKIPPED \[\d+\] .*--real-gpu needs a GPU: ", r.stdout), r.stdout
     assert "passed" not in r.stdout and "--real-gpu: every test skipped, no GPU" in r.stdout
+
+
+def test_real_gpu_twin_launches_each_kernel_of_a_sequence(twin_with):
+    """A kernel sequence (docs/cuda.md) reaches the GPU launch by launch, each by its own name,
+    grid and block, in order, the second reading what the first left (issue 26, part 5)."""
+    src = ("def f(float(N) A) -> (B, C) {\n  B(i) = A(i) + A(i + 1)\n"
+           "  C(i) = B(i) + B(i + 1)\n}")
+    stages = {"B": lambda x: x[:-1] + x[1:], "C": lambda x: x[:-1] + x[1:]}
+    seen = []
+
+    def launch(source, name, grid, block, params, args):  # a 'GPU' computing each stage
+        seen.append((name, grid, block))
+        by_name = {p.name: a for p, a in zip(params, args)}
+        written = "B" if name.endswith("_0") else "C"  # (tc_f_0 writes B, tc_f_1 C)
+        value = stages[written](by_name["A" if written == "B" else "B"])
+        return {next(i for i, p in enumerate(params) if p.name == written): value}
+    twin = twin_with(launch)
+    a = np.random.default_rng(1).standard_normal(258).astype(np.float32)
+    k = tc.compile(src, "f", a, options=tc.MappingOptions().tile(32).mapToThreads(32)
+                   .mapToBlocks(8), target="cuda-emulated")
+    assert len(k.launches) == 2
+    b, c = k(a)
+    np.testing.assert_allclose(c, (a[:-2] + a[1:-1]) + (a[1:-1] + a[2:]), rtol=1e-6)
+    assert seen == [(launch.name, launch.grid, launch.block) for launch in k.launches]
+    assert twin.take()[0] == 2
