@@ -525,10 +525,10 @@ class _ValuePrinter:
                         else f"(({c_type(ty)}){int(v)}{'ULL' if ty.startswith('uint') else 'LL'})"), ty
             pow_ = t[2]  # halide/exprs.py's float pow through double: CUDA's powf is right
             if ty == "float32" and pow_[0] == "call" and pow_[1] == "pow_f64" and all(
-                    a[0] == "cast" and a[1] == "float64" and self.expr(a[2], local)[1] ==
-                    "float32" for a in pow_[2]):
-                x, y = (self.expr(a[2], local)[0] for a in pow_[2])
-                return f"powf({x}, {y})", ty
+                    a[0] == "cast" and a[1] == "float64" for a in pow_[2]):
+                (x, tx), (y, ty_) = (self.expr(a[2], local) for a in pow_[2])
+                if tx == ty_ == "float32":
+                    return f"powf({x}, {y})", ty
             inner, ti = self.expr(t[2], local)
             return _cast(inner, ti, ty), ty
         if tag == "read":

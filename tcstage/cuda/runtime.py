@@ -91,9 +91,8 @@ class Kernel:
             fn = part.fn.checked if hasattr(part.fn, "checked") else None
             texts = tuple(statement_text(fn.statements[i]) for i in indices) if fn is not None \
                 else tuple(s.tensor for s in part.scop.statements)
-            shared = sum(p.nbytes for p in part.promoted.promotions if p.memory == "shared")
             out.append(Launch(part.cuda.name, self._part_grid(part, self.compiled.binding.sizes),
-                              part.cuda.block, 0, shared, texts))
+                              part.cuda.block, 0, part.promoted.shared_bytes, texts))
         return out
 
     @property

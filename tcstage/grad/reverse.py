@@ -106,7 +106,8 @@ def _as_run(b: Backward, forward: str) -> str:
     for st in d.statements:
         piece = text[st.span.start:st.span.end]
         rename = {}
-        for read in _reads(st.rhs) + [ast.Apply(st.tensor, st.indices, st.span)]:
+        reads = [n for n in ast.walk(st.rhs) if isinstance(n, ast.Apply)]
+        for read in reads + [ast.Apply(st.tensor, st.indices, st.span)]:
             k = runs.get(read.name.name)
             if k is None:
                 continue
@@ -137,25 +138,6 @@ def _as_run(b: Backward, forward: str) -> str:
     if any(re.search(rf"\b{n}\b", text) for n in (*_RUN_SIZES, *_RUN_INDICES)):
         _no_run(forward)
     return text
-
-
-def _reads(e) -> list:
-    from tcstage.lang import ast
-    out, stack = [], [e]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, ast.Apply):
-            out.append(n)
-            stack += n.args
-        elif isinstance(n, ast.Unary):
-            stack.append(n.operand)
-        elif isinstance(n, ast.Binary):
-            stack += [n.lhs, n.rhs]
-        elif isinstance(n, ast.Ternary):
-            stack += [n.cond, n.then, n.other]
-        elif isinstance(n, ast.Padded):
-            stack += [n.read, n.value]
-    return out
 
 
 def _no_run(forward: str):

@@ -173,13 +173,17 @@ def _pow(x, y):
 
 _INFINITY = math.inf
 _exp = _guarded(hl.exp, lambda v: (v > 89, _INFINITY))  # exp(89) overflows float
-_log = _guarded(hl.log, lambda v: (hl.is_inf(v) & (v > 0), _INFINITY))  # (is_inf is strict)
+
+
+def _at_infinity(v):  # the logarithms of +inf (is_inf is strict: fast-math cannot drop it)
+    return hl.is_inf(v) & (v > 0), _INFINITY
+
+
+_log = _guarded(hl.log, _at_infinity)
 # (each guarded whole: a NaN that reaches Halide's arithmetic on the CPU may come out as any
 # value, its fast-math flags assuming none appears)
-_log2 = _guarded(lambda x: hl.log(x) / hl.log(hl.cast(x.type(), 2)),
-                 lambda v: (hl.is_inf(v) & (v > 0), _INFINITY))
-_log10 = _guarded(lambda x: hl.log(x) / hl.log(hl.cast(x.type(), 10)),
-                  lambda v: (hl.is_inf(v) & (v > 0), _INFINITY))
+_log2 = _guarded(lambda x: hl.log(x) / hl.log(hl.cast(x.type(), 2)), _at_infinity)
+_log10 = _guarded(lambda x: hl.log(x) / hl.log(hl.cast(x.type(), 10)), _at_infinity)
 _sigmoid = _guarded(lambda x: 1 / (1 + hl.exp(-x)), lambda v: (v < -89, 0))
 _UNARY: dict[str, Callable] = {
     "exp": _exp, "log": _log, "sqrt": hl.sqrt, "rsqrt": lambda x: 1 / hl.sqrt(x),

@@ -6,6 +6,7 @@ variable or a scalar input, and `Apply` a tensor read or a builtin call. `sema` 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Union
 
 import attrs
@@ -84,6 +85,28 @@ class Dots:
 
 
 Expr = Union[Number, Ident, Apply, DimRef, Unary, Binary, Ternary, Padded, Dots]
+
+
+def walk(e: Expr) -> Iterator[Expr]:
+    """e and every expression below it, parents first, in source order (without recursion:
+    an expression may be nested as deeply as the parser allows)."""
+    stack = [e]
+    while stack:
+        n = stack.pop()
+        yield n
+        if isinstance(n, Apply):
+            children = n.args
+        elif isinstance(n, Unary):
+            children = (n.operand,)
+        elif isinstance(n, Binary):
+            children = (n.lhs, n.rhs)
+        elif isinstance(n, Ternary):
+            children = (n.cond, n.then, n.other)
+        elif isinstance(n, Padded):
+            children = (n.read, n.value)
+        else:
+            continue
+        stack.extend(reversed(children))
 
 
 @attrs.frozen

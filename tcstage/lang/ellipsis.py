@@ -38,7 +38,7 @@ def check_pattern(d: ast.Def) -> None:
         if isinstance(s, ast.TCCall):
             continue
         for w in s.where:
-            for n in _nodes(w.lo) + _nodes(w.hi):
+            for n in (*ast.walk(w.lo), *ast.walk(w.hi)):
                 if isinstance(n, ast.Dots):
                     raise TCSemanticError("'...' cannot be bounded by a where clause: it stands "
                                           "for a run of index variables whose ranges come from "
@@ -165,28 +165,10 @@ def instantiate(d: ast.Def, length: int, names: tuple[list[str], list[str]] | No
 
 # -- walking the syntax tree -------------------------------------------------------------------
 
-def _nodes(e) -> list:
-    out, stack = [], [e]
-    while stack:
-        n = stack.pop()
-        out.append(n)
-        if isinstance(n, ast.Apply):
-            stack += n.args
-        elif isinstance(n, ast.Unary):
-            stack.append(n.operand)
-        elif isinstance(n, ast.Binary):
-            stack += [n.lhs, n.rhs]
-        elif isinstance(n, ast.Ternary):
-            stack += [n.cond, n.then, n.other]
-        elif isinstance(n, ast.Padded):
-            stack += [n.read, n.value]
-    return out
-
-
 def _statement_nodes(s: ast.Statement) -> list:
-    out = [n for i in s.indices for n in _nodes(i)] + _nodes(s.rhs)
+    out = [n for i in s.indices for n in ast.walk(i)] + list(ast.walk(s.rhs))
     if s.equivalent is not None:
-        out += [n for a in s.equivalent.args for n in _nodes(a)]
+        out += [n for a in s.equivalent.args for n in ast.walk(a)]
     return out
 
 
@@ -194,8 +176,8 @@ def _subscript_lists(s: ast.Statement) -> list[tuple[tuple, str]]:
     """Every subscript list of the statement with the name it subscripts: its left-hand side,
     each read (a builtin call's arguments too: checked to be a tensor's), the annotation's."""
     lists = [(s.indices, s.tensor.name)]
-    lists += [(n.args, n.name.name) for n in _nodes(s.rhs) if isinstance(n, ast.Apply)]
-    lists += [(n.args, n.name.name) for i in s.indices for n in _nodes(i)
+    lists += [(n.args, n.name.name) for n in ast.walk(s.rhs) if isinstance(n, ast.Apply)]
+    lists += [(n.args, n.name.name) for i in s.indices for n in ast.walk(i)
               if isinstance(n, ast.Apply)]
     return lists
 
@@ -211,7 +193,8 @@ def _names(d: ast.Def) -> set[str]:
             continue
         names.add(s.tensor.name)
         names |= {w.var.name for w in s.where}
-        for n in _statement_nodes(s) + [x for w in s.where for x in _nodes(w.lo) + _nodes(w.hi)]:
+        bounds = [x for w in s.where for x in (*ast.walk(w.lo), *ast.walk(w.hi))]
+        for n in _statement_nodes(s) + bounds:
             if isinstance(n, ast.Ident):
                 names.add(n.name)
             elif isinstance(n, ast.Apply):

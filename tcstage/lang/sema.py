@@ -385,7 +385,7 @@ class _StatementChecker:
 
     def size_expr(self, e: ast.Expr) -> C.Expr:
         """A bound in a where clause: integers, size variables, scalar inputs and `T.n` only."""
-        for node in _ast_nodes(e):
+        for node in ast.walk(e):
             if isinstance(node, ast.Apply) and node.name.name not in BUILTINS:
                 raise self.error("a range bound may not read a tensor; only sizes, constants and "
                                  "scalar inputs", node.span)
@@ -729,24 +729,6 @@ def _to_bool(e: C.Expr) -> C.Expr:
         return e
     zero = C.Const(0.0 if e.type.is_float else 0, e.type)
     return C.Binary("!=", e, zero, BOOL, span=e.span)
-
-
-def _ast_nodes(e: ast.Expr):
-    yield e
-    if isinstance(e, ast.Apply):
-        for a in e.args:
-            yield from _ast_nodes(a)
-    elif isinstance(e, ast.Unary):
-        yield from _ast_nodes(e.operand)
-    elif isinstance(e, ast.Binary):
-        yield from _ast_nodes(e.lhs)
-        yield from _ast_nodes(e.rhs)
-    elif isinstance(e, ast.Ternary):
-        for x in (e.cond, e.then, e.other):
-            yield from _ast_nodes(x)
-    elif isinstance(e, ast.Padded):
-        yield from _ast_nodes(e.read)
-        yield from _ast_nodes(e.value)
 
 
 def _span_of(e: ast.Expr) -> Span:

@@ -74,26 +74,21 @@ def gpu_use(compiled, prediction, device, from_ptxas: bool) -> str:
 def least_bytes(compiled) -> int:
     """Bytes of the tensor elements the launch reads or writes, each once: what any schedule
     moves at least (0 where the count needs sizes the kernel leaves dynamic)."""
-    from tcstage.tune.model import _count
+    from tcstage.tune.model import elements
     touched: dict[str, isl.Set] = {}
     for s in compiled.scop.statements:
         for a in (s.write, *s.reads):
             r = a.relation.range()
             touched[a.tensor] = touched[a.tensor].union(r) if a.tensor in touched else r
     total = 0
-    for tensor, elements in touched.items():
-        if elements.dim(isl.dim_type.param) and not elements.params().is_singleton():
+    for tensor, points in touched.items():
+        if points.dim(isl.dim_type.param) and \
+                not points.params().is_singleton():
             return 0
         t = compiled.lowered.fn.tensors.get(tensor)
         itemsize = max(t.type.bits // 8, 1) if t is not None else 4
-        total += sum(_count(p) for p in _disjoint_sets(elements)) * itemsize
+        total += elements(points) * itemsize
     return total
-
-
-def _disjoint_sets(s: isl.Set) -> list[isl.Set]:
-    out = []
-    s.make_disjoint().foreach_basic_set(lambda b: out.append(isl.Set.from_basic_set(b)))
-    return out
 
 
 def _bytes(n: float) -> str:
@@ -311,7 +306,7 @@ class _Explainer:
             self.no_effect.append((_call("maxSharedMemory", args),
                                    "has no effect without useSharedMemory(True)"))
             return
-        used = sum(p.nbytes for p in self.p.promotions if p.memory == "shared")
+        used = self.p.shared_bytes
         self.rows.append((_call("maxSharedMemory", args),
                           f"shared memory budget {min(args[0], 48 * 1024)} bytes per block; "
                           f"{used} used"))

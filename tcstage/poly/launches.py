@@ -96,8 +96,11 @@ def groups(scop: Scop, dependences: isl.UnionMap) -> list[list[str]]:
             visit(s.name)
     # topological order of the components, the earliest first statement first among the ready
     of = {v: k for k, c in enumerate(found) for v in c}
-    preds = {k: {of[v] for v in graph if k in {of[w] for w in graph[v]} and of[v] != k}
-             for k in range(len(found))}
+    preds: dict[int, set[int]] = {k: set() for k in range(len(found))}
+    for v, successors in graph.items():
+        for w in successors:
+            if of[w] != of[v]:
+                preds[of[w]].add(of[v])
     done, out = set(), []
     while len(out) < len(found):
         ready = [k for k in range(len(found)) if k not in done and preds[k] <= done]

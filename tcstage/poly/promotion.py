@@ -178,9 +178,13 @@ class Promoted:
     # (the scope runs in a loop: the next iteration's copies overwrite the buffers)
     barriers: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
+    @property
+    def shared_bytes(self) -> int:
+        """The promoted tiles' shared memory per block."""
+        return sum(p.nbytes for p in self.promotions if p.memory == "shared")
+
     def describe(self) -> str:
-        shared = sum(p.nbytes for p in self.promotions if p.memory == "shared")
-        lines = [f"promotion: {shared} bytes of shared memory per block, {self.syncs} "
+        lines = [f"promotion: {self.shared_bytes} bytes of shared memory per block, {self.syncs} "
                  "barrier(s) for copies"]
         lines += [f"  {p.describe()}" for p in self.promotions]
         lines += [f"  not promoted: {why}" for why in self.declined]

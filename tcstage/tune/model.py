@@ -273,6 +273,13 @@ def _count(s: isl.Set) -> int:
     return total
 
 
+def elements(s: isl.Set) -> int:
+    """Points of s, a union of pieces counted apart once made disjoint (fixed parameters)."""
+    pieces = []
+    s.make_disjoint().foreach_basic_set(lambda b: pieces.append(isl.Set.from_basic_set(b)))
+    return sum(_count(p) for p in pieces)
+
+
 def _box_count(s: isl.Set) -> int:
     total = 1
     for k in range(s.dim(isl.dim_type.set)):
@@ -676,7 +683,7 @@ def _occupancy(device: Device, threads: int, registers: int, shared: int) -> int
 def _time(counts: _Counts, compiled, device: Device, resources, grid, block, blocks, threads,
           shapes, itemsize) -> Prediction:
     promoted = compiled.promoted
-    shared = sum(p.nbytes for p in promoted.promotions if p.memory == "shared")
+    shared = promoted.shared_bytes
     private_words = sum(math.prod(p.padded) * max(1, np.dtype(p.dtype).itemsize // 4)
                         for p in promoted.promotions if p.memory == "private")
     spill = 0

@@ -45,8 +45,8 @@ def lift(source: str) -> str | None:
         for s in d.statements:
             if not isinstance(s, ast.Statement):
                 return None
-            nodes = _nodes(s.rhs) + [n for i in s.indices for n in _nodes(i)] + \
-                [n for w in s.where for n in _nodes(w.lo) + _nodes(w.hi)]
+            nodes = [*ast.walk(s.rhs), *(n for i in s.indices for n in ast.walk(i)),
+                     *(n for w in s.where for x in (w.lo, w.hi) for n in ast.walk(x))]
             if any(isinstance(n, ast.DimRef) for n in nodes):
                 return None
             lifted_reads = [n for n in nodes if isinstance(n, (ast.Apply, ast.Ident))
@@ -79,24 +79,6 @@ def _subscripts(source: str, name: ast.Ident, args) -> tuple[int, int, str]:
         open_ = after + len(rest) - len(stripped)
         return open_ + 1, open_ + 1, "..."
     return after, after, "(...)"  # `T` alone, a rank-0 tensor written bare
-
-
-def _nodes(e) -> list:
-    out, stack = [], [e]
-    while stack:
-        n = stack.pop()
-        out.append(n)
-        if isinstance(n, ast.Apply):
-            stack += n.args
-        elif isinstance(n, ast.Unary):
-            stack.append(n.operand)
-        elif isinstance(n, ast.Binary):
-            stack += [n.lhs, n.rhs]
-        elif isinstance(n, ast.Ternary):
-            stack += [n.cond, n.then, n.other]
-        elif isinstance(n, ast.Padded):
-            stack += [n.read, n.value]
-    return out
 
 
 def slices(case: Case) -> list[Case]:
