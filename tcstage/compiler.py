@@ -36,15 +36,18 @@ from collections.abc import Sequence
 
 import attrs
 import islpy as isl
+import numpy as np
 
 from tcstage.cuda.codegen import CudaKernel, generate, kernel_name, module_source
 from tcstage.errors import TCArgumentError, TCError, warn
 from tcstage.halide.lower import Lowered
 from tcstage.options import PRESETS, MappingOptions
-from tcstage.poly.launches import fill, partition, restricted
+from tcstage.poly.budget import WorkLimitExceeded
+from tcstage.poly.launches import fill, groups, partition, restricted
 from tcstage.poly.mapping import Mapped, map_to_gpu
 from tcstage.poly.notes import OptionNote, no_effect_notes
-from tcstage.poly.promotion import Promoted, promote
+from tcstage.poly.overlap import Overlap, build, overlap_groups
+from tcstage.poly.promotion import SHARED_BYTES, Promoted, promote
 from tcstage.poly.reduction import splittable_reductions
 from tcstage.poly.tensorcore import find_contractions, map_tensor_cores
 from tcstage.poly.schedule import compute_schedule, scheduled_scop
@@ -78,6 +81,7 @@ class Compiled:
     # tensor_tiles those of the first launch, its cuda all the launches' kernels in one
     # source (grid and block: the first's). Empty for a kernel of one launch.
     launches: tuple["Compiled", ...] = ()
+    overlap: Overlap | None = None  # overlapped tiles: what each block recomputes
 
     @property
     def parts(self) -> tuple["Compiled", ...]:
@@ -133,15 +137,29 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
                  _within(dependences, to_schedule, key))), stage)
         return mappings[key]
     # (the stages' times add up over the statement sets tried and the launches made)
-    launches = partition(scop, dependences, options, lambda names: mapping(names).parallelism)
-    if len(launches) == 1:
-        part = _launch(fn, options, binding, lowered, mapping(launches[0]),
-                       kernel_name(fn.name), stage)
+    specs, overlap_notes = [], []  # per launch: (mapping, its overlap or None, promoted)
+    for names, found in _overlap_groups(lowered, scop, dependences, options, dynamic,
+                                        overlap_notes):
+        if found is not None:
+            made = _overlapped(lowered, options, restricted(scop, names), found,
+                               _within(dependences, to_schedule, names), stage)
+            if not isinstance(made, str):
+                specs.append(made)
+                continue
+            overlap_notes.append(made)
+        whole = len(names) == len(scop.statements)
+        for launch in partition(*((scop, dependences) if whole else (
+                restricted(scop, names), _within(dependences, to_schedule, names))), options,
+                lambda names: mapping(names).parallelism):
+            specs.append((mapping(launch), None, None))
+    if len(specs) == 1:
+        part = _launch(fn, options, binding, lowered, specs[0][0], kernel_name(fn.name), stage,
+                       overlap=specs[0][1], promoted=specs[0][2])
         compiled = attrs.evolve(part, timings=timings, dynamic=dynamic)
     else:
-        parts = tuple(_launch(fn, options, binding, lowered, mapping(names),
-                              f"{kernel_name(fn.name)}_{k}", stage, launch=k)
-                      for k, names in enumerate(launches))
+        parts = tuple(_launch(fn, options, binding, lowered, m, f"{kernel_name(fn.name)}_{k}",
+                              stage, launch=k, overlap=o, promoted=pr)
+                      for k, (m, o, pr) in enumerate(specs))
         first = parts[0]
         cuda = CudaKernel(kernel_name(fn.name), module_source([p.cuda for p in parts]),
                           first.cuda.parameters, first.cuda.grid, first.cuda.block)
@@ -149,9 +167,11 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
                             first.mapped, first.promoted, cuda, timings,
                             tuple(dict.fromkeys(n for p in parts for n in p.notes)), dynamic,
                             first.tensor_tiles,
-                            tuple(attrs.evolve(p, dynamic=dynamic) for p in parts))
+                            tuple(attrs.evolve(p, dynamic=dynamic) for p in parts),
+                            first.overlap)
     ignored = no_effect_notes(options.calls())
-    notes = compiled.notes
+    notes = compiled.notes + tuple(OptionNote("overlappedTiles(True)", why)
+                                   for why in dict.fromkeys(overlap_notes))
     for note in notes:
         warn(f"in '{fn.name}', option {note}")
     if ignored:  # (one warning for them all: TC's option sets often carry several)
@@ -199,14 +219,62 @@ def _map(lowered, options, scop: Scop, to_schedule: Scop, dependences: isl.Union
     return _Mapping(scop, dependences, schedule, tiled, mapped, contractions, not_contractions)
 
 
+def _overlap_groups(lowered, scop: Scop, dependences, options, dynamic, notes: list):
+    """The statements in groups, each with its overlapped tiles' plan or None (then it runs as
+    kernels of its own, poly/launches.py); one group of all with None without the option.
+    Why a group could not overlap goes to `notes`."""
+    everything = [s.name for s in scop.statements]
+    if not options.overlapped_tiles:
+        return [(everything, None)]
+    if dynamic:
+        notes.append(f"the dynamic size(s) {', '.join(dynamic)} leave the tiles' halos without "
+                     "a fixed size")
+        return [(everything, None)]
+    temps = {n for n, t in lowered.fn.tensors.items() if t.kind == "temp"}
+    itemsize = {n: np.dtype(t.type.name).itemsize for n, t in lowered.fn.tensors.items()}
+    limit = min(SHARED_BYTES, options.max_shared_memory if options.max_shared_memory
+                is not None else SHARED_BYTES)
+    return overlap_groups(scop, groups(scop, dependences), set(lowered.fn.outputs), temps,
+                          options.tile_sizes, itemsize, limit, notes)
+
+
+def _overlapped(lowered, options, scop: Scop, found, dependences, stage):
+    """A launch of overlapped tiles of scop's statements ((mapping, overlap, promoted)), or
+    why it cannot be."""
+    dtypes = {n: t.type.name for n, t in lowered.fn.tensors.items()}
+    try:
+        with stage("schedule"):
+            overlap = build(scop, found, dependences)
+        with stage("map"):
+            mapped = map_to_gpu(overlap.tiled.schedule, overlap.dependences.intersect_params(
+                scop.context), scop.context, options, overlap.scop, {})
+        if math.prod(mapped.grid) <= 1 < min(overlap.tiles, math.prod(options.blocks)):
+            return "no tile loop could be mapped to blocks"
+        with stage("promote"):
+            promoted = promote(overlap.scop, mapped, options, dtypes, scratch=overlap.scratch)
+    except WorkLimitExceeded as exceeded:
+        return exceeded.message
+    shared = {p.tensor for p in promoted.promotions if p.memory == "shared"}
+    missing = sorted(overlap.scratch - shared)
+    if missing:
+        why = [d for d in promoted.declined if any(d.startswith(f"shared {t} ") for t in missing)]
+        return (f"the tile of {', '.join(missing[:4])} a block needs does not fit in shared "
+                f"memory ({'; '.join(why) or 'not promoted'}): use smaller tiles")
+    mapping = _Mapping(overlap.scop, overlap.dependences, overlap.tiled.schedule, overlap.tiled,
+                       mapped, {}, [])
+    return mapping, overlap, promoted
+
+
 def _launch(fn, options, binding, lowered, mapping: _Mapping, name: str, stage,
-            launch: int | None = None) -> Compiled:
+            launch: int | None = None, overlap: Overlap | None = None,
+            promoted: Promoted | None = None) -> Compiled:
     """One kernel: mapped statements promoted and printed as the CUDA kernel `name`
-    (`launch`: its place in a kernel sequence, None for the only one)."""
+    (`launch`: its place in a kernel sequence, None for the only one; `overlap`: what its
+    overlapped tiles recompute, whose promotion `_overlapped` made)."""
     scop, mapped, contractions = mapping.scop, mapping.mapped, mapping.contractions
     dtypes = {n: t.type.name for n, t in lowered.fn.tensors.items()}
     with stage("promote"):
-        promoted = promote(
+        promoted = promoted or promote(
             scop, mapped, options, dtypes,
             keep_global=frozenset(c.accumulator for c in contractions.values()),
             shared_only=frozenset(t for c in contractions.values()
@@ -226,7 +294,7 @@ def _launch(fn, options, binding, lowered, mapping: _Mapping, name: str, stage,
                         scratch_prefix="" if launch is None else f"_l{launch}")
     notes = mapping.tiled.notes + mapped.notes + promoted.notes + tc_notes
     return Compiled(fn, options, binding, lowered, scop, mapping.schedule, mapping.tiled,
-                    mapped, promoted, cuda, {}, notes, (), tensor_tiles)
+                    mapped, promoted, cuda, {}, notes, (), tensor_tiles, (), overlap)
 
 
 def _within(dependences: isl.UnionMap, scop: Scop, names) -> isl.UnionMap:
@@ -405,6 +473,24 @@ def _source_key(fn) -> str:
     return tc_hash(fn)
 
 
+def _predicted_best(fn, inputs, out, candidates) -> MappingOptions:
+    """The candidate options whose kernel the cost model (H100) predicts fastest; where one
+    cannot be compiled or predicted, the others."""
+    import warnings
+    from tcstage.tune import model
+    best, best_time = candidates[0], math.inf
+    for options in candidates:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                time = model.predict(compile_cuda(fn, inputs, out, options), model.H100).time
+        except TCError:
+            continue
+        if time < best_time:
+            best, best_time = options, time
+    return best
+
+
 def auto_options(fn: TCFunction, inputs, out, target: str) -> MappingOptions:
     """options="auto": the cached best for this call on this device (a GPU's measurement
     first, then the cost model's), else the structural default with a TCWarning."""
@@ -427,6 +513,8 @@ def auto_options(fn: TCFunction, inputs, out, target: str) -> MappingOptions:
                                   if not hasattr(v, "shape")}}
     shapes, outs = call_shapes(fn.checked, values)
     options = heuristic_options(fn, fn.ranges(*shapes, out=tuple(outs) or None))
+    if any(t.kind == "temp" for t in fn.checked.tensors.values()):
+        options = _predicted_best(fn, inputs, out, [options, options.overlappedTiles(True)])
     sizes = ", ".join(f"{k}={v}" for k, v in sorted(binding.sizes.items()))
     warn(f"options='auto': no tuned options for '{fn.name}' at {sizes} in the cache; using a "
          f"default from the TC's structure: {options}. tc.autotune(...) or `tcstage tune` "

@@ -269,6 +269,7 @@ class MappingOptions:
                                                                              "parallelReductions"),
         metadata={"method": "parallelReductions"})
     use_tensor_cores: bool = _bool_field("useTensorCores")
+    overlapped_tiles: bool = _bool_field("overlappedTiles")
 
     def __init__(self, preset: str | None = None, /, **fields):
         if preset is not None:
@@ -421,6 +422,17 @@ class MappingOptions:
         as in tmm, tbmm and MLP layers) onto tensor core instructions (`mma.sync`), with float32
         accumulators and the operands staged through shared memory (docs/cuda.md)."""
         return self._with("use_tensor_cores", flag)
+
+    def overlappedTiles(self, flag: bool) -> MappingOptions:
+        """Overlapped tiles (beyond the paper; Halide's `compute_at(output, blockIdx)`): one
+        kernel in which each block computes, in shared memory, every intermediate (temporary)
+        tensor its tile of the outputs needs, halo included, recomputing what its neighbours
+        also compute, instead of a kernel sequence that passes the intermediates through
+        global memory. The tile sizes cut the outputs' elements; `mapToBlocks` maps the tiles,
+        `mapToThreads` each statement's loops. Where it cannot apply (no intermediate, a
+        recurrence, too much recomputation: docs/cuda.md), a note says why and the function
+        compiles as without it."""
+        return self._with("overlapped_tiles", flag)
 
     # -- derived views ---------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ import functools
 import islpy as isl
 
 from tcstage.options import MappingOptions
+from tcstage.poly.count import elements
 from tcstage.poly.notes import NO_EFFECT
 from tcstage.poly.schedule import UNBOUNDED, member_map, outermost_bands, value_count
 
@@ -73,11 +74,14 @@ def gpu_use(compiled, prediction, device, from_ptxas: bool) -> str:
 
 def least_bytes(compiled) -> int:
     """Bytes of the tensor elements the launch reads or writes, each once: what any schedule
-    moves at least (0 where the count needs sizes the kernel leaves dynamic)."""
-    from tcstage.tune.model import elements
+    moves at least (0 where the count needs sizes the kernel leaves dynamic). Overlapped
+    tiles' intermediates live in shared memory alone: none of theirs."""
     touched: dict[str, isl.Set] = {}
+    scratch = compiled.overlap.scratch if compiled.overlap is not None else frozenset()
     for s in compiled.scop.statements:
         for a in (s.write, *s.reads):
+            if a.tensor in scratch:
+                continue
             r = a.relation.range()
             touched[a.tensor] = touched[a.tensor].union(r) if a.tensor in touched else r
     total = 0
@@ -110,6 +114,17 @@ class _Explainer:
             self.loop_names[s.name] = [tc.get(h, h) for h in s.halide_iterators]
         self.writes = {s.name: s.tensor for s in c.scop.statements}
         self.order = {s.name: k for k, s in enumerate(c.scop.statements)}
+        if c.overlap is not None:  # a tile coordinate: the tiles of an output dimension
+            kept = next(s for s in c.scop.statements if s.tensor not in c.overlap.scratch)
+            pure = [n for n, i in zip(self.loop_names[kept.name][len(c.tiled.tiled_members):],
+                                      kept.iterators[len(c.tiled.tiled_members):])
+                    if i not in kept.reduction_vars]
+            tiles = {f"_tile_{t}": f"{pure[k]} tiles" if k < len(pure) else f"tiles {k}"
+                     for t, k in zip(kept.iterators, c.tiled.tiled_members)}
+            self.loop_names = {n: [tiles.get(h, loop) for h, loop in zip(s.halide_iterators,
+                                                                             names)]
+                               for (n, names), s in zip(self.loop_names.items(),
+                                                        c.scop.statements)}
 
     # -- naming ------------------------------------------------------------------------------
     def name(self, loop: isl.UnionMap) -> str:
@@ -213,6 +228,10 @@ class _Explainer:
         where = "the outer band" if self.bands == 1 else \
             f"each of the {self.bands} groups' outer bands"
         text = f"tiles loops {', '.join(names)} of {where} by {' x '.join(map(str, t.tile_sizes))}"
+        if self.c.overlap is not None:
+            kept = sorted({s.tensor for s in self.c.scop.statements} - self.c.overlap.scratch)
+            text = (f"tiles the elements of {', '.join(kept)} by "
+                    f"{' x '.join(map(str, t.tile_sizes))} (overlapped tiles: {', '.join(names)})")
         if self.m.block_loops:
             text += " (tile loops -> blocks, point loops -> threads)"
         if untiled:
@@ -375,6 +394,18 @@ class _Explainer:
                 + (f", calls looping over {', '.join(windows)}" if windows else "")
                 + f") as mma.sync.m16n8k16 steps of the block's warps, {c.dtype} operands, "
                 "float32 accumulators in registers")))
+
+    def on_overlappedTiles(self, args) -> None:
+        overlap = self.c.overlap
+        if not args[0] or overlap is None:
+            return  # (its note says why, with the others)
+        kept = sorted({s.tensor for s in self.c.scop.statements} - overlap.scratch)
+        again = "; ".join(f"{self.writes.get(s, '?')} ({s}) {run / max(1, own):.2f}x"
+                          for s, run, own in overlap.work if run != own) or "nothing"
+        self.rows.append(("overlappedTiles", (
+            f"each block computes in shared memory the part of {', '.join(sorted(overlap.scratch))}"
+            f" that its tile of {', '.join(kept)} needs, halo included; instances run over "
+            f"those the statements have: {again} (the launch: {overlap.recompute:.2f}x)")))
 
     def on_useReadOnlyCache(self, args) -> None:
         inputs = [n for n, t in self.c.fn.checked.tensors.items() if t.kind == "input"

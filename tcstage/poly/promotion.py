@@ -192,13 +192,16 @@ class Promoted:
 
 
 def promote(scop: Scop, mapped: Mapped, options: MappingOptions, dtypes: dict,
-            keep_global: frozenset = frozenset(), shared_only: frozenset = frozenset()
-            ) -> Promoted:
+            keep_global: frozenset = frozenset(), shared_only: frozenset = frozenset(),
+            scratch: frozenset = frozenset()) -> Promoted:
     """Promotes array tiles of `mapped` as `options` ask; dtypes: tensor -> element type name.
     Tensors in keep_global are never promoted, those in shared_only never to private memory
     (the tensor cores' warps read a contraction's operands from anywhere in a block's tile,
-    and write its accumulator in global memory)."""
-    state = _State(scop, mapped, options, dtypes, keep_global, shared_only)
+    and write its accumulator in global memory). Tensors in `scratch` live in the block alone
+    (overlapped tiles, poly/overlap.py): each goes to shared memory wherever it fits, with
+    or without useSharedMemory, and is never copied in or out."""
+    shared_only = shared_only | scratch
+    state = _State(scop, mapped, options, dtypes, keep_global, shared_only, scratch)
     node = mapped.schedule.get_root()
     scopes = _find(node, KERNEL)
     try:
@@ -207,7 +210,7 @@ def promote(scop: Scop, mapped: Mapped, options: MappingOptions, dtypes: dict,
                 state.promote_at(path)
     except WorkLimitExceeded as exceeded:  # promotion is an optimisation: go without it
         warn(f"in '{scop.name}', {exceeded.message}: every tensor stays in global memory")
-        state = _State(scop, mapped, options, dtypes, keep_global, shared_only)
+        state = _State(scop, mapped, options, dtypes, keep_global, shared_only, scratch)
         state.declined.append(f"everything: {exceeded.message}")
     schedule = _strip_marks(state.schedule.get_root()).get_schedule()
     notes = [OptionNote(call(option, [depth]), f"has no effect without {use}(True)")
@@ -234,9 +237,9 @@ class _Plan:
 
 class _State:
     def __init__(self, scop, mapped, options, dtypes, keep_global=frozenset(),
-                 shared_only=frozenset()):
+                 shared_only=frozenset(), scratch=frozenset()):
         self.scop, self.mapped, self.options, self.dtypes = scop, mapped, options, dtypes
-        self.keep_global, self.shared_only = keep_global, shared_only
+        self.keep_global, self.shared_only, self.scratch = keep_global, shared_only, scratch
         self.itemsize = {t: np.dtype(d).itemsize for t, d in dtypes.items()}
         self.shared_left = min(SHARED_BYTES, options.max_shared_memory
                                if options.max_shared_memory is not None else SHARED_BYTES)
@@ -264,7 +267,8 @@ class _State:
         if private_depth is None and self.options.use_register_tiling:
             private_depth = 0  # just below the blocks: a thread's outputs over the reduction
         wanted = [(m, d) for m, use, d in (
-            ("shared", self.options.use_shared_memory, self.options.shared_depth),
+            ("shared", self.options.use_shared_memory or bool(self.scratch),
+             self.options.shared_depth),
             ("private", self.options.use_private_memory, private_depth)) if use]
         # Finding a scope may split a band. Splitting the tile band above the mark leaves the
         # path of that band (the anchor) as it is; the first pass makes every split, the second
@@ -378,7 +382,13 @@ class _State:
             for r in refs:
                 spaces.setdefault(r.relation.get_tuple_name(isl.dim_type.out), []).append(r)
             for same in spaces.values():
-                for group, tile in _groups(same, prefix, context):
+                if tensor in self.scratch:  # (its write overlaps every read: one group)
+                    grouped = [(same, _tile(_footprint(same, prefix), context))]
+                elif memory == "shared" and not self.options.use_shared_memory:
+                    continue  # (shared memory only for the block's own tensors)
+                else:
+                    grouped = _groups(same, prefix, context)
+                for group, tile in grouped:
                     label = f"{memory} {tensor} ({', '.join(sorted({r.text for r in group}))})"
                     if all((r.statement, r.text) in self.unneeded for r in group):
                         self.declined.append(f"{label}: read only to index promoted gathered "
@@ -393,15 +403,20 @@ class _State:
         domain = node.get_domain()
         leaves = _leaves(node)
         chosen = []
-        for label, tensor, refs, tile, prefix in self._candidates(node, domain, "shared"):
+        candidates = self._candidates(node, domain, "shared")  # (lazily: see _candidates)
+        if self.scratch:  # the block's own first
+            candidates = sorted(candidates, key=lambda c: c[1] not in self.scratch)
+        for label, tensor, refs, tile, prefix in candidates:
             if tile is None:
                 self._no_tile(label, refs, "shared")
                 continue
-            if not _reused(refs, prefix):
+            if tensor in self.scratch:
+                pass  # the block's own: shared memory whether reused or coalesced or not
+            elif not _reused(refs, prefix):
                 self.declined.append(f"{label}: no element is used twice in a block")
                 continue
             # the paper drops the coalescing test for gathered tensors: their rows are scattered
-            if refs[0].gather is None and all(_coalesced(r, leaves) for r in refs):
+            elif refs[0].gather is None and all(_coalesced(r, leaves) for r in refs):
                 self.declined.append(f"{label}: every access is coalesced")
                 continue
             sizes = tile.sizes
@@ -551,6 +566,8 @@ class _State:
             per_statement[r.statement] = tuple(pma.get_at(k) for k in range(len(sizes)))
         live_in = _live_in(refs, prefix, self.scop)
         written = _footprint([r for r in refs if r.write], prefix)
+        if tensor in self.scratch:  # computed in the block before it is read, dead after it
+            live_in = written = None
         copy_in = copy_out = None
         if live_in is not None and not live_in.is_empty():
             copy_in = (f"_{n}in", live_in)

@@ -50,11 +50,13 @@ from collections import defaultdict
 
 import attrs
 import islpy as isl
+
 import numpy as np
 
 from tcstage.errors import TCError
 from tcstage.poly import budget
 from tcstage.poly.budget import WorkLimitExceeded, bounded
+from tcstage.poly.count import box_extents, count, elements, max_int
 from tcstage.poly.mapping import BLOCK_IDS, SYNC, THREAD_IDS
 
 __all__ = ["Device", "H100", "H200", "Prediction", "device_by_name", "predict"]
@@ -242,63 +244,6 @@ def _drop_params(obj, names):
 
 def _has_param(obj, name) -> bool:
     return obj.get_space().find_dim_by_name(isl.dim_type.param, name) >= 0
-
-
-def _max_int(pw: isl.PwAff) -> int | None:
-    if pw.is_empty() if hasattr(pw, "is_empty") else False:
-        return None
-    v = pw.max_val()
-    return int(v.to_python()) if v.is_int() else None
-
-
-def _count(s: isl.Set) -> int:
-    """Points of s (no free parameters but fixed ones), as the product over dimensions of the
-    largest extent given the outer ones, divided by the stride: exact for boxes and full
-    tiles, an upper bound otherwise."""
-    if s.is_empty():
-        return 0
-    n = s.dim(isl.dim_type.set)
-    total = 1
-    for k in range(n):
-        proj = s.project_out(isl.dim_type.set, k + 1, n - k - 1)
-        m = isl.Map.from_range(proj).move_dims(isl.dim_type.in_, 0, isl.dim_type.out, 0, k)
-        hi = m.lexmax_pw_multi_aff().get_at(0)
-        lo = m.lexmin_pw_multi_aff().get_at(0)
-        extent = _max_int(hi.sub(lo))
-        if extent is None:
-            return _box_count(s)
-        stride = proj.get_stride(k)
-        stride = int(stride.to_python()) if stride.is_int() and stride.is_pos() else 1
-        total *= extent // stride + 1
-    return total
-
-
-def elements(s: isl.Set) -> int:
-    """Points of s, a union of pieces counted apart once made disjoint (fixed parameters)."""
-    pieces = []
-    s.make_disjoint().foreach_basic_set(lambda b: pieces.append(isl.Set.from_basic_set(b)))
-    return sum(_count(p) for p in pieces)
-
-
-def _box_count(s: isl.Set) -> int:
-    total = 1
-    for k in range(s.dim(isl.dim_type.set)):
-        lo, hi = _max_int(s.dim_min(k).neg()), _max_int(s.dim_max(k))
-        if lo is None or hi is None:
-            return 0
-        total *= hi + lo + 1
-    return total
-
-
-def _extents(s: isl.Set) -> list[int] | None:
-    """The box hull's extent per dimension (None if unbounded)."""
-    out = []
-    for k in range(s.dim(isl.dim_type.set)):
-        lo, hi = _max_int(s.dim_min(k).neg()), _max_int(s.dim_max(k))
-        if lo is None or hi is None:
-            return None
-        out.append(hi + lo + 1)
-    return out
 
 
 # -- accesses ------------------------------------------------------------------------------------
@@ -526,7 +471,7 @@ def predict(compiled, device: Device = H100, resources: dict | None = None) -> P
     itemsize = {n: np.dtype(d).itemsize for n, d in dtypes.items()}
     shapes = {}
     for name, extent in scop.tensor_extents.items():
-        shapes[name] = tuple(_extents(extent) or ())
+        shapes[name] = tuple(box_extents(extent) or ())
     statements = {s.name: s for s in scop.statements}
     by_ref = {}
     copies = {}
@@ -557,7 +502,7 @@ def predict(compiled, device: Device = H100, resources: dict | None = None) -> P
             elif name.startswith(SYNC):
                 sched = leaf.schedule.intersect_domain(isl.UnionSet.from_set(s))
                 per_block = _drop_params(_fix_params(sched.range(), block_zero), THREAD_IDS)
-                counts.syncs += sum(_count(x) for x in _sets(per_block)) or 1
+                counts.syncs += sum(count(x) for x in _sets(per_block)) or 1
                 continue
             else:
                 continue
@@ -571,7 +516,7 @@ def _statement_at_leaf(counts: _Counts, s: isl.Set, leaf: _Leaf, refs, ops, inst
                        block, blocks, device: Device, tensor_cores: bool = False) -> None:
     # every instance once, whichever block and thread runs it; threads that no filter
     # constrains run it all
-    instances = _count(_drop_params(s, BLOCK_IDS + THREAD_IDS))
+    instances = count(_drop_params(s, BLOCK_IDS + THREAD_IDS))
     if not instances:
         return
     at_zero = _fix_params(s, {b: 0 for b in BLOCK_IDS})
@@ -588,7 +533,7 @@ def _statement_at_leaf(counts: _Counts, s: isl.Set, leaf: _Leaf, refs, ops, inst
         pos = values.find_dim_by_name(isl.dim_type.param, t)
         as_set = isl.Set.from_params(values)
         as_set = as_set.move_dims(isl.dim_type.set, 0, isl.dim_type.param, pos, 1)
-        top = _max_int(as_set.dim_max(0))
+        top = max_int(as_set.dim_max(0))
         active[d] = min(block[d], (top or 0) + 1)
     executions = instances * redundant
     warps = _warps(tuple(active), block)
@@ -703,7 +648,7 @@ def _time(counts: _Counts, compiled, device: Device, resources, grid, block, blo
     for tensor, requested in counts.global_sectors_by_tensor.items():
         asked = requested * device.sector_bytes
         foot = counts.footprint.get(tensor)
-        ext = _extents(foot) if foot is not None and not foot.is_empty() else None
+        ext = box_extents(foot) if foot is not None and not foot.is_empty() else None
         if ext:
             row = -(-ext[-1] * itemsize[tensor] // device.sector_bytes) * device.sector_bytes
             per_block = math.prod(ext[:-1]) * row

@@ -74,7 +74,8 @@ class Space:
             shared_depth=g["shared_depth"] if g["shared"] else None,
             private_depth=g["private_depth"] if g["private"] else None,
             parallel_reductions=g.get("parallel_reductions"),
-            use_tensor_cores=g.get("tensor_cores", False))
+            use_tensor_cores=g.get("tensor_cores", False),
+            overlapped_tiles=g.get("overlapped_tiles", False))
         return opts
 
     def encode(self, options: MappingOptions) -> dict:
@@ -92,7 +93,7 @@ class Space:
                   "max_shared": o.max_shared_memory, "shared_depth": o.shared_depth,
                   "private_depth": o.private_depth,
                   "parallel_reductions": o.parallel_reductions,
-                  "tensor_cores": o.use_tensor_cores}
+                  "tensor_cores": o.use_tensor_cores, "overlapped_tiles": o.overlapped_tiles}
         for k in range(len(self.loops)):
             genome[f"tile{k}"] = o.tile_sizes[k] if k < len(o.tile_sizes) else None
         for k, axis in enumerate("xyz"):
@@ -159,9 +160,11 @@ def loop_extents(reports) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(sorted(p)) for p in positions)
 
 
-def build_space(loops: Sequence[Sequence[int]], narrow_operands: bool = False) -> Space:
+def build_space(loops: Sequence[Sequence[int]], narrow_operands: bool = False,
+                intermediates: bool = False) -> Space:
     """The space for a kernel whose loop positions have these extents; `narrow_operands` (half
-    or bfloat16 inputs, which contractions can take to tensor cores) adds useTensorCores."""
+    or bfloat16 inputs, which contractions can take to tensor cores) adds useTensorCores,
+    `intermediates` (temporary tensors, which overlapped tiles recompute) overlappedTiles."""
     loops = tuple(tuple(p) for p in loops) or ((1,),)
     all_extents = [e for p in loops for e in p]
     threads = size_values(all_extents, max(MAX_BLOCK_DIM))
@@ -187,4 +190,6 @@ def build_space(loops: Sequence[Sequence[int]], narrow_operands: bool = False) -
              Gene("parallel_reductions", (None, True, False))]
     if narrow_operands:  # (elsewhere the option only adds a note: the same kernel again)
         genes.append(Gene("tensor_cores", (False, True)))
+    if intermediates:
+        genes.append(Gene("overlapped_tiles", (False, True)))
     return Space(tuple(genes), loops)

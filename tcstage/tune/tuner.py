@@ -180,7 +180,8 @@ class _Session:
             any(isinstance(a, np.ndarray) for a in inputs) else None
         self.reports = fn.ranges(*self.shape_args, out=self.out_shapes)
         self.space = build_space(loop_extents(self.reports), narrow_operands=any(
-            t.type.name in ("float16", "bfloat16") for t in fn.checked.inputs))
+            t.type.name in ("float16", "bfloat16") for t in fn.checked.inputs),
+            intermediates=any(t.kind == "temp" for t in fn.checked.tensors.values()))
         self.measure = _measure(measure)
         if isinstance(device, model.Device):
             self.model_device = device
@@ -370,9 +371,9 @@ class _Session:
         """The genome with no more block and thread dimensions than the schedule has loops to
         map (the polyhedral model says how many, for its schedule and tiling choices): extra
         ones would be ignored, making the same kernel as the genome without them."""
-        key = tuple(genome[k] for k in ("fusion", "allow_skewing", "fix_parameters",
-                                        "tile_count", "tile_imperfectly_nested",
-                                        "register_tiling"))
+        key = tuple(genome.get(k) for k in ("fusion", "allow_skewing", "fix_parameters",
+                                            "tile_count", "tile_imperfectly_nested",
+                                            "register_tiling", "overlapped_tiles"))
         # threads take loops the blocks leave: their probe keeps the genome's block dimensions
         # (which of them are more than one block)
         blocking = tuple(genome[f"block_{a}"] > 1 for a in "xyz"[:genome["block_dims"]])

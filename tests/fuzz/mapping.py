@@ -3,7 +3,8 @@ the presets now and then. Thread counts stay small so that emulation stays fast,
 about half the sets ask for a warp or more (up to 256 threads): parallel reductions take the
 threads only where at least 32 are asked and the free loops give less than a warp. Parallel
 reductions (on by default) are switched off now and then, and tensor cores switched on (they
-apply to half and bfloat16 contractions only; elsewhere the mapper must say why and go on)."""
+apply to half and bfloat16 contractions only; elsewhere the mapper must say why and go on), and
+overlapped tiles (they apply where intermediates feed the outputs; elsewhere a note says why)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ def random_options(rng: random.Random) -> tc.MappingOptions:
         "scheduleSpecialize": 0.15, "fixParametersBeforeScheduling": 0.2,
         "tileImperfectlyNested": 0.2, "outerScheduleAllowSkewing": 0.1,
         "intraTileScheduleAllowSkewing": 0.1, "matchLibraryCalls": 0.1,
+        "overlappedTiles": 0.25,
     }
     for method, p in flags.items():
         if rng.random() < p:

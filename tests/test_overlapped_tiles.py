@@ -1,0 +1,180 @@
+"""Overlapped tiles (`overlappedTiles(True)`, tcstage/poly/overlap.py): each block computes the
+intermediates its tile of the outputs needs, halo included, in shared memory, in one launch
+where a kernel sequence would pass them through global memory. Values are checked against numpy
+and against the Halide apps' own references under emulation (every kernel also goes through
+nvcc, conftest.py); the amount recomputed against a count made here, tile by tile."""
+
+import importlib
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+import tcstage as tc
+from tcstage.compiler import compile_cuda
+
+M = tc.MappingOptions
+
+BLUR = """
+def blur(float(H, W) I) -> (O) {
+    B(y, x) = (I(y, x) + I(y, x + 1) + I(y, x + 2)) / 3
+    O(y, x) = (B(y, x) + B(y + 1, x) + B(y + 2, x)) / 3
+}
+"""
+
+# the intermediate is itself a reduction: its identity and its update both run per tile
+BOXSUM = """
+def boxsum(float(H, W) I) -> (O) {
+    S(y, x) +=! I(y, x + r) where r in 0:3
+    O(y, x) +=! S(y + q, x) where q in 0:3
+}
+"""
+
+NORMALIZE = """
+def normalize(float(N, C) X) -> (Y) {
+    T() +=! X(n, c)
+    Y(n, c) = X(n, c) / T()
+}
+"""
+
+OVERLAP = M().tile(16, 32).mapToThreads(32, 8).mapToBlocks(8, 8).overlappedTiles(True)
+
+
+def _program(source):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        return tc.define(source)
+
+
+def _kernel(source, name, args, options, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        return tc.compile(_program(source), name, *args, options=options,
+                          target="cuda-emulated", **kw)
+
+
+def _blur(I):
+    B = (I[:, :-2] + I[:, 1:-1] + I[:, 2:]) / 3
+    return (B[:-2] + B[1:-1] + B[2:]) / 3
+
+
+@pytest.mark.parametrize("shape", [(70, 100), (37, 53), (18, 34), (3, 5)])
+def test_a_stencil_chain_runs_as_one_launch_of_overlapped_tiles(shape):
+    I = np.random.default_rng(0).random(shape, dtype=np.float32)
+    k = _kernel(BLUR, "blur", [I], OVERLAP)
+    [launch] = k.launches
+    H, W = shape[0] - 2, shape[1] - 2  # O's shape
+    assert launch.grid == (math.ceil(H / 16), math.ceil(W / 32), 1)
+    np.testing.assert_allclose(k(I), _blur(I), rtol=1e-5, atol=1e-6)
+    [p] = k.compiled.promoted.promotions
+    assert (p.tensor, p.memory, p.copy_in, p.copy_out) == ("B", "shared", None, None)
+    assert p.sizes == (min(18, shape[0]), min(32, W))  # the tile of O and B's halo
+
+
+def test_without_the_option_the_same_chain_is_a_kernel_sequence():
+    I = np.zeros((70, 100), np.float32)
+    k = _kernel(BLUR, "blur", [I], OVERLAP.overlappedTiles(False))
+    assert len(k.launches) == 2
+
+
+def test_the_recomputation_reported_is_counted_tile_by_tile():
+    """S0 (B) runs, per 16 x 32 tile of O, over the tile's columns and its rows plus the two
+    below it (clipped to B); counted here from the shapes alone."""
+    H, W = 37, 53
+    k = _kernel(BLUR, "blur", [np.zeros((H, W), np.float32)], OVERLAP)
+    overlap = k.compiled.overlap
+    Ho, Wo = H - 2, W - 2
+    runs = sum((min(y + 16, Ho) + 2 - y) * (min(x + 32, Wo) - x)
+               for y in range(0, Ho, 16) for x in range(0, Wo, 32))
+    work = {s: (run, own) for s, run, own in overlap.work}
+    assert work["S0"] == (runs, H * Wo)
+    assert work["S1"] == (Ho * Wo, Ho * Wo)
+    assert overlap.recompute == pytest.approx((runs + Ho * Wo) / (H * Wo + Ho * Wo))
+    text = k.explain()
+    assert "overlappedTiles" in text and f"B (S0) {runs / (H * Wo):.2f}x" in text
+    assert "tiles the elements of O by 16 x 32" in text
+
+
+@pytest.mark.parametrize("shape", [(40, 70), (19, 9)])
+def test_an_intermediate_reduction_runs_its_identity_and_update_in_each_tile(shape):
+    I = np.random.default_rng(1).random(shape, dtype=np.float32)
+    k = _kernel(BOXSUM, "boxsum", [I], OVERLAP)
+    assert len(k.launches) == 1 and k.compiled.overlap is not None
+    S = I[:, :-2] + I[:, 1:-1] + I[:, 2:]
+    np.testing.assert_allclose(k(I), S[:-2] + S[1:-1] + S[2:], rtol=1e-5, atol=1e-5)
+
+
+def _notes(source, name, args, options):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = compile_cuda(_program(source)[name], args, options=options)
+    return compiled, [str(w.message) for w in caught if "overlappedTiles" in str(w.message)]
+
+
+def test_refusals_say_why_and_compile_as_without_the_option():
+    two_outputs = BLUR.replace("-> (O)", "-> (B, O)")
+    compiled, notes = _notes(two_outputs, "blur", [(40, 40)], OVERLAP)
+    assert compiled.overlap is None and len(compiled.launches) == 2
+    assert any("no intermediate tensor to recompute" in n for n in notes)
+
+    # every tile would need the whole sum: as much work again as the function, per tile
+    compiled, notes = _notes(NORMALIZE, "normalize", [(256, 256)], OVERLAP)
+    assert compiled.overlap is None
+    assert any("recompute" in n for n in notes), notes
+
+    # a 512 x 512 tile of B does not fit in 48 kB of shared memory
+    compiled, notes = _notes(BLUR, "blur", [(600, 600)],
+                             OVERLAP.tile(512, 512))
+    assert compiled.overlap is None
+    assert any("shared memory" in n for n in notes), notes
+    np.testing.assert_allclose(
+        _kernel(BLUR, "blur", [np.ones((60, 60), np.float32)], OVERLAP.tile(512, 512))(
+            np.ones((60, 60), np.float32)), np.ones((58, 58)), rtol=1e-6)
+
+
+def test_dynamic_sizes_refuse_overlapped_tiles():
+    I = np.random.default_rng(2).random((40, 50), dtype=np.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        k = tc.compile(_program(BLUR), "blur", I, options=OVERLAP, target="cuda-emulated",
+                       dynamic=("H",))
+    assert any("dynamic size" in str(w.message) for w in caught)
+    assert k.compiled.overlap is None
+    np.testing.assert_allclose(k(I), _blur(I), rtol=1e-5, atol=1e-6)
+
+
+def test_the_option_round_trips_as_text():
+    text = str(OVERLAP)
+    assert text.endswith(".overlappedTiles(True)")
+    assert M.parse(text) == OVERLAP and OVERLAP.overlapped_tiles
+
+
+def _app(name):
+    module = importlib.import_module(f"examples.halide.{name}")
+    app = module.build()
+    args = module.inputs(np.random.default_rng(0), "small")
+    fn = tc.from_halide(app.outputs[0], name=name)
+    return module, fn, args
+
+
+@pytest.mark.parametrize("name, tile, launches, overlapped", [
+    ("blur", (16, 64), 1, 1),
+    ("erode", (1, 16, 32), 1, 1),
+    ("harris", (16, 32), 1, 1),  # 11 intermediates in 48 kB: 16-row tiles
+    # 32-row tiles: 9 intermediates fit, and the last stage runs in a launch of its own
+    ("harris", (32, 32), 2, 1),
+    ("stencil_chain", (32, 32), 4, 4),  # 32 stages of 5 x 5: eight at a time
+])
+def test_halide_apps_match_their_references(name, tile, launches, overlapped):
+    module, fn, args = _app(name)
+    options = M().tile(*tile).mapToThreads(32, 8).mapToBlocks(64, 64).overlappedTiles(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        k = tc.compile(fn, *args, output_shape=module.output_shapes(args)[0], options=options,
+                       target="cuda-emulated")
+    assert len(k.launches) == launches
+    assert sum(p.overlap is not None for p in k.compiled.parts) == overlapped
+    [expected] = module.reference(*args)
+    np.testing.assert_allclose(np.asarray(k(*args), np.float64), expected.astype(np.float64),
+                               rtol=1e-4, atol=1e-3)
