@@ -4,7 +4,7 @@
     python benchmarks/gpu_bench.py [--runs N] [--only tmm-small,row_sum] [--out FILE]
     python benchmarks/gpu_bench.py --compile-only      # no GPU: compile every case, nvcc-check
 
-Two groups of cases:
+Three groups of cases:
 
 * the paper's kernels (`schedules/paper-manual.txt`: a TC, sizes and manual MappingOptions per
   line), fp32 with TF32 off, against PyTorch's implementation of the same computation;
@@ -13,7 +13,12 @@ Two groups of cases:
   as a share of the GPU's HBM peak (a figure per GPU model, `hbm_peak`); softmax and layernorm
   over (4096, 4096) against torch.softmax and layer_norm; tmm 4096^3 in half and bfloat16 with
   and without `useTensorCores`, against torch.matmul in the same type, in TFLOP/s. Each has the
-  issue's goal, judged met or not met when measured.
+  issue's goal, judged met or not met when measured;
+* Halide's apps (examples/halide, `--halide`, issue 26): tcstage's kernel of the pipeline
+  (`tc.from_halide`) under `options="auto"` and under overlapped tiles, against the app's own
+  GPU schedule (`schedule_gpu`, Halide's JIT for CUDA) in the same run, both timed by the wall
+  clock around a call that ends with a device synchronisation, their arrays on the GPU. The
+  times Halide's README gives for its apps (a TITAN Xp) are printed beside them as anchors.
 
 Every case is compiled once, checked against PyTorch's result, then both are timed in this one
 process: CUDA events around each launch after a warm-up, p0 / p50 / p90 in microseconds over
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import subprocess
 import sys
 import time
@@ -292,6 +298,105 @@ def all_benches() -> list[Bench]:
     return paper_benches() + issue15_benches()
 
 
+# -- Halide's apps ---------------------------------------------------------------------------
+
+# tcstage's options per app besides "auto": overlapped tiles of 32 x 64 outputs (harris: 16
+# rows, so that its nine intermediates fit in 48 kB), 64 x 4 threads
+OVERLAPPED = M().tile(32, 64).mapToThreads(64, 4).mapToBlocks(1024, 1024).overlappedTiles(True)
+HALIDE_APPS = {"blur": OVERLAPPED, "harris": OVERLAPPED.tile(16, 64),
+               "erode": OVERLAPPED.tile(1, 32, 64).mapToBlocks(4, 1024, 1024),
+               "stencil_chain": OVERLAPPED}
+# Halide's README of its Li2018 autoscheduler (src/autoschedulers/li2018/README.md), on a
+# TITAN Xp at the apps' own sizes: the only published GPU times of these apps
+HALIDE_ANCHORS = {"stencil_chain": "6.35 ms (Li2018 autoscheduler, TITAN Xp)",
+                  "bilateral_grid": "0.29 ms (manual, TITAN Xp)",
+                  "local_laplacian": "0.81 ms (manual, TITAN Xp)",
+                  "conv_layer": "1.90 ms (Li2018 autoscheduler, TITAN Xp)"}
+HALIDE_HEADER = ["| app | size | tcstage options | launches | blocks | tcstage p50 ms | "
+                 "Halide GPU schedule p50 ms | tcstage / Halide | anchor | note |",
+                 "|---|---|---|---:|---|---:|---:|---:|---|---|"]
+
+
+def wall_ms(run, runs: int, seconds: float) -> list[float]:
+    """Wall-clock times of calls that end synchronised (Halide's own CUDA context is not the
+    one CUDA events would time in), after a warm-up; fewer where one call takes long."""
+    run()
+    start = time.perf_counter()
+    run()
+    once = time.perf_counter() - start
+    runs = max(3, min(runs, int(seconds / max(once, 1e-7))))
+    out = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        run()
+        out.append((time.perf_counter() - t) * 1e3)
+    return sorted(out)
+
+
+def halide_lines(runs: int, seconds: float, only=None) -> list[str]:
+    """One row per app and tcstage option set; a failed case is a row saying why."""
+    import importlib
+
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.halide_bench import agree, halide_runner
+    import halide as hl
+    lines = []
+    for app_name, overlapped in HALIDE_APPS.items():
+        if only and f"halide/{app_name}" not in only:
+            continue
+        module = importlib.import_module(f"examples.halide.{app_name}")
+        args = module.inputs(np.random.default_rng(0), "bench")
+        shapes_ = module.output_shapes(args)
+        size = "x".join(map(str, args[0].shape))
+        try:
+            app = module.build()
+            module.schedule_gpu(app)
+            target = hl.get_jit_target_from_environment().with_feature(hl.TargetFeature.CUDA)
+            want = halide_runner(app, args, shapes_, target)()
+            theirs = wall_ms(halide_runner(app, args, shapes_, target, to_host=False), runs,
+                             seconds)
+        except Exception as e:  # noqa: BLE001 - the tcstage rows still run
+            want, theirs = None, None
+            halide_failed = f"Halide's GPU schedule failed: {type(e).__name__}: {e}"[:200]
+        for label, options in (("auto", "auto"), ("overlapped", overlapped)):
+            try:
+                fn = tc.from_halide(module.build().outputs[0], name=app_name)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", tc.TCWarning)
+                    kernel = tc.compile(fn, *args, output_shape=shapes_[0], options=options,
+                                        target="cuda")
+                device_args = [torch.from_numpy(np.ascontiguousarray(a)).cuda()
+                               if isinstance(a, np.ndarray) else a for a in args]
+                got = kernel(*device_args)
+                got = np.asarray(got.cpu() if hasattr(got, "cpu") else got)
+                note = "" if want is None or agree(module, args, [got], want) else \
+                    "WRONG: differs from Halide's result"
+                if want is None:
+                    note = halide_failed
+                prepared = kernel.prepare(*device_args)
+
+                def launch():
+                    prepared.launch()
+                    torch.cuda.synchronize()
+                mine = wall_ms(launch, runs, seconds)
+                ratio = f"{percentile(mine, 0.5) / percentile(theirs, 0.5):.2f}" \
+                    if theirs else ""
+                theirs_text = f"{percentile(theirs, 0.5):.3f}" if theirs else ""
+                lines.append(
+                    f"| {app_name} | {size} | {label} | {len(kernel.launches)} | "
+                    f"{', '.join(str(math.prod(p.grid)) for p in kernel.launches)} | "
+                    f"{percentile(mine, 0.5):.3f} | {theirs_text} | {ratio} | "
+                    f"{HALIDE_ANCHORS.get(app_name, '')} | {note} |")
+            except Exception as e:  # noqa: BLE001 - one failing case must not hide the others
+                lines.append(f"| {app_name} | {size} | {label} | | | | | | | FAILED: "
+                             f"{type(e).__name__}: {str(e).strip()[:160]} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
 # -- the GPU's peak bandwidth ----------------------------------------------------------------
 
 # HBM peaks by GPU model (NVIDIA's data sheets), matched against the name nvidia-smi gives, in
@@ -504,7 +609,7 @@ ISSUE15_HEADER = ["| case | sizes | tcstage p50 us | PyTorch p50 us | tcstage / 
 
 
 def report(title: list[str], paper: list[str], issue15: list[str], selected: list[Bench],
-           footer: list[str]) -> str:
+           footer: list[str], halide: list[str] = ()) -> str:
     lines = list(title)
     if paper:
         lines += ["", "## The paper's kernels (fp32, TF32 off; options: "
@@ -514,6 +619,11 @@ def report(title: list[str], paper: list[str], issue15: list[str], selected: lis
                   *ISSUE15_HEADER, *issue15, "", "Baselines and options:", ""]
         lines += [f"- {b.name}: PyTorch `{b.baseline_text}`; tcstage `{b.options}`"
                   for b in selected if b.group == "issue 15"]
+    if halide:
+        lines += ["", "## Halide's apps (issue 26): tcstage's kernel against the app's own GPU "
+                  "schedule, same run (wall clock, synchronised, arrays on the GPU)", "",
+                  *HALIDE_HEADER, *halide, "", "tcstage options: `auto` (options=\"auto\"), "
+                  "`overlapped`: " + "; ".join(f"{a} `{o}`" for a, o in HALIDE_APPS.items())]
     return "\n".join(lines + [""] + footer) + "\n"
 
 
@@ -526,7 +636,7 @@ def _define(source: str):
 
 # -- without a GPU ---------------------------------------------------------------------------
 
-def compile_only(selected: list[Bench], out: str | None = None) -> int:
+def compile_only(selected: list[Bench], out: str | None = None, apps=()) -> int:
     """Compiles every case (TC -> CUDA, then nvcc for sm_90) and prints what ptxas reports:
     registers per thread, spilled bytes (private arrays that stayed in local memory) and static
     shared memory. A case that does not compile is a row saying why; the exit status is then 1."""
@@ -578,6 +688,32 @@ def compile_only(selected: list[Bench], out: str | None = None) -> int:
             status = 1
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
             emit(f"| {b.name} | {b.group} | | | | | | | | | FAILED: {type(e).__name__}: {first} |")
+    for app_name in (a.split("/", 1)[1] for a in apps):  # Halide's apps: both option sets
+        import importlib
+
+        import numpy as np
+        module = importlib.import_module(f"examples.halide.{app_name}")
+        args = module.inputs(np.random.default_rng(0), "bench")
+        for label, options in (("auto", "auto"), ("overlapped", HALIDE_APPS[app_name])):
+            start = time.perf_counter()
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", tc.TCWarning)
+                    k = tc.compile(tc.from_halide(module.build().outputs[0], name=app_name),
+                                   *args, output_shape=module.output_shapes(args)[0],
+                                   options=options, target="cuda-emulated")
+                seconds = time.perf_counter() - start
+                usage = resources(k.cuda_source)
+                shared = max(p.promoted.shared_bytes for p in k.compiled.parts)
+                emit(f"| halide/{app_name} ({label}) | halide | {seconds:.2f} | "
+                     f"{' '.join(str(p.grid) for p in k.launches)} | {k.block} | {shared} | - | "
+                     f"{'-' if usage is None else usage['registers']} | "
+                     f"{'-' if usage is None else usage['shared']} | - | "
+                     f"{'no nvcc' if usage is None else 'ok'} |")
+            except Exception as e:  # noqa: BLE001 - one failing case must not hide the others
+                status = 1
+                emit(f"| halide/{app_name} ({label}) | halide | | | | | | | | | FAILED: "
+                     f"{type(e).__name__}: {str(e).strip()[:200]} |")
     if notes:
         print(text()[len("\n".join(lines)):].rstrip())
     if out:
@@ -594,17 +730,20 @@ def main(argv=None) -> int:
     parser.add_argument("--only", help="comma-separated case names")
     parser.add_argument("--out", help="also write the report to this file")
     parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--no-halide", action="store_true", help="leave Halide's apps out")
     args = parser.parse_args(argv)
     benches = all_benches()
+    apps = [] if args.no_halide else [f"halide/{a}" for a in HALIDE_APPS]
     if args.only:
         wanted = [n.strip() for n in args.only.split(",") if n.strip()]
-        unknown = sorted(set(wanted) - {b.name for b in benches})
+        unknown = sorted(set(wanted) - {b.name for b in benches} - set(apps))
         if unknown:
             parser.error(f"unknown case(s) {', '.join(unknown)}; known: "
-                         f"{', '.join(b.name for b in benches)}")
+                         f"{', '.join([b.name for b in benches] + apps)}")
         benches = [b for b in benches if b.name in wanted]
+        apps = [a for a in apps if a in wanted]
     if args.compile_only:
-        return compile_only(benches, args.out)
+        return compile_only(benches, args.out, apps)
     import torch
     if not torch.cuda.is_available():
         print("gpu_bench needs a GPU (torch.cuda.is_available() is False); "
@@ -628,7 +767,9 @@ def main(argv=None) -> int:
         if args.out:
             Path(args.out).write_text(report(title, paper, issue15, benches, []),
                                       encoding="utf-8")
-    text = report(title, paper, issue15, benches, [])
+    halide = halide_lines(args.runs, args.seconds, apps) if apps else []
+    status |= any("FAILED" in line or "WRONG" in line for line in halide)
+    text = report(title, paper, issue15, benches, [], halide)
     if args.out:
         Path(args.out).write_text(text, encoding="utf-8")
     print(text)

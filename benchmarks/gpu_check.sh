@@ -53,7 +53,8 @@ steps=()   # step names in the order they are reported
 # do not exist yet are left out.
 GPU_TESTS=(tests/test_emulation*.py tests/test_cuda_*.py tests/test_paper_kernels.py
            tests/test_promotion.py tests/test_scatter.py tests/test_*reduction*.py
-           tests/test_narrow_types.py tests/test_mma*.py tests/test_tensor_cores*.py)
+           tests/test_narrow_types.py tests/test_mma*.py tests/test_tensor_cores*.py
+           tests/test_kernel_sequences.py tests/test_overlapped_tiles.py)
 gpu_tests() {
     local f
     for f in "${GPU_TESTS[@]}"; do

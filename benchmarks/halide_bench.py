@@ -84,7 +84,9 @@ def set_estimates(app: common.App, args, shapes) -> None:
         f.set_estimates([(0, n) for n in reversed(shape)])
 
 
-def halide_runner(app: common.App, args, shapes, target):
+def halide_runner(app: common.App, args, shapes, target, to_host: bool = True):
+    """A call realizing the app into the same buffers; without `to_host`, the outputs stay
+    where the pipeline left them (on the GPU, synchronised) and the call returns None."""
     pipeline = hl.Pipeline(app.outputs)
     keep = common.bind(app, args)
     arrays, buffers = common.output_buffers(app, shapes)
@@ -94,8 +96,9 @@ def halide_runner(app: common.App, args, shapes, target):
         pipeline.realize(buffers)
         for b in buffers:
             b.device_sync()
-            b.copy_to_host()
-        return arrays
+            if to_host:
+                b.copy_to_host()
+        return arrays if to_host else None
     run.keep = keep
     return run
 

@@ -11,7 +11,9 @@ Kernels: the paper's tmm, tbmm, MLP1, 2LUT (shared and private memory, register 
 two-stage promotion of indirectly read tables), a convolution, the backward TCs of MLP1 and of a
 table read (a scatter), one kernel with a dynamic batch size run at two sizes, and issue 15's
 kernels: a full sum and a row sum split across threads and blocks (shuffles, shared memory,
-atomics), softmax and layernorm as TCs, and half and bfloat16 tmm with tensor cores.
+atomics), softmax and layernorm as TCs, half and bfloat16 tmm with tensor cores, and a
+two-stage stencil as a kernel sequence and as overlapped tiles (each block's intermediate in
+shared memory, behind a barrier).
 """
 
 from __future__ import annotations
@@ -45,6 +47,12 @@ def full_sum(float(N) A) -> (O) {
 }
 def row_sum(float(R, C) A) -> (O) {
   O(r) +=! A(r, c)
+}
+"""
+BLUR = """
+def blur(float(H, W) I) -> (O) {
+  B(y, x) = (I(y, x) + I(y, x + 1) + I(y, x + 2)) / 3
+  O(y, x) = (B(y, x) + B(y + 1, x) + B(y + 2, x)) / 3
 }
 """
 TMM_NARROW = """
@@ -95,6 +103,10 @@ def cases(rng):
     yield "softmax", example("layers"), "softmax", (f32(rng, 12, 300),), rows, ()
     yield "layernorm", example("layers"), "layernorm", (f32(rng, 12, 300), f32(rng, 300),
                                                         f32(rng, 300)), rows, ()
+    stencil = M().tile(16, 32).mapToThreads(32, 8).mapToBlocks(8, 8)
+    yield "blur_sequence", BLUR, "blur", (f32(rng, 70, 100),), stencil, ()
+    yield "blur_overlapped", BLUR, "blur", (f32(rng, 70, 100),), \
+        stencil.overlappedTiles(True), ()
     cores = M().tile(32, 32, 32).mapToThreads(32, 4).mapToBlocks(2, 3).useSharedMemory(True) \
         .useTensorCores(True)
     for name, dtype in (("half", np.float16), ("bf16", ml_dtypes.bfloat16)):

@@ -347,14 +347,26 @@ def _exact_thread_strides(ref: _Ref, sched: isl.Map, dims: dict[int, int]) -> li
         if deltas.is_empty():
             out[d] = 0
             continue
-        if not deltas.is_singleton():
+        points = _few_points(deltas)
+        moving = [p for p in points if any(p)] if points is not None else []
+        if points is None or len(moving) > 1 or (len(points) > 1 and not moving):
             out[d] = None
             continue
-        point = deltas.sample_point()
-        delta = [int(point.get_coordinate_val(isl.dim_type.set, k).to_python())
-                 for k in range(deltas.dim(isl.dim_type.set))]
-        out[d] = _linear(delta, ref.shape, ref.scale)
+        # (one difference, or that and none: a subscript clamped at the image's edges, where
+        # neighbouring threads read the same element, and step by the difference elsewhere)
+        out[d] = _linear(list(moving[0]) if moving else list(points[0]), ref.shape, ref.scale)
     return out
+
+
+def _few_points(s: isl.Set, most: int = 3) -> list[tuple[int, ...]] | None:
+    """The points of a set with at most `most` of them, else None."""
+    if not s.is_bounded() or s.count_val().to_python() > most:
+        return None
+    points: list[tuple[int, ...]] = []
+    s.foreach_point(lambda p: points.append(tuple(
+        int(p.get_coordinate_val(isl.dim_type.set, k).to_python())
+        for k in range(s.dim(isl.dim_type.set)))))
+    return points
 
 
 # -- warps ---------------------------------------------------------------------------------------
