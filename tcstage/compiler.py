@@ -104,9 +104,12 @@ def as_options(options) -> MappingOptions:
 
 
 def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
-                 dynamic: Sequence[str] = ()) -> Compiled:
+                 dynamic: Sequence[str] = (), launch_options=None) -> Compiled:
     """Compiles fn for the shapes of `args` (arrays or shape tuples, scalars as values); the
-    size variables in `dynamic` stay symbolic (their values in `args` only pick a sample)."""
+    size variables in `dynamic` stay symbolic (their values in `args` only pick a sample).
+    `launch_options`: where the statements run as several launches, a function from the TC
+    statement indices of one launch to that launch's options (options="auto"'s heuristic);
+    `options` still decide the launches."""
     options = as_options(options)
     dynamic = check_dynamic(fn, dynamic)
     timings: dict[str, float] = {}
@@ -125,41 +128,50 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
     fix_first = options.fix_parameters_before_scheduling or options.schedule_specialize
     with stage("dependences"):
         to_schedule, dependences = scheduled_scop(symbolic, scop, fix_first)
-    mappings: dict[tuple[str, ...], _Mapping] = {}
+    mappings: dict[tuple, _Mapping] = {}
 
-    def mapping(names) -> _Mapping:  # (each set of statements mapped once)
-        key = tuple(names)
+    def mapping(names, own: MappingOptions = options) -> _Mapping:  # (each set mapped once)
+        key = (tuple(names), str(own))
         if key not in mappings:
-            whole = len(key) == len(scop.statements)
-            mappings[key] = _map(lowered, options, *(
+            whole = len(key[0]) == len(scop.statements)
+            mappings[key] = _map(lowered, own, *(
                 (scop, to_schedule, dependences) if whole else
-                (restricted(scop, key), restricted(to_schedule, key),
-                 _within(dependences, to_schedule, key))), stage)
+                (restricted(scop, key[0]), restricted(to_schedule, key[0]),
+                 _within(dependences, to_schedule, key[0]))), stage)
         return mappings[key]
+
+    def launch_own(names) -> MappingOptions:
+        if launch_options is None:
+            return options
+        indices = {s.tc_statement for s in scop.statements if s.name in set(names)}
+        return launch_options(indices)
     # (the stages' times add up over the statement sets tried and the launches made)
-    specs, overlap_notes = [], []  # per launch: (mapping, its overlap or None, promoted)
+    # per launch: (its options, mapping, its overlap or None, promoted or None)
+    specs, overlap_notes = [], []
     for names, found in _overlap_groups(lowered, scop, dependences, options, dynamic,
                                         overlap_notes):
         if found is not None:
             made = _overlapped(lowered, options, restricted(scop, names), found,
                                _within(dependences, to_schedule, names), stage)
             if not isinstance(made, str):
-                specs.append(made)
+                specs.append((options, *made))
                 continue
             overlap_notes.append(made)
         whole = len(names) == len(scop.statements)
-        for launch in partition(*((scop, dependences) if whole else (
-                restricted(scop, names), _within(dependences, to_schedule, names))), options,
-                lambda names: mapping(names).parallelism):
-            specs.append((mapping(launch), None, None))
+        launches = partition(*((scop, dependences) if whole else (
+            restricted(scop, names), _within(dependences, to_schedule, names))), options,
+            lambda names: mapping(names).parallelism)
+        for launch in launches:
+            own = launch_own(launch) if len(launches) > 1 or len(specs) else options
+            specs.append((own, mapping(launch, own), None, None))
     if len(specs) == 1:
-        part = _launch(fn, options, binding, lowered, specs[0][0], kernel_name(fn.name), stage,
-                       overlap=specs[0][1], promoted=specs[0][2])
+        part = _launch(fn, options, binding, lowered, specs[0][1], kernel_name(fn.name), stage,
+                       overlap=specs[0][2], promoted=specs[0][3])
         compiled = attrs.evolve(part, timings=timings, dynamic=dynamic)
     else:
-        parts = tuple(_launch(fn, options, binding, lowered, m, f"{kernel_name(fn.name)}_{k}",
+        parts = tuple(_launch(fn, own, binding, lowered, m, f"{kernel_name(fn.name)}_{k}",
                               stage, launch=k, overlap=o, promoted=pr)
-                      for k, (m, o, pr) in enumerate(specs))
+                      for k, (own, m, o, pr) in enumerate(specs))
         first = parts[0]
         cuda = CudaKernel(kernel_name(fn.name), module_source([p.cuda for p in parts]),
                           first.cuda.parameters, first.cuda.grid, first.cuda.block)
@@ -407,8 +419,9 @@ def compile(source, name: str | None = None, *inputs, options=None, target: str 
             "*inputs), is not tcstage's)")
     dynamic = check_dynamic(fn, dynamic)  # before the work of finding options
     auto = isinstance(options, str) and options.strip().lower() == "auto"
+    per_launch = None
     if auto:
-        options = auto_options(fn, inputs, out, target)
+        options, per_launch = auto_options(fn, inputs, out, target)
     elif isinstance(options, MappingOptions) and (start := _starting_point(options)):
         warn(f"in '{name}': these options are {start}. tcstage's options are immutable: "
              "o.tile(32) returns new options and leaves o as it was (TC's change o in place), "
@@ -419,13 +432,13 @@ def compile(source, name: str | None = None, *inputs, options=None, target: str 
     fixed = tuple(sorted((k, v) for k, v in binding.sizes.items() if k not in dynamic))
     key = (_source_key(fn), name, fixed, dynamic,
            binding.specialization(fn), tuple(str(t.type) for t in fn.checked.inputs),
-           str(options), target)
+           str(options), per_launch is not None, target)
     with _kernels_lock:
         kernel = _kernels.get(key)
         if kernel is not None:
             _kernels.move_to_end(key)
             return kernel
-    kernel = Kernel(compile_cuda(fn, inputs, out, options, dynamic), target)
+    kernel = Kernel(compile_cuda(fn, inputs, out, options, dynamic, per_launch), target)
     with _kernels_lock:
         _kernels[key] = kernel
         while len(_kernels) > COMPILED_KERNELS:
@@ -473,7 +486,7 @@ def _source_key(fn) -> str:
     return tc_hash(fn)
 
 
-def _predicted_best(fn, inputs, out, candidates) -> MappingOptions:
+def _predicted_best(fn, inputs, out, candidates, per_launch=None) -> MappingOptions:
     """The candidate options whose kernel the cost model (H100) predicts fastest; where one
     cannot be compiled or predicted, the others."""
     import warnings
@@ -483,7 +496,8 @@ def _predicted_best(fn, inputs, out, candidates) -> MappingOptions:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                time = model.predict(compile_cuda(fn, inputs, out, options), model.H100).time
+                time = model.predict(compile_cuda(fn, inputs, out, options,
+                                                  launch_options=per_launch), model.H100).time
         except TCError:
             continue
         if time < best_time:
@@ -491,9 +505,11 @@ def _predicted_best(fn, inputs, out, candidates) -> MappingOptions:
     return best
 
 
-def auto_options(fn: TCFunction, inputs, out, target: str) -> MappingOptions:
+def auto_options(fn: TCFunction, inputs, out, target: str):
     """options="auto": the cached best for this call on this device (a GPU's measurement
-    first, then the cost model's), else the structural default with a TCWarning."""
+    first, then the cost model's), else the structural default with a TCWarning; with the
+    latter, the function giving each launch of a kernel sequence its own (None with the
+    former): (options, launch options)."""
     from tcstage.tune.cache import CacheError
     from tcstage.tune.heuristic import heuristic_options
     from tcstage.tune.model import H100
@@ -507,16 +523,26 @@ def auto_options(fn: TCFunction, inputs, out, target: str) -> MappingOptions:
             warn(f"options='auto' could not read the tuning cache: {e.message}")
             break
         if found is not None:
-            return found
+            return found, None
     from tcstage.inputs import call_shapes
     values = {**binding.sizes, **{k: v for k, v in binding.scalars.items()
                                   if not hasattr(v, "shape")}}
     shapes, outs = call_shapes(fn.checked, values)
-    options = heuristic_options(fn, fn.ranges(*shapes, out=tuple(outs) or None))
+    reports = fn.ranges(*shapes, out=tuple(outs) or None)
+    options = heuristic_options(fn, reports)
+
+    @functools.cache
+    def own(statements: frozenset) -> MappingOptions:
+        return heuristic_options(fn, reports, statements).overlappedTiles(
+            options.overlapped_tiles)
+
+    def per_launch(statements) -> MappingOptions:
+        return own(frozenset(statements))
     if any(t.kind == "temp" for t in fn.checked.tensors.values()):
-        options = _predicted_best(fn, inputs, out, [options, options.overlappedTiles(True)])
+        options = _predicted_best(fn, inputs, out, [options, options.overlappedTiles(True)],
+                                  per_launch)
     sizes = ", ".join(f"{k}={v}" for k, v in sorted(binding.sizes.items()))
     warn(f"options='auto': no tuned options for '{fn.name}' at {sizes} in the cache; using a "
          f"default from the TC's structure: {options}. tc.autotune(...) or `tcstage tune` "
          "finds better ones and caches them")
-    return options
+    return options, per_launch

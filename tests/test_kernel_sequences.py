@@ -165,3 +165,26 @@ def test_the_split_rule():
     # one kernel is kept where it has more than half the blocks its statements would apart
     assert starved(1, 2) and starved(8, 64) and starved(64, 128)
     assert not starved(65, 128) and not starved(128, 128) and not starved(1, 1)
+
+
+def test_auto_gives_each_launch_the_options_of_its_own_statements(tmp_path, monkeypatch):
+    """options="auto" (nothing tuned): a 2-d sum then a 4-d elementwise statement. One set of
+    tile sizes cannot fit both ranks, so each launch takes the structural default of its own
+    largest statement; the function's options are those of the statement writing the most."""
+    monkeypatch.setenv("TCSTAGE_CACHE_DIR", str(tmp_path))
+    source = """
+def mixed(float(N, C, H, W) X) -> (S, Y) {
+  S(n, c) +=! X(n, c, h, w)
+  Y(n, c, h, w) = X(n, c, h, w) / S(n, c)
+}
+"""
+    X = np.random.default_rng(4).random((4, 8, 64, 64), dtype=np.float32) + 0.5
+    k = _kernel(_fn(source, "mixed"), [X], "auto")
+    first, second = k.compiled.parts
+    assert k.compiled.options.tile_sizes == (1, 1, 8, 32)
+    assert first.options.tile_sizes == (4, 8) and second.options.tile_sizes == (1, 1, 8, 32)
+    assert [launch.grid for launch in k.launches] == [(1, 1, 1), (4, 8, 8)]
+    assert k.launches[1].block == (32, 8, 1)
+    S, Y = k(X)
+    np.testing.assert_allclose(S, X.sum((2, 3)), rtol=1e-4)
+    np.testing.assert_allclose(Y, X / X.sum((2, 3))[:, :, None, None], rtol=1e-4)

@@ -178,3 +178,25 @@ def test_halide_apps_match_their_references(name, tile, launches, overlapped):
     [expected] = module.reference(*args)
     np.testing.assert_allclose(np.asarray(k(*args), np.float64), expected.astype(np.float64),
                                rtol=1e-4, atol=1e-3)
+
+
+def test_an_upsampling_read_floors_its_subscript():
+    """A consumer reading its producer at y // 2 (a pyramid's upsampling): the producer's box per
+    tile has floors in its bounds (differential Halide seed 910059 crashed measuring it)."""
+    import halide as hl
+    image = hl.ImageParam(hl.Float(32), 2, "image")
+    x, y = hl.Var("x"), hl.Var("y")
+    down, up = hl.Func("down"), hl.Func("up")
+    down[x, y] = image[2 * x, y] + image[2 * x + 1, y]
+    up[x, y] = down[x // 2, y] * 0.5 + down[x // 2 + 1, y] * 0.25
+    fn = tc.from_halide(up, name="updown")
+    a = np.random.default_rng(3).random((21, 70), dtype=np.float32)
+    options = M().tile(8, 16).mapToThreads(16, 8).mapToBlocks(8, 8).overlappedTiles(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        k = tc.compile(fn, a, output_shape=(21, 30), options=options, target="cuda-emulated")
+    assert k.compiled.overlap is not None
+    d = a[:, 0::2] + a[:, 1::2]  # down, 35 columns
+    xs = np.arange(30) // 2
+    expected = d[:, xs] * 0.5 + d[:, xs + 1] * 0.25
+    np.testing.assert_allclose(k(a), expected, rtol=1e-5, atol=1e-6)

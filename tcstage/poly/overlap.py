@@ -254,12 +254,23 @@ def build(scop: Scop, found: Plan, dependences: isl.UnionMap) -> Overlap:
                    found.scratch, found.work, found.count)
 
 
+def _largest_extent(box: isl.Map, k: int) -> int:
+    """The most values dimension k of a tile's box takes, over the tiles (from the distances
+    to each tile's first value: its bounds may hold floors, which isl cannot maximise)."""
+    n = box.dim(isl.dim_type.out)
+    one = box.project_out(isl.dim_type.out, k + 1, n - k - 1).project_out(isl.dim_type.out, 0, k)
+    if one.is_empty():
+        return 0
+    first = isl.Map.from_pw_multi_aff(one.lexmin_pw_multi_aff())
+    distances = first.range_product(one).range().unwrap().deltas()
+    top = distances.dim_max_val(0)
+    return int(top.to_python()) + 1 if top.is_int() else 0
+
+
 def _buffer_elements(box: isl.Map) -> int:
     """Elements of the largest box per tile, its last dimension padded to an odd length as
     promotion pads it (rank 2 and more)."""
-    extents = [max_int(box.dim_max(k).sub(box.dim_min(k))) for k in
-               range(box.dim(isl.dim_type.out))]
-    extents = [(e or 0) + 1 for e in extents]
+    extents = [_largest_extent(box, k) for k in range(box.dim(isl.dim_type.out))]
     if len(extents) >= 2 and extents[-1] % 2 == 0:
         extents[-1] += 1
     return math.prod(extents)

@@ -1,7 +1,8 @@
 """A default schedule chosen from the TC's structure, for `options="auto"` when nothing is
 cached: what a CUDA programmer writes first for a loop nest of this shape.
 
-The largest statement (most loop iterations) decides. Its output loops (the indices of the
+The largest statement decides: the one writing the most elements (its parallel work), then
+the one with the most loop iterations. Its output loops (the indices of the
 tensor it writes) are tiled, the innermost by 32 so that threadIdx.x walks the contiguous
 dimension of the output (coalesced stores; row-major tensors), the one outside it by 8; outer
 output loops get tiles of 1, so each block takes one of their values. A block is one tile:
@@ -9,6 +10,11 @@ output loops get tiles of 1, so each block takes one of their values. A block is
 loop). Reduction loops stay untiled and sequential per thread. When the statement reduces,
 operands are reused across a tile, so tiles are promoted to shared memory and the accumulator to
 a register; the innermost loops are unrolled by 4.
+
+In a kernel sequence each launch gets the options its own largest statement calls for (the
+compiler's `launch_options`): one set of tile sizes cannot fit statements of different ranks
+(bilateral_grid's 4-dimensional grid and its 2-dimensional output), and blocks sized for one
+launch's tiles would starve a larger one.
 """
 
 from __future__ import annotations
@@ -20,13 +26,18 @@ from tcstage.options import MappingOptions
 WARP = 32
 
 
-def heuristic_options(fn, reports) -> MappingOptions:
-    """fn: a TCFunction; reports: `fn.ranges(...)` at the call's sizes."""
+def heuristic_options(fn, reports, statements=None) -> MappingOptions:
+    """fn: a TCFunction; reports: `fn.ranges(...)` at the call's sizes; `statements`: the
+    indices of the TC statements to choose for (one launch of a kernel sequence), default all."""
     checked = fn.checked
-    best, best_work = None, -1
-    for st, report in zip(checked.statements, reports):
-        extents = [max(int(hi) - int(lo), 1) for lo, hi in report.concrete.values()]
-        work = math.prod(extents)
+    best, best_work = None, (-1, -1)
+    for k, (st, report) in enumerate(zip(checked.statements, reports)):
+        if statements is not None and k not in statements:
+            continue
+        extents = {v: max(int(hi) - int(lo), 1) for v, (lo, hi) in report.concrete.items()}
+        # the most elements written first (the parallel work), then the most iterations
+        work = (math.prod(extents[v] for v in st.indices if v in extents),
+                math.prod(extents.values()))
         if work > best_work:
             best, best_work = (st, report), work
     if best is None:
