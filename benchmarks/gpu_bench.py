@@ -14,8 +14,9 @@ Three groups of cases:
   over (4096, 4096) against torch.softmax and layer_norm; tmm 4096^3 in half and bfloat16 with
   and without `useTensorCores`, against torch.matmul in the same type, in TFLOP/s. Each has the
   issue's goal, judged met or not met when measured;
-* Halide's apps (examples/halide, `--halide`, issue 26): tcstage's kernel of the pipeline
-  (`tc.from_halide`) under `options="auto"` and under overlapped tiles, against the app's own
+* Halide's apps (examples/halide, issue 26; `--no-halide` leaves them out): tcstage's kernel of
+  the pipeline (`tc.from_halide`) under `options="auto"` and under the app's documented options
+  (its module's GPU_OPTIONS, overlapped tiles for the stencil chains), against the app's own
   GPU schedule (`schedule_gpu`, Halide's JIT for CUDA) in the same run, both timed by the wall
   clock around a call that ends with a device synchronisation, their arrays on the GPU. The
   times Halide's README gives for its apps (a TITAN Xp) are printed beside them as anchors.
@@ -300,12 +301,9 @@ def all_benches() -> list[Bench]:
 
 # -- Halide's apps ---------------------------------------------------------------------------
 
-# tcstage's options per app besides "auto": overlapped tiles of 32 x 64 outputs (harris: 16
-# rows, so that its nine intermediates fit in 48 kB), 64 x 4 threads
-OVERLAPPED = M().tile(32, 64).mapToThreads(64, 4).mapToBlocks(1024, 1024).overlappedTiles(True)
-HALIDE_APPS = {"blur": OVERLAPPED, "harris": OVERLAPPED.tile(16, 64),
-               "erode": OVERLAPPED.tile(1, 32, 64).mapToBlocks(4, 1024, 1024),
-               "stencil_chain": OVERLAPPED}
+# the apps timed, each under "auto" and its documented options (the module's GPU_OPTIONS:
+# overlapped tiles for the stencil chains)
+HALIDE_APPS = ["blur", "harris", "erode", "stencil_chain", "conv_layer", "matmul"]
 # Halide's README of its Li2018 autoscheduler (src/autoschedulers/li2018/README.md), on a
 # TITAN Xp at the apps' own sizes: the only published GPU times of these apps
 HALIDE_ANCHORS = {"stencil_chain": "6.35 ms (Li2018 autoscheduler, TITAN Xp)",
@@ -344,7 +342,7 @@ def halide_lines(runs: int, seconds: float, only=None) -> list[str]:
     from benchmarks.halide_bench import agree, halide_runner
     import halide as hl
     lines = []
-    for app_name, overlapped in HALIDE_APPS.items():
+    for app_name in HALIDE_APPS:
         if only and f"halide/{app_name}" not in only:
             continue
         module = importlib.import_module(f"examples.halide.{app_name}")
@@ -361,7 +359,7 @@ def halide_lines(runs: int, seconds: float, only=None) -> list[str]:
         except Exception as e:  # noqa: BLE001 - the tcstage rows still run
             want, theirs = None, None
             halide_failed = f"Halide's GPU schedule failed: {type(e).__name__}: {e}"[:200]
-        for label, options in (("auto", "auto"), ("overlapped", overlapped)):
+        for label, options in (("auto", "auto"), ("documented", module.GPU_OPTIONS)):
             try:
                 fn = tc.from_halide(module.build().outputs[0], name=app_name)
                 with warnings.catch_warnings():
@@ -623,7 +621,7 @@ def report(title: list[str], paper: list[str], issue15: list[str], selected: lis
         lines += ["", "## Halide's apps (issue 26): tcstage's kernel against the app's own GPU "
                   "schedule, same run (wall clock, synchronised, arrays on the GPU)", "",
                   *HALIDE_HEADER, *halide, "", "tcstage options: `auto` (options=\"auto\"), "
-                  "`overlapped`: " + "; ".join(f"{a} `{o}`" for a, o in HALIDE_APPS.items())]
+                  "`documented`: each app's GPU_OPTIONS (examples/halide/)"]
     return "\n".join(lines + [""] + footer) + "\n"
 
 
@@ -694,7 +692,7 @@ def compile_only(selected: list[Bench], out: str | None = None, apps=()) -> int:
         import numpy as np
         module = importlib.import_module(f"examples.halide.{app_name}")
         args = module.inputs(np.random.default_rng(0), "bench")
-        for label, options in (("auto", "auto"), ("overlapped", HALIDE_APPS[app_name])):
+        for label, options in (("auto", "auto"), ("documented", module.GPU_OPTIONS)):
             start = time.perf_counter()
             try:
                 with warnings.catch_warnings():

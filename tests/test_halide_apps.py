@@ -2,7 +2,8 @@
 compute: Halide's own realize of each pipeline, unscheduled (or, where inlining everything
 cannot run, with every stage computed at the root) and with the app's manual CPU schedule,
 on small random inputs; exact for integer pipelines, within a bound derived from the sizes
-for float ones. The manual GPU schedules are lowered for a CUDA target (no GPU needed)."""
+for float ones. The manual GPU schedules are lowered for a CUDA target (no GPU needed), and the
+tcstage options an app documents for its CUDA kernel (GPU_OPTIONS) run under emulation."""
 
 import importlib
 import sys
@@ -86,6 +87,30 @@ def test_manual_gpu_schedule_lowers_for_cuda(name, tmp_path):
     hl.Pipeline(app.outputs).compile_to_lowered_stmt(str(tmp_path / "gpu.stmt"), app.params,
                                                      hl.StmtOutputFormat.Text, target)
     assert b"block_id" in (tmp_path / "gpu.stmt").read_bytes()
+
+
+GPU_OPTIONS = [name for name in APPS if hasattr(_module(name), "GPU_OPTIONS")]
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if n == "stencil_chain"
+                                               else []) for n in GPU_OPTIONS])
+def test_documented_tcstage_options_match_reference(name):
+    import warnings
+
+    import tcstage as tc
+    m = _module(name)
+    args = m.inputs(np.random.default_rng(sum(map(ord, name))), "small")
+    fn = tc.from_halide(m.build().outputs[0], name=name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)  # (a small image has few tiles)
+        kernel = tc.compile(fn, *args, output_shape=m.output_shapes(args)[0],
+                            options=m.GPU_OPTIONS, target="cuda-emulated")
+    [want] = m.reference(*args)
+    got = np.asarray(kernel(*args))
+    tolerance = getattr(m, "tolerance", lambda args: 0)(args)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=0,
+                               atol=tolerance)
 
 
 @pytest.mark.parametrize("name", APPS)

@@ -9,9 +9,15 @@ from __future__ import annotations
 import halide as hl
 import numpy as np
 
+import tcstage as tc
 from examples.halide.common import SMALL_IMAGE, App, vector_width
 
 BENCH_SIZE = (2560, 1536)  # (H, W): the Halide apps' usual test image
+
+# tcstage's options for its CUDA kernel (docs/halide.md): overlapped tiles of 32 x 64 outputs,
+# each block computing the rows of blur_x its tile needs in shared memory
+GPU_OPTIONS = (tc.MappingOptions().tile(32, 64).mapToThreads(64, 4).mapToBlocks(1024, 1024)
+               .overlappedTiles(True))
 
 
 def build() -> App:

@@ -14,9 +14,16 @@ from __future__ import annotations
 import halide as hl
 import numpy as np
 
+import tcstage as tc
 from examples.halide.common import App, float_tolerance, vector_width
 
 BENCH_SIZES = dict(N=5, CI=128, CO=128, W=100, H=80)  # the app's own
+
+# tcstage's options for its CUDA kernel (docs/halide.md): a block per 8 x 32 (x, co) tile of
+# one row, its operands' tiles in shared memory and each thread's outputs in registers
+GPU_OPTIONS = (tc.MappingOptions().tile(1, 1, 8, 32).mapToThreads(32, 8).mapToBlocks(5, 80, 13)
+               .unroll(4).useSharedMemory(True).usePrivateMemory(True))
+
 SMALL_SIZES = dict(N=2, CI=4, CO=64, W=6, H=5)
 
 

@@ -8,9 +8,15 @@ import functools
 import halide as hl
 import numpy as np
 
+import tcstage as tc
 from examples.halide.common import SMALL_IMAGE, App, vector_width
 
 BENCH_SIZE = (3, 2560, 1536)  # (C, H, W): planar, so c is Halide's outermost dimension
+
+# tcstage's options for its CUDA kernel (docs/halide.md): overlapped tiles of one channel's
+# 32 x 64 outputs
+GPU_OPTIONS = (tc.MappingOptions().tile(1, 32, 64).mapToThreads(64, 4).mapToBlocks(4, 1024, 1024)
+               .overlappedTiles(True))
 
 
 def _min_of(values):

@@ -11,9 +11,16 @@ from __future__ import annotations
 import halide as hl
 import numpy as np
 
+import tcstage as tc
 from examples.halide.common import SMALL_IMAGE, App, float_tolerance, vector_width
 
 BENCH_SIZE = (3, 2560, 1536)
+
+# tcstage's options for its CUDA kernel (docs/halide.md): overlapped tiles of 16 x 64 outputs
+# (16 rows, so that the nine intermediates of a tile fit in 48 kB of shared memory)
+GPU_OPTIONS = (tc.MappingOptions().tile(16, 64).mapToThreads(64, 4).mapToBlocks(1024, 1024)
+               .overlappedTiles(True))
+
 MARGIN = 2  # the stencils' total radius: 1 for the derivatives, 1 for the window sums
 
 

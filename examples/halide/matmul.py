@@ -9,9 +9,15 @@ from __future__ import annotations
 import halide as hl
 import numpy as np
 
+import tcstage as tc
 from examples.halide.common import App, float_tolerance, vector_width
 
 BENCH_SIZE = 1024  # the app's square size
+
+# tcstage's options for its CUDA kernel (docs/halide.md): 32 x 64 output tiles, k in steps of
+# 32 through shared memory, each thread's 2 x 8 outputs in registers (register tiling)
+GPU_OPTIONS = (tc.MappingOptions().tile(32, 64, 32).mapToThreads(8, 16).mapToBlocks(32, 16)
+               .useSharedMemory(True).usePrivateMemory(True).useRegisterTiling(True).unroll(16))
 
 
 def build() -> App:

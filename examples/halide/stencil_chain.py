@@ -7,12 +7,19 @@ from __future__ import annotations
 import halide as hl
 import numpy as np
 
+import tcstage as tc
 from examples.halide.common import SMALL_IMAGE, App, vector_width
 
 STENCILS = 32  # the app's default
 # Unscheduled (all inlined), stage k would recompute 25**k points of stage 0: not realizable.
 UNSCHEDULED = "infeasible"
 BENCH_SIZE = (2560, 1536)
+
+# tcstage's options for its CUDA kernel (docs/halide.md): overlapped tiles of 32 x 64 outputs,
+# the 32 stages in groups that fit in shared memory
+GPU_OPTIONS = (tc.MappingOptions().tile(32, 64).mapToThreads(64, 4).mapToBlocks(1024, 1024)
+               .overlappedTiles(True))
+
 GROUP = 11  # stages computed together between two compute_root stages in the CPU schedule
 
 
