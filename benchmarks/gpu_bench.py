@@ -303,7 +303,8 @@ def all_benches() -> list[Bench]:
 
 # the apps timed, each under "auto" and its documented options (the module's GPU_OPTIONS:
 # overlapped tiles for the stencil chains)
-HALIDE_APPS = ["blur", "harris", "erode", "stencil_chain", "conv_layer", "matmul"]
+# (quickest to compile first: a run cut short by its time limit keeps the rows it measured)
+HALIDE_APPS = ["blur", "erode", "harris", "matmul", "conv_layer", "stencil_chain"]
 # Halide's README of its Li2018 autoscheduler (src/autoschedulers/li2018/README.md), on a
 # TITAN Xp at the apps' own sizes: the only published GPU times of these apps
 HALIDE_ANCHORS = {"stencil_chain": "6.35 ms (Li2018 autoscheduler, TITAN Xp)",
@@ -331,8 +332,9 @@ def wall_ms(run, runs: int, seconds: float) -> list[float]:
     return sorted(out)
 
 
-def halide_lines(runs: int, seconds: float, only=None) -> list[str]:
-    """One row per app and tcstage option set; a failed case is a row saying why."""
+def halide_lines(runs: int, seconds: float, only=None, each=lambda lines: None) -> list[str]:
+    """One row per app and tcstage option set; a failed case is a row saying why. `each` gets
+    the rows so far after every row."""
     import importlib
 
     import numpy as np
@@ -392,6 +394,7 @@ def halide_lines(runs: int, seconds: float, only=None) -> list[str]:
                 lines.append(f"| {app_name} | {size} | {label} | | | | | | | FAILED: "
                              f"{type(e).__name__}: {str(e).strip()[:160]} |")
             print(lines[-1], flush=True)
+            each(lines)
     return lines
 
 
@@ -765,7 +768,11 @@ def main(argv=None) -> int:
         if args.out:
             Path(args.out).write_text(report(title, paper, issue15, benches, []),
                                       encoding="utf-8")
-    halide = halide_lines(args.runs, args.seconds, apps) if apps else []
+    def progress(rows):
+        if args.out:
+            Path(args.out).write_text(report(title, paper, issue15, benches, [], rows),
+                                      encoding="utf-8")
+    halide = halide_lines(args.runs, args.seconds, apps, progress) if apps else []
     status |= any("FAILED" in line or "WRONG" in line for line in halide)
     text = report(title, paper, issue15, benches, [], halide)
     if args.out:

@@ -13,7 +13,8 @@
 #                dynamically (setup.py says why)
 #   gpu-tests    pytest -m gpu (tests/test_gpu.py: mapped kernels through pycuda, torch tensors)
 #   gpu-bench    benchmarks/gpu_bench.py: the paper's kernels and issue 15's (sums, softmax,
-#                layernorm, half/bf16 tmm with and without tensor cores) against PyTorch
+#                layernorm, half/bf16 tmm with and without tensor cores) against PyTorch, and
+#                Halide's apps against their own GPU schedules
 #   real-gpu     pytest --real-gpu on the GPU-kernel tests (GPU_TESTS below): every emulated
 #                launch also runs on the GPU and is compared (tests/real_gpu.py)
 #   memcheck, racecheck   compute-sanitizer on scripts/gpu_examples.py (every example kernel)
@@ -323,7 +324,7 @@ if has_gpu; then
             examples=(--only tmm,row_sum)
         else
             record gpu-tests 120 gpu_pytest -m gpu tests
-            record gpu-bench 200 python3 benchmarks/gpu_bench.py --out "$out/gpu-bench.md"
+            record gpu-bench 260 python3 benchmarks/gpu_bench.py --out "$out/gpu-bench.md"
             mapfile -t tests < <(gpu_tests)
             examples=()
         fi

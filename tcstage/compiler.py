@@ -263,7 +263,8 @@ def _overlapped(lowered, options, scop: Scop, found, dependences, stage):
         if math.prod(mapped.grid) <= 1 < min(overlap.tiles, math.prod(options.blocks)):
             return "no tile loop could be mapped to blocks"
         with stage("promote"):
-            promoted = promote(overlap.scop, mapped, options, dtypes, scratch=overlap.scratch)
+            promoted = promote(overlap.scop, mapped, options, dtypes, scratch=overlap.scratch,
+                               scratch_bytes=overlap.pool_bytes)
     except WorkLimitExceeded as exceeded:
         return exceeded.message
     shared = {p.tensor for p in promoted.promotions if p.memory == "shared"}
@@ -272,6 +273,11 @@ def _overlapped(lowered, options, scop: Scop, found, dependences, stage):
         why = [d for d in promoted.declined if any(d.startswith(f"shared {t} ") for t in missing)]
         return (f"the tile of {', '.join(missing[:4])} a block needs does not fit in shared "
                 f"memory ({'; '.join(why) or 'not promoted'}): use smaller tiles")
+    larger = [p.tensor for p in promoted.promotions if p.tensor in overlap.scratch
+              and p.nbytes > overlap.reserved[p.tensor]]
+    if larger:  # (the plan's boxes bound promotion's tiles: a bug if not)
+        raise TCError(f"internal error: the shared buffers of {', '.join(larger)} outgrew the "
+                      "bytes overlapped tiles kept for them")
     mapping = _Mapping(overlap.scop, overlap.dependences, overlap.tiled.schedule, overlap.tiled,
                        mapped, {}, [])
     return mapping, overlap, promoted
@@ -300,10 +306,13 @@ def _launch(fn, options, binding, lowered, mapping: _Mapping, name: str, stage,
                                     "bfloat16 operands into a float32 accumulator"
                                     + (f" ({'; '.join(mapping.not_contractions)})"
                                        if mapping.not_contractions else "")),)
+    pool = ({p.buffer: overlap.pool[p.tensor] for p in promoted.promotions
+             if p.memory == "shared" and p.tensor in overlap.pool}, overlap.pool_bytes) \
+        if overlap is not None else ({}, 0)
     with stage("codegen"):
         cuda = generate(lowered, scop, mapped, promoted, str(options),
                         options.use_read_only_cache, tensor_tiles, name=name,
-                        scratch_prefix="" if launch is None else f"_l{launch}")
+                        scratch_prefix="" if launch is None else f"_l{launch}", pool=pool)
     notes = mapping.tiled.notes + mapped.notes + promoted.notes + tc_notes
     return Compiled(fn, options, binding, lowered, scop, mapping.schedule, mapping.tiled,
                     mapped, promoted, cuda, {}, notes, (), tensor_tiles, (), overlap)

@@ -126,6 +126,9 @@ _GENERATED = re.compile(r"[bctS]\d+|(shared|private)_\w+|tc_\w*|_\w*"
                         r"|cuda\w*|(sa|si|sigev)_\w+")
 
 
+POOL = "_shared_pool"  # the shared array overlapped tiles' intermediates live in
+
+
 def c_name(name: str) -> str:
     """A TC tensor or scalar name as a C identifier: the name itself unless it clashes with
     C++, CUDA or the generated code, else `tc_` + name. (Names starting with `tc_` get the
@@ -172,11 +175,14 @@ def c_type(t: str | ScalarType) -> str:
 def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
              options_text: str = "", read_only_cache: bool = False,
              tensor_tiles: tuple = (), name: str | None = None,
-             scratch_prefix: str = "") -> CudaKernel:
+             scratch_prefix: str = "", pool: tuple[dict, int] = ({}, 0)) -> CudaKernel:
     """The CUDA kernel running `promoted.schedule`: a schedule of `scop` mapped to blocks and
     threads (`mapped`), with its promoted array tiles (and contraction tiles on tensor cores,
     poly/tensorcore.py). `name`: the kernel's (default: the function's, `kernel_name`); a
-    launch of a kernel sequence has its own, and `scratch_prefix` for its scratch arrays."""
+    launch of a kernel sequence has its own, and `scratch_prefix` for its scratch arrays.
+    `pool`: (shared buffer -> byte offset, bytes): buffers that live in one shared array, at
+    those offsets (overlapped tiles' intermediates, which share bytes where their lifetimes
+    do not overlap)."""
     fn = lowered.fn
     index = index_type(scop)
     printer = _ValuePrinter(lowered, scop, promoted.promotions, read_only_cache, index)
@@ -187,9 +193,19 @@ def generate(lowered: Lowered, scop: Scop, mapped: Mapped, promoted: Promoted,
         tensor_tiles, scop, printer, c_type, lambda text: _index_text(text, index), _c_of,
         math.prod(mapped.block))
     declarations += tc_declarations
+    offsets, pool_bytes = pool
+    if offsets:
+        # (8-byte words: aligned for every element type; `__align__` on a char array is
+        # ignored by the host compiler that runs the emulator)
+        declarations.append(f"__shared__ long long {POOL}[{-(-pool_bytes // 8)}];")
     for p in promoted.promotions:
         dims = "".join(f"[{d}]" for d in p.padded) or "[1]"
         space = "__shared__ " if p.memory == "shared" else ""
+        if p.buffer in offsets:  # a view of the pool's bytes
+            declarations.append(f"{c_type(p.dtype)} (&{p.buffer}){dims} = *reinterpret_cast<"
+                                f"{c_type(p.dtype)} (*){dims}>(reinterpret_cast<unsigned char*>"
+                                f"({POOL}) + {offsets[p.buffer]});")
+            continue
         declarations.append(f"{space}{c_type(p.dtype)} {p.buffer}{dims};")
         for copy, inward in ((p.copy_in, True), (p.copy_out, False)):
             if copy:

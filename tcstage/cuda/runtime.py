@@ -312,7 +312,9 @@ def _describe(kernel: "Kernel", c) -> str:
     lines = [f"kernel: {c.cuda.name}{renamed}", f"options: {c.options}",
              f"sizes: {', '.join(f'{k}={v}' for k, v in sorted(c.binding.sizes.items()))}"
              + (f" (dynamic: {', '.join(kernel.dynamic)})" if kernel.dynamic else ""),
-             "", "schedule (isl scheduler, before tiling and mapping):",
+             "", "schedule (isl scheduler, before tiling and mapping):" if c.overlap is None
+             else f"schedule ({c.overlap.describe()}; the tile band, then each statement's "
+                  "loops):",
              schedule_text(c.schedule), "", f"tiled: {tiles}",
              f"blocks: grid {m.grid} on {m.block_bands} band(s)",
              f"threads: block {m.block} on {m.thread_bands} band(s); "

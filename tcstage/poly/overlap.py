@@ -20,11 +20,16 @@ share nothing but the inputs and write disjoint parts of the outputs. That is al
 dependences are computed: the intermediates' accesses are seen with the tile coordinates in
 front of their elements (one copy per tile), the outputs' and the inputs' as they are.
 
+The intermediates live in one pool of shared memory, laid out so that two share bytes only
+where no statement lies within both lifetimes; a dependence from everything touching the first
+to the second's writers makes mapping put a barrier between them.
+
 Refused, with the reason as an option note (the function then compiles as without the option):
 nothing to recompute (no intermediate tensor), outputs of different ranks, no tiled output
 dimension, an output that a statement reads at an element other than the one it writes (a
-neighbouring tile's), an intermediate computed from its own other elements (a recurrence), and
-recomputation beyond MAX_RECOMPUTE times the work of the statements.
+neighbouring tile's), an intermediate computed from its own other elements (a recurrence),
+recomputation beyond MAX_RECOMPUTE times the work of the statements, and a pool larger than a
+block's shared memory.
 """
 
 from __future__ import annotations
@@ -40,10 +45,12 @@ from tcstage.poly.launches import restricted
 from tcstage.poly.scop import Access, Scop
 from tcstage.poly.tiling import Tiled
 
-# Recomputation beyond this (instances run / instances of the function) costs more than the
-# global round trips of a kernel sequence save: a halo of 2 around 32 x 8 tiles is 1.8x, a
-# tensor that each tile needs whole (a reduction over the image) is the number of tiles.
-MAX_RECOMPUTE = 3.0
+# Recomputation beyond this (instances run / instances of the statements) costs more than the
+# global round trips of a kernel sequence save, as stencil chains are often compute bound: a
+# halo of 2 around a 32 x 32 tile is 1.3x, three such stages 2x; a tensor that each tile needs
+# whole (a reduction over the image) is the number of tiles.
+MAX_RECOMPUTE = 2.0
+ALIGN = 16  # bytes: where each intermediate's buffer starts in the pool
 NOTHING = "there is no intermediate tensor to recompute (every tensor written is an output)"
 
 
@@ -56,6 +63,9 @@ class Overlap:
     # per statement of the new scop: (name, instances run, instances of the original)
     work: tuple[tuple[str, int, int], ...]
     tiles: int = 0
+    pool: dict = attrs.field(factory=dict)  # intermediate -> its offset in the shared pool
+    reserved: dict = attrs.field(factory=dict)  # intermediate -> the bytes kept for it there
+    pool_bytes: int = 0  # the pool's size: shared memory per block for the intermediates
 
     @property
     def recompute(self) -> float:
@@ -82,8 +92,11 @@ class Plan:
     origins: dict  # statement -> per loop, an isl.Aff of the tile: where it starts, or None
     scratch: frozenset  # the intermediates
     work: tuple[tuple[str, int, int], ...]  # as Overlap.work
-    shared_bytes: int  # the intermediates' boxes per tile, each in a buffer of its own
+    shared_bytes: int  # the intermediates' boxes per tile, laid out in one pool
     count: int = 0  # tiles
+    pool: dict = attrs.field(factory=dict)  # intermediate -> its offset in the pool (bytes)
+    reserved: dict = attrs.field(factory=dict)  # intermediate -> the bytes kept for it there
+    lifetimes: dict = attrs.field(factory=dict)  # intermediate -> (first, last) statement
 
     @property
     def recompute(self) -> float:
@@ -138,9 +151,12 @@ def plan(scop: Scop, outputs: Collection[str], temps: Collection[str],
     work = tuple((s.name, _instances(runs[s.name]),
                   elements(s.domain.intersect_params(scop.context)))
                  for s in statements if s.name in runs)
-    shared = sum(_buffer_elements(box) * itemsize[t] for t, box in need.items())
+    sizes = {t: -(-_buffer_elements(box) * itemsize[t] // ALIGN) * ALIGN
+             for t, box in need.items()}
+    life = _lifetimes([s for s in statements if s.name in runs], need)
+    pool, shared = _layout(sizes, life)
     found = Plan(tuple(names), tuple(tiled), tuple(int(tile_sizes[k]) for k in tiled), runs,
-                 origins, frozenset(need), work, shared, elements(valid))
+                 origins, frozenset(need), work, shared, elements(valid), pool, sizes, life)
     if found.recompute > MAX_RECOMPUTE:
         return (f"each tile would recompute so much of the intermediates that the kernel runs "
                 f"{found.recompute:.1f}x the statement instances (at most {MAX_RECOMPUTE}x; "
@@ -248,10 +264,64 @@ def build(scop: Scop, found: Plan, dependences: isl.UnionMap) -> Overlap:
                 .intersect(tiles[a].apply_range(tiles[b].reverse()))
             lifted = lifted.union(isl.UnionMap.from_map(pairs.coalesce()))
     dependences.intersect_params(scop.context).foreach_map(lift)
+    # intermediates sharing bytes of the pool: everything accessing the earlier one runs (in
+    # every thread) before anything writes the later one, a dependence within each tile
+    for earlier, later in _sharing(found):
+        for a in expanded:
+            if earlier not in {a.write.tensor, *(r.tensor for r in a.reads)}:
+                continue
+            for b in expanded:
+                if b.write.tensor == later:
+                    lifted = lifted.union(isl.UnionMap.from_map(
+                        tiles[a.name].apply_range(tiles[b.name].reverse())))
     schedule = _schedule(expanded, names, scop.context, lifted, found.origins)
     new = attrs.evolve(scop, statements=tuple(expanded), schedule=schedule)
     return Overlap(new, lifted, Tiled(schedule, found.tiled, found.sizes),
-                   found.scratch, found.work, found.count)
+                   found.scratch, found.work, found.count, found.pool, found.reserved,
+                   found.shared_bytes)
+
+
+def _lifetimes(statements, need) -> dict[str, tuple[int, int]]:
+    """Per intermediate, the first and last statement (positions in program order) that
+    access it."""
+    life: dict[str, tuple[int, int]] = {}
+    for k, s in enumerate(statements):
+        for tensor in (s.write.tensor, *(a.tensor for a in s.reads)):
+            if tensor in need:
+                first, last = life.get(tensor, (k, k))
+                life[tensor] = (min(first, k), max(last, k))
+    return life
+
+
+def _layout(sizes: Mapping[str, int], life: Mapping[str, tuple[int, int]]
+            ) -> tuple[dict[str, int], int]:
+    """Offsets of the intermediates in one pool of shared memory, and its size: two share
+    bytes only where no statement lies within both lifetimes (the later one's first writer
+    comes after the earlier one's last access; build() orders them with a barrier). First
+    fit, in order of first use."""
+    placed: list[tuple[str, int]] = []
+    for tensor in sorted(sizes, key=lambda t: (life[t][0], -sizes[t], t)):
+        first, last = life[tensor]
+        busy = sorted((offset, offset + sizes[other]) for other, offset in placed
+                      if life[other][0] <= last and first <= life[other][1])
+        offset = 0
+        for lo, hi in busy:
+            if offset + sizes[tensor] <= lo:
+                break
+            offset = max(offset, hi)
+        placed.append((tensor, offset))
+    pool = dict(placed)
+    return pool, max((pool[t] + sizes[t] for t in pool), default=0)
+
+
+def _sharing(found) -> list[tuple[str, str]]:
+    """(earlier, later) intermediates whose bytes in the pool overlap."""
+    out = []
+    for a, oa in found.pool.items():
+        for b, ob in found.pool.items():
+            if a < b and oa < ob + found.reserved[b] and ob < oa + found.reserved[a]:
+                out.append((a, b) if found.lifetimes[a][1] < found.lifetimes[b][0] else (b, a))
+    return out
 
 
 def _largest_extent(box: isl.Map, k: int) -> int:

@@ -193,15 +193,17 @@ class Promoted:
 
 def promote(scop: Scop, mapped: Mapped, options: MappingOptions, dtypes: dict,
             keep_global: frozenset = frozenset(), shared_only: frozenset = frozenset(),
-            scratch: frozenset = frozenset()) -> Promoted:
+            scratch: frozenset = frozenset(), scratch_bytes: int = 0) -> Promoted:
     """Promotes array tiles of `mapped` as `options` ask; dtypes: tensor -> element type name.
     Tensors in keep_global are never promoted, those in shared_only never to private memory
     (the tensor cores' warps read a contraction's operands from anywhere in a block's tile,
     and write its accumulator in global memory). Tensors in `scratch` live in the block alone
-    (overlapped tiles, poly/overlap.py): each goes to shared memory wherever it fits, with
-    or without useSharedMemory, and is never copied in or out."""
+    (overlapped tiles, poly/overlap.py): each goes to shared memory, with or without
+    useSharedMemory, and is never copied in or out; their buffers share a pool of
+    `scratch_bytes` that overlap.py laid out, which the other promotions leave alone."""
     shared_only = shared_only | scratch
-    state = _State(scop, mapped, options, dtypes, keep_global, shared_only, scratch)
+    state = _State(scop, mapped, options, dtypes, keep_global, shared_only, scratch,
+                   scratch_bytes)
     node = mapped.schedule.get_root()
     scopes = _find(node, KERNEL)
     try:
@@ -210,7 +212,8 @@ def promote(scop: Scop, mapped: Mapped, options: MappingOptions, dtypes: dict,
                 state.promote_at(path)
     except WorkLimitExceeded as exceeded:  # promotion is an optimisation: go without it
         warn(f"in '{scop.name}', {exceeded.message}: every tensor stays in global memory")
-        state = _State(scop, mapped, options, dtypes, keep_global, shared_only, scratch)
+        state = _State(scop, mapped, options, dtypes, keep_global, shared_only, scratch,
+                       scratch_bytes)
         state.declined.append(f"everything: {exceeded.message}")
     schedule = _strip_marks(state.schedule.get_root()).get_schedule()
     notes = [OptionNote(call(option, [depth]), f"has no effect without {use}(True)")
@@ -237,12 +240,13 @@ class _Plan:
 
 class _State:
     def __init__(self, scop, mapped, options, dtypes, keep_global=frozenset(),
-                 shared_only=frozenset(), scratch=frozenset()):
+                 shared_only=frozenset(), scratch=frozenset(), scratch_bytes=0):
         self.scop, self.mapped, self.options, self.dtypes = scop, mapped, options, dtypes
         self.keep_global, self.shared_only, self.scratch = keep_global, shared_only, scratch
         self.itemsize = {t: np.dtype(d).itemsize for t, d in dtypes.items()}
         self.shared_left = min(SHARED_BYTES, options.max_shared_memory
-                               if options.max_shared_memory is not None else SHARED_BYTES)
+                               if options.max_shared_memory is not None else SHARED_BYTES) \
+            - scratch_bytes
         self.schedule = mapped.schedule
         self.promotions: list[Promotion] = []
         self.declined: list[str] = []
@@ -420,8 +424,12 @@ class _State:
                 self.declined.append(f"{label}: every access is coalesced")
                 continue
             sizes = tile.sizes
-            padded = _padded(sizes, tensor in self.shared_only and self.itemsize[tensor] == 2)
+            padded = _padded(sizes, tensor in self.shared_only - self.scratch
+                             and self.itemsize[tensor] == 2)
             nbytes = math.prod(padded) * self.itemsize[tensor]
+            if tensor in self.scratch:  # (in the pool, already counted)
+                chosen.append((tensor, refs, tile, prefix, padded))
+                continue
             if nbytes > self.shared_left:
                 self.declined.append(f"{label}: {nbytes} bytes exceed the {self.shared_left} "
                                      "bytes of shared memory left")
@@ -564,10 +572,11 @@ class _State:
             at = isl.Map.from_union_map(own).apply_range(offset_map)
             pma = isl.PwMultiAff.from_map(at)
             per_statement[r.statement] = tuple(pma.get_at(k) for k in range(len(sizes)))
-        live_in = _live_in(refs, prefix, self.scop)
-        written = _footprint([r for r in refs if r.write], prefix)
         if tensor in self.scratch:  # computed in the block before it is read, dead after it
             live_in = written = None
+        else:
+            live_in = _live_in(refs, prefix, self.scop)
+            written = _footprint([r for r in refs if r.write], prefix)
         copy_in = copy_out = None
         if live_in is not None and not live_in.is_empty():
             copy_in = (f"_{n}in", live_in)
