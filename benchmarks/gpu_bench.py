@@ -705,7 +705,7 @@ def compile_only(selected: list[Bench], out: str | None = None, apps=()) -> int:
                                    options=options, target="cuda-emulated")
                 seconds = time.perf_counter() - start
                 usage = resources(k.cuda_source)
-                shared = max(p.promoted.shared_bytes for p in k.compiled.parts)
+                shared = max(p.shared_bytes for p in k.compiled.parts)
                 emit(f"| halide/{app_name} ({label}) | halide | {seconds:.2f} | "
                      f"{' '.join(str(p.grid) for p in k.launches)} | {k.block} | {shared} | - | "
                      f"{'-' if usage is None else usage['registers']} | "

@@ -84,6 +84,17 @@ class Compiled:
     overlap: Overlap | None = None  # overlapped tiles: what each block recomputes
 
     @property
+    def shared_bytes(self) -> int:
+        """Static shared memory per block: the promoted tiles, overlapped tiles' intermediates
+        counted as their pool."""
+        shared = self.promoted.shared_bytes
+        if self.overlap is not None:
+            shared += self.overlap.pool_bytes - sum(
+                p.nbytes for p in self.promoted.promotions
+                if p.memory == "shared" and p.tensor in self.overlap.pool)
+        return shared
+
+    @property
     def parts(self) -> tuple["Compiled", ...]:
         """The launches, in order: this Compiled alone for a kernel of one launch."""
         return self.launches or (self,)

@@ -217,6 +217,7 @@ def test_intermediates_whose_lifetimes_do_not_meet_share_the_pool():
     assert len(k.launches) == 1 and sum(overlap.reserved.values()) > 48 * 1024
     assert overlap.pool_bytes <= 20 * 1024
     assert f"_shared_pool[{-(-overlap.pool_bytes // 8)}]" in k.cuda_source
+    assert k.launches[0].static_shared_bytes == overlap.pool_bytes  # (nothing else promoted)
     lives = {}
     for position, s in enumerate(overlap.scop.statements):
         for t in {s.write.tensor, *(a.tensor for a in s.reads)} & overlap.scratch:

@@ -92,7 +92,7 @@ class Kernel:
             texts = tuple(statement_text(fn.statements[i]) for i in indices) if fn is not None \
                 else tuple(s.tensor for s in part.scop.statements)
             out.append(Launch(part.cuda.name, self._part_grid(part, self.compiled.binding.sizes),
-                              part.cuda.block, 0, part.promoted.shared_bytes, texts))
+                              part.cuda.block, 0, part.shared_bytes, texts))
         return out
 
     @property

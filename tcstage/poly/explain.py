@@ -325,7 +325,7 @@ class _Explainer:
             self.no_effect.append((_call("maxSharedMemory", args),
                                    "has no effect without useSharedMemory(True)"))
             return
-        used = self.p.shared_bytes
+        used = self.c.shared_bytes
         self.rows.append((_call("maxSharedMemory", args),
                           f"shared memory budget {min(args[0], 48 * 1024)} bytes per block; "
                           f"{used} used"))

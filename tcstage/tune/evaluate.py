@@ -71,7 +71,7 @@ def compile_job(job: Job) -> dict:
     if compiled.notes:  # an option the kernel ignores: a simpler candidate makes this kernel
         return {"status": "pruned", "detail": f"no effect: {compiled.notes[0]}"}
     device = job.device or model.H100
-    shared = max(part.promoted.shared_bytes for part in compiled.parts)
+    shared = max(part.shared_bytes for part in compiled.parts)
     if shared > device.shared_per_block:
         return {"status": "pruned", "detail": f"{shared} bytes of shared memory per block; "
                                               f"the device has {device.shared_per_block}"}

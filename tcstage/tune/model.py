@@ -640,7 +640,7 @@ def _occupancy(device: Device, threads: int, registers: int, shared: int) -> int
 def _time(counts: _Counts, compiled, device: Device, resources, grid, block, blocks, threads,
           shapes, itemsize) -> Prediction:
     promoted = compiled.promoted
-    shared = promoted.shared_bytes
+    shared = compiled.shared_bytes
     private_words = sum(math.prod(p.padded) * max(1, np.dtype(p.dtype).itemsize // 4)
                         for p in promoted.promotions if p.memory == "private")
     spill = 0
