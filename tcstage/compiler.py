@@ -273,9 +273,10 @@ def _overlapped(lowered, options, scop: Scop, found, dependences, stage):
                 scop.context), scop.context, options, overlap.scop, {})
         if math.prod(mapped.grid) <= 1 < min(overlap.tiles, math.prod(options.blocks)):
             return "no tile loop could be mapped to blocks"
-        with stage("promote"):
-            promoted = promote(overlap.scop, mapped, options, dtypes, scratch=overlap.scratch,
-                               scratch_bytes=overlap.pool_bytes)
+        with stage("promote"):  # (shared memory per tile: below the whole tile band)
+            promoted = promote(overlap.scop, mapped,
+                               attrs.evolve(options, shared_depth=len(found.tiles)), dtypes,
+                               scratch=overlap.scratch, scratch_bytes=overlap.pool_bytes)
     except WorkLimitExceeded as exceeded:
         return exceeded.message
     shared = {p.tensor for p in promoted.promotions if p.memory == "shared"}
@@ -289,6 +290,11 @@ def _overlapped(lowered, options, scop: Scop, found, dependences, stage):
     if larger:  # (the plan's boxes bound promotion's tiles: a bug if not)
         raise TCError(f"internal error: the shared buffers of {', '.join(larger)} outgrew the "
                       "bytes overlapped tiles kept for them")
+    if options.shared_depth is not None and options.shared_depth != len(found.tiles):
+        promoted = attrs.evolve(promoted, notes=promoted.notes + (OptionNote(
+            f"sharedDepth({options.shared_depth})", "overlapped tiles promote below their "
+            f"tile band (depth {len(found.tiles)}): each tile's intermediates in buffers of "
+            "their own"),))
     mapping = _Mapping(overlap.scop, overlap.dependences, overlap.tiled.schedule, overlap.tiled,
                        mapped, {}, [])
     return mapping, overlap, promoted

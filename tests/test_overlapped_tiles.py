@@ -232,3 +232,48 @@ def test_intermediates_whose_lifetimes_do_not_meet_share_the_pool():
     [expected] = module.reference(*args)
     np.testing.assert_allclose(np.asarray(k(*args), np.float64), expected.astype(np.float64),
                                rtol=1e-4, atol=1e-3)
+
+
+def test_an_intermediate_defined_before_the_group_stays_in_global_memory():
+    """Halide fuzz seed 920078, minimized: f2's update cannot join the first group (it reads
+    the output f1 at another tile's element), so the group of f2's update and f3 must read f2's
+    first definition from global memory: it is not that group's own intermediate."""
+    import halide as hl
+    x = hl.Var("x")
+    image = hl.ImageParam(hl.Float(32), 1, "image")
+    f0, f1, f2, f3 = (hl.Func(n) for n in ("f0", "f1", "f2", "f3"))
+    f0[x] = image[x] + 1.0
+    f1[x] = f0[x] * 2.0
+    f2[x] = f0[2 * x]
+    f2[x] = f2[x] + f1[x + 1]
+    f3[x] = f2[x] + f2[x + 1]
+    fn = tc.from_halide([f3, f1], name="chain")
+    a = np.random.default_rng(5).random(64, dtype=np.float32)
+    options = M().tile(4).mapToThreads(8).mapToBlocks(8).overlappedTiles(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        k = tc.compile(fn, a, output_shape=[(20,), (22,)], options=options,
+                       target="cuda-emulated")
+    got3, got1 = k(a)
+    b0 = a + 1
+    b1 = b0 * 2
+    b2 = b0[0:42:2][:21] + b1[1:22]
+    np.testing.assert_allclose(got1, b1[:22], rtol=1e-6)
+    np.testing.assert_allclose(got3, b2[:20] + b2[1:21], rtol=1e-6)
+    assert any(p.overlap is not None for p in k.compiled.parts)
+    for part in k.compiled.parts:
+        if part.overlap is not None:
+            assert "f2" not in part.overlap.scratch or all(
+                s.tensor != "f2" or s.definition == 0 for s in part.scop.statements)
+
+
+def test_shared_depth_cannot_cut_the_tile_band():
+    """Halide fuzz seed 920086: sharedDepth(1) with two tile dimensions and one block dimension
+    placed the scope inside the tile band, so one buffer spanned several tiles and outgrew the
+    pool; an overlapped launch promotes below its whole tile band."""
+    I = np.random.default_rng(6).random((40, 70), dtype=np.float32)
+    options = M().tile(16, 32).mapToThreads(32, 8).mapToBlocks(8).useSharedMemory(True) \
+        .sharedDepth(1).overlappedTiles(True)
+    k = _kernel(BLUR, "blur", [I], options)
+    assert len(k.launches) == 1 and k.compiled.overlap is not None
+    np.testing.assert_allclose(k(I), _blur(I), rtol=1e-5, atol=1e-6)

@@ -185,10 +185,12 @@ def overlap_groups(scop: Scop, parts: Sequence[Sequence[str]], outputs: Collecti
     run grow on; any other (too much recomputation or shared memory, a recurrence) ends it."""
     def attempt(names) -> Plan | str:
         inside = set(names)
-        read_outside = {a.tensor for s in scop.statements if s.name not in inside
-                        for a in s.reads}
+        # what a statement outside reads, or writes (an update's earlier definition: the group
+        # must find its elements in global memory), stays in global memory
+        outside = {a.tensor for s in scop.statements if s.name not in inside
+                   for a in (s.write, *s.reads)}
         sub = restricted(scop, names)
-        return plan(sub, set(outputs) | read_outside, temps, tile_sizes, itemsize,
+        return plan(sub, set(outputs) | outside, temps, tile_sizes, itemsize,
                     shared_limit, outputs)
 
     out: list[tuple[list[str], Plan | None]] = []
