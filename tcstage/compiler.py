@@ -285,6 +285,10 @@ def _overlapped(lowered, options, scop: Scop, found, dependences, stage):
         why = [d for d in promoted.declined if any(d.startswith(f"shared {t} ") for t in missing)]
         return (f"the tile of {', '.join(missing[:4])} a block needs does not fit in shared "
                 f"memory ({'; '.join(why) or 'not promoted'}): use smaller tiles")
+    if any(p.prefix_dims < len(found.tiles) for p in promoted.promotions
+           if p.tensor in overlap.scratch):  # (threads took tile loops: tiles run at once)
+        return ("the tile loops went to threads, not blocks, so one block runs several tiles "
+                "at once: ask for blocks (mapToBlocks) along the tiled dimensions")
     larger = [p.tensor for p in promoted.promotions if p.tensor in overlap.scratch
               and p.nbytes > overlap.reserved[p.tensor]]
     if larger:  # (the plan's boxes bound promotion's tiles: a bug if not)

@@ -277,3 +277,17 @@ def test_shared_depth_cannot_cut_the_tile_band():
     k = _kernel(BLUR, "blur", [I], options)
     assert len(k.launches) == 1 and k.compiled.overlap is not None
     np.testing.assert_allclose(k(I), _blur(I), rtol=1e-5, atol=1e-6)
+
+
+def test_tiles_on_threads_are_refused():
+    """Halide fuzz seed 920115: with one block, threads took the tile loops, so one block ran
+    several tiles at once over one buffer; overlapped tiles need each tile alone in its block."""
+    I = np.random.default_rng(7).random((12, 20), dtype=np.float32)
+    options = M().tile(1, 2).mapToThreads(3, 32).mapToBlocks(1, 1).overlappedTiles(True)
+    compiled, notes = _notes(BLUR, "blur", [I.shape], options)
+    if compiled.overlap is not None:  # (then every buffer is one tile's)
+        assert all(p.prefix_dims >= 2 for p in compiled.promoted.promotions)
+    else:
+        assert any("went to threads" in n for n in notes), notes
+    np.testing.assert_allclose(_kernel(BLUR, "blur", [I], options)(I), _blur(I), rtol=1e-5,
+                               atol=1e-6)
