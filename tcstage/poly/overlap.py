@@ -16,9 +16,8 @@ Its schedule is the tile band (one member per tiled output dimension, mapped to 
 the statements in program order, each under a band of its own loops (mapped to threads), with
 the barriers mapping places between them. Every intermediate lives in a buffer of the block
 (promotion puts it in shared memory and never copies it in or out: `scratch`), so the tiles
-share nothing but the inputs and write disjoint parts of the outputs. That is also how the
-dependences are computed: the intermediates' accesses are seen with the tile coordinates in
-front of their elements (one copy per tile), the outputs' and the inputs' as they are.
+share nothing but the inputs and write disjoint parts of the outputs. The dependences are the
+function's, between instances of one tile (`build`): a tile runs everything its instances read.
 
 The intermediates live in one pool of shared memory, laid out so that two share bytes only
 where no statement lies within both lifetimes; a dependence from everything touching the first
@@ -57,7 +56,7 @@ NOTHING = "there is no intermediate tensor to recompute (every tensor written is
 @attrs.frozen
 class Overlap:
     scop: Scop  # the statements with their tile coordinates, in the tile-major schedule's order
-    dependences: isl.UnionMap  # all of them, the intermediates copied per tile
+    dependences: isl.UnionMap  # the function's, within each tile, and the pool's reuses
     tiled: Tiled  # the tile band, then a sequence of one band per statement
     scratch: frozenset  # the recomputed (intermediate) tensors: per block, shared memory only
     # per statement of the new scop: (name, instances run, instances of the original)
