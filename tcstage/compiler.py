@@ -294,6 +294,9 @@ def _overlapped(lowered, options, scop: Scop, found, dependences, stage):
     if larger:  # (the plan's boxes bound promotion's tiles: a bug if not)
         raise TCError(f"internal error: the shared buffers of {', '.join(larger)} outgrew the "
                       "bytes overlapped tiles kept for them")
+    # (the depth given above is tcstage's, not the user's: no note of its own)
+    promoted = attrs.evolve(promoted, notes=tuple(
+        n for n in promoted.notes if not n.option.startswith("sharedDepth(")))
     if options.shared_depth is not None and options.shared_depth != len(found.tiles):
         promoted = attrs.evolve(promoted, notes=promoted.notes + (OptionNote(
             f"sharedDepth({options.shared_depth})", "overlapped tiles promote below their "
