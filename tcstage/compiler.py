@@ -465,15 +465,23 @@ def compile(source, name: str | None = None, *inputs, options=None, target: str 
     fixed = tuple(sorted((k, v) for k, v in binding.sizes.items() if k not in dynamic))
     key = (_source_key(fn), name, fixed, dynamic,
            binding.specialization(fn), tuple(str(t.type) for t in fn.checked.inputs),
-           str(options), per_launch is not None, target)
+           str(options), target)
+    # auto's structural default gives each launch of a sequence its own options: the same
+    # kernel as these options alone where there is one launch
+    own_key = key + ("options per launch",) if per_launch is not None else key
     with _kernels_lock:
-        kernel = _kernels.get(key)
+        kernel = _kernels.get(own_key)
+        if kernel is None and per_launch is not None and key in _kernels \
+                and len(_kernels[key].launches) == 1:
+            kernel = _kernels[key]
         if kernel is not None:
-            _kernels.move_to_end(key)
+            _kernels.move_to_end(own_key if own_key in _kernels else key)
             return kernel
     kernel = Kernel(compile_cuda(fn, inputs, out, options, dynamic, per_launch), target)
     with _kernels_lock:
-        _kernels[key] = kernel
+        _kernels[own_key] = kernel
+        if len(kernel.launches) == 1:
+            _kernels[key] = kernel
         while len(_kernels) > COMPILED_KERNELS:
             _kernels.popitem(last=False)
     return kernel

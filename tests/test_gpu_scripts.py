@@ -33,7 +33,7 @@ def test_gpu_examples_pass_under_emulation(capsys):
         warnings.simplefilter("ignore", tc.TCWarning)
         assert module["main"](["--target", "cuda-emulated"]) == 0
     out = capsys.readouterr().out
-    assert out.count(" ok") == 14 and "WRONG" not in out and "FAILED" not in out, out
+    assert out.count(" ok") == 16 and "WRONG" not in out and "FAILED" not in out, out
 
 
 @pytest.mark.slow  # (8 s cold)
