@@ -41,6 +41,7 @@ import islpy as isl
 
 from tcstage.poly.count import elements, max_int
 from tcstage.poly.launches import restricted
+from tcstage.poly.promotion import _padded, _tile  # (the array tile promotion will take)
 from tcstage.poly.scop import Access, Scop
 from tcstage.poly.tiling import Tiled
 
@@ -69,8 +70,7 @@ class Overlap:
     @property
     def recompute(self) -> float:
         """Instances run over the instances the function has: 1.0 recomputes nothing."""
-        run = sum(w[1] for w in self.work)
-        return run / max(1, sum(w[2] for w in self.work))
+        return _recompute(self.work)
 
     def describe(self) -> str:
         parts = ", ".join(f"{s} {run / max(1, own):.2f}x" for s, run, own in self.work
@@ -99,7 +99,11 @@ class Plan:
 
     @property
     def recompute(self) -> float:
-        return sum(w[1] for w in self.work) / max(1, sum(w[2] for w in self.work))
+        return _recompute(self.work)
+
+
+def _recompute(work) -> float:
+    return sum(w[1] for w in work) / max(1, sum(w[2] for w in work))
 
 
 class _Pending(str):
@@ -150,7 +154,7 @@ def plan(scop: Scop, outputs: Collection[str], temps: Collection[str],
     work = tuple((s.name, _instances(runs[s.name]),
                   elements(s.domain.intersect_params(scop.context)))
                  for s in statements if s.name in runs)
-    sizes = {t: -(-_buffer_elements(box) * itemsize[t] // ALIGN) * ALIGN
+    sizes = {t: -(-_buffer_elements(box, scop.context) * itemsize[t] // ALIGN) * ALIGN
              for t, box in need.items()}
     life = _lifetimes([s for s in statements if s.name in runs], need)
     pool, shared = _layout(sizes, life)
@@ -325,26 +329,11 @@ def _sharing(found) -> list[tuple[str, str]]:
     return out
 
 
-def _largest_extent(box: isl.Map, k: int) -> int:
-    """The most values dimension k of a tile's box takes, over the tiles (from the distances
-    to each tile's first value: its bounds may hold floors, which isl cannot maximise)."""
-    n = box.dim(isl.dim_type.out)
-    one = box.project_out(isl.dim_type.out, k + 1, n - k - 1).project_out(isl.dim_type.out, 0, k)
-    if one.is_empty():
-        return 0
-    first = isl.Map.from_pw_multi_aff(one.lexmin_pw_multi_aff())
-    distances = first.range_product(one).range().unwrap().deltas()
-    top = distances.dim_max_val(0)
-    return int(top.to_python()) + 1 if top.is_int() else 0
-
-
-def _buffer_elements(box: isl.Map) -> int:
-    """Elements of the largest box per tile, its last dimension padded to an odd length as
-    promotion pads it (rank 2 and more)."""
-    extents = [_largest_extent(box, k) for k in range(box.dim(isl.dim_type.out))]
-    if len(extents) >= 2 and extents[-1] % 2 == 0:
-        extents[-1] += 1
-    return math.prod(extents)
+def _buffer_elements(box: isl.Map, context: isl.Set) -> int:
+    """Elements of the buffer promotion will give the box a tile needs: its array tile (the
+    largest extent over the tiles, per dimension), padded as promotion pads it."""
+    tile = _tile(box, context)
+    return math.prod(_padded(tile.sizes)) if tile is not None else 0
 
 
 def _schedule(statements, tiles: list[str], context: isl.Set,
@@ -387,7 +376,7 @@ def _schedule(statements, tiles: list[str], context: isl.Set,
         for j in range(len(own)):
             value = isl.PwAff.var_on_domain(isl.LocalSpace.from_space(space), isl.dim_type.set,
                                             len(tiles) + j)
-            origin = origins.get(s.name, ())[j] if j < len(origins.get(s.name, ())) else None
+            origin = origins[s.name][j]
             if origin is not None:
                 value = value.sub(isl.PwAff.from_aff(origin.pullback_multi_aff(to_tile)))
             member = isl.MultiUnionPwAff.from_union_pw_aff(isl.UnionPwAff.from_pw_aff(
