@@ -4,8 +4,7 @@ launch (the facts `Kernel.explain()` reports, as one table).
 
 Cases: every line of schedules/paper-manual.txt (the paper's kernels at the paper's sizes with
 their documented options) and every Halide app of examples/halide at its benchmark size, each
-under its documented options (the module's GPU_OPTIONS; where it has none, TC's naive starting
-point stands in),
+under its documented options (the module's GPU_OPTIONS: for bilateral_grid, one set per launch),
 `options="auto"` and, with --presets, TC's starting points. Only compiles: nothing runs, so
 the paper's sizes are fine on any machine.
 
@@ -55,7 +54,7 @@ def halide_cases():
         fn = tc.from_halide(app.outputs if len(app.outputs) > 1 else app.outputs[0], name=name)
         yield (f"halide/{name}", (fn, None, args,
                                   {"output_shape": module.output_shapes(args)}),
-               getattr(module, "GPU_OPTIONS", None) or tc.MappingOptions.naive())
+               module.GPU_OPTIONS)
 
 
 def compile_case(what, options):

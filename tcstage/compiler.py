@@ -32,6 +32,7 @@ import functools
 import math
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 
 import attrs
@@ -39,18 +40,18 @@ import islpy as isl
 import numpy as np
 
 from tcstage.cuda.codegen import CudaKernel, generate, kernel_name, module_source
-from tcstage.errors import TCArgumentError, TCError, warn
+from tcstage.errors import TCArgumentError, TCError, TCWarning, warn
 from tcstage.halide.lower import Lowered
 from tcstage.options import PRESETS, MappingOptions
 from tcstage.poly.budget import WorkLimitExceeded
-from tcstage.poly.launches import fill, groups, partition, restricted
+from tcstage.poly.launches import MERGE_FUSION_SECONDS, groups, partition, restricted
 from tcstage.poly.mapping import Mapped, map_to_gpu
 from tcstage.poly.notes import OptionNote, no_effect_notes
 from tcstage.poly.overlap import Overlap, build, overlap_groups
 from tcstage.poly.promotion import SHARED_BYTES, Promoted, promote
 from tcstage.poly.reduction import splittable_reductions
 from tcstage.poly.tensorcore import find_contractions, map_tensor_cores
-from tcstage.poly.schedule import compute_schedule, scheduled_scop
+from tcstage.poly.schedule import FUSION_SECONDS, compute_schedule, scheduled_scop
 from tcstage.poly.scop import Scop, check_bounds, extract_scop, specialize
 from tcstage.poly.tiling import Tiled, tile_outer_band
 from tcstage.program import Binding, TCFunction
@@ -118,9 +119,10 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
                  dynamic: Sequence[str] = (), launch_options=None) -> Compiled:
     """Compiles fn for the shapes of `args` (arrays or shape tuples, scalars as values); the
     size variables in `dynamic` stay symbolic (their values in `args` only pick a sample).
-    `launch_options`: where the statements run as several launches, a function from the TC
-    statement indices of one launch to that launch's options (options="auto"'s heuristic);
-    `options` still decide the launches."""
+    `launch_options`: where the statements run as several launches, a function from a
+    launch's position and the TC statement indices it runs to that launch's options
+    (options="auto"'s heuristic, or a list of options given one per launch); `options`
+    still decide the launches."""
     options = as_options(options)
     dynamic = check_dynamic(fn, dynamic)
     timings: dict[str, float] = {}
@@ -139,23 +141,36 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
     fix_first = options.fix_parameters_before_scheduling or options.schedule_specialize
     with stage("dependences"):
         to_schedule, dependences = scheduled_scop(symbolic, scop, fix_first)
-    mappings: dict[tuple, _Mapping] = {}
+    # (statements, options) -> (mapping, the warnings mapping them gave); a set of statements
+    # may be mapped only to weigh it as a launch (poly/launches.py), so its warnings wait
+    # until it is one
+    mappings: dict[tuple, tuple[_Mapping, list]] = {}
 
-    def mapping(names, own: MappingOptions = options) -> _Mapping:  # (each set mapped once)
+    def mapping(names, own: MappingOptions = options, merging: bool = False) -> _Mapping:
         key = (tuple(names), str(own))
         if key not in mappings:
             whole = len(key[0]) == len(scop.statements)
-            mappings[key] = _map(lowered, own, *(
-                (scop, to_schedule, dependences) if whole else
-                (restricted(scop, key[0]), restricted(to_schedule, key[0]),
-                 _within(dependences, to_schedule, key[0]))), stage)
-        return mappings[key]
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always", TCWarning)
+                made = _map(lowered, own, *(
+                    (scop, to_schedule, dependences) if whole else
+                    (restricted(scop, key[0]), restricted(to_schedule, key[0]),
+                     _within(dependences, to_schedule, key[0]))), stage,
+                    MERGE_FUSION_SECONDS if merging else FUSION_SECONDS)
+            mappings[key] = (made, said)
+        return mappings[key][0]
+
+    def launched(names, own: MappingOptions) -> _Mapping:
+        made = mapping(names, own)
+        for said in mappings[(tuple(names), str(own))][1]:
+            warnings.warn(said.message)  # (a message said again is shown once, as ever)
+        return made
 
     def launch_own(names) -> MappingOptions:
         if launch_options is None:
             return options
         indices = {s.tc_statement for s in scop.statements if s.name in set(names)}
-        return launch_options(indices)
+        return launch_options(len(specs), indices)
     # (the stages' times add up over the statement sets tried and the launches made)
     # per launch: (its options, mapping, its overlap or None, promoted or None)
     specs, overlap_notes = [], []
@@ -171,10 +186,10 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
         whole = len(names) == len(scop.statements)
         launches = partition(*((scop, dependences) if whole else (
             restricted(scop, names), _within(dependences, to_schedule, names))), options,
-            lambda names: mapping(names).parallelism)
+            lambda names, merging=False: mapping(names, merging=merging).parallelism)
         for launch in launches:
             own = launch_own(launch) if len(launches) > 1 or len(specs) else options
-            specs.append((own, mapping(launch, own), None, None))
+            specs.append((own, launched(launch, own), None, None))
     if len(specs) == 1:
         part = _launch(fn, options, binding, lowered, specs[0][1], kernel_name(fn.name), stage,
                        overlap=specs[0][2], promoted=specs[0][3])
@@ -216,17 +231,19 @@ class _Mapping:
     not_contractions: list
 
     @property
-    def parallelism(self) -> int:
-        """What poly/launches.py weighs: blocks (as far as they fill a GPU) times threads."""
-        return fill(math.prod(self.mapped.grid)) * math.prod(self.mapped.block)
+    def parallelism(self) -> tuple[int, int]:
+        """What poly/launches.py weighs: (blocks, threads per block)."""
+        return math.prod(self.mapped.grid), math.prod(self.mapped.block)
 
 
 def _map(lowered, options, scop: Scop, to_schedule: Scop, dependences: isl.UnionMap,
-         stage) -> _Mapping:
-    """The statements of `scop` scheduled, tiled and mapped to blocks and threads."""
+         stage, fusion_seconds: float = FUSION_SECONDS) -> _Mapping:
+    """The statements of `scop` scheduled (the fusing ILPs within `fusion_seconds`), tiled
+    and mapped to blocks and threads."""
     with stage("schedule"):
         schedule = compute_schedule(to_schedule, options.outer_schedule_fusion_strategy,
-                                    options.outer_schedule_allow_skewing, dependences)
+                                    options.outer_schedule_allow_skewing, dependences,
+                                    fusion_seconds)
     with stage("tile"):
         tiled = tile_outer_band(schedule, options.tile_sizes, options.tile_imperfectly_nested,
                                 dependences)
@@ -425,7 +442,8 @@ def compile(source, name: str | None = None, *inputs, options=None, target: str 
     `options`: a `MappingOptions`, its chain text, a preset name, or "auto": the best options
     the autotuner cached for this function, sizes and device, or else a default chosen from the
     TC's structure (with a TCWarning suggesting tuning); default: the single-thread options,
-    `MappingOptions()`.
+    `MappingOptions()`. A list gives one set per launch of a kernel sequence, in launch order
+    (the first also decides the launches; docs/cuda.md "Kernel sequences").
     `target`: "cuda" (launch with pycuda) or "cuda-emulated" (the same source run on the CPU).
     `out`: the starting values of in/out outputs, as for calls.
     A Halide pipeline (`tc.from_halide(funcs)`) is compiled as `tc.compile(f, *inputs,
@@ -452,9 +470,11 @@ def compile(source, name: str | None = None, *inputs, options=None, target: str 
             "*inputs), is not tcstage's)")
     dynamic = check_dynamic(fn, dynamic)  # before the work of finding options
     auto = isinstance(options, str) and options.strip().lower() == "auto"
-    per_launch = None
+    per_launch = listed = compiled = None
+    if isinstance(options, (list, tuple)):
+        options, per_launch, listed = _options_per_launch(name, options)
     if auto:
-        options, per_launch = auto_options(fn, inputs, out, target)
+        options, per_launch, compiled, said = auto_options(fn, inputs, out, target)
     elif isinstance(options, MappingOptions) and (start := _starting_point(options)):
         warn(f"in '{name}': these options are {start}. tcstage's options are immutable: "
              "o.tile(32) returns new options and leaves o as it was (TC's change o in place), "
@@ -469,6 +489,8 @@ def compile(source, name: str | None = None, *inputs, options=None, target: str 
     # auto's structural default gives each launch of a sequence its own options: the same
     # kernel as these options alone where there is one launch
     own_key = key + ("options per launch",) if per_launch is not None else key
+    if listed is not None:
+        own_key = key = key + tuple(map(str, listed))
     with _kernels_lock:
         kernel = _kernels.get(own_key)
         if kernel is None and per_launch is not None and key in _kernels \
@@ -477,7 +499,19 @@ def compile(source, name: str | None = None, *inputs, options=None, target: str 
         if kernel is not None:
             _kernels.move_to_end(own_key if own_key in _kernels else key)
             return kernel
-    kernel = Kernel(compile_cuda(fn, inputs, out, options, dynamic, per_launch), target)
+    if compiled is not None and not dynamic:  # (auto compiled it to weigh it)
+        for one in said:
+            warnings.warn(one.message)
+    else:
+        compiled = compile_cuda(fn, inputs, out, options, dynamic, per_launch)
+    if listed is not None and len(listed) != len(compiled.parts):
+        runs = "; ".join(f"launch {k}: {', '.join(sorted({s.tensor for s in p.scop.statements}))}"
+                         for k, p in enumerate(compiled.parts))
+        raise TCError(f"tc.compile('{name}'): {len(listed)} sets of options were given, one per "
+                      f"launch, but under the first set '{name}' runs as "
+                      f"{len(compiled.parts)} launch(es) ({runs}): give one set per launch, in "
+                      "this order (kernel.launches lists them)")
+    kernel = Kernel(compiled, target)
     with _kernels_lock:
         _kernels[own_key] = kernel
         if len(kernel.launches) == 1:
@@ -485,6 +519,30 @@ def compile(source, name: str | None = None, *inputs, options=None, target: str 
         while len(_kernels) > COMPILED_KERNELS:
             _kernels.popitem(last=False)
     return kernel
+
+
+def _options_per_launch(name: str, given) -> tuple:
+    """A list of options, one per launch of a kernel sequence: (the first, which decides the
+    launches and maps the first, the function giving launch k the k-th, the list)."""
+    if not given:
+        raise TCArgumentError(f"tc.compile('{name}'): options=[] gives no options: give one "
+                              "set per launch, or one MappingOptions for them all")
+    listed = []
+    for k, one in enumerate(given):
+        if isinstance(one, str) and one.strip().lower() == "auto":
+            raise TCArgumentError(f"tc.compile('{name}'): options[{k}] is 'auto', which chooses "
+                                  "every launch's options itself: pass options='auto' alone")
+        try:
+            listed.append(as_options(one))
+        except TCError as e:
+            raise TCArgumentError(f"tc.compile('{name}'): options[{k}]: {e.message}") from None
+    if len(listed) > 1 and any(o.overlapped_tiles for o in listed):
+        raise TCArgumentError(
+            f"tc.compile('{name}'): overlappedTiles(True) plans its launches from one set of "
+            "options, so it cannot come in a list of options per launch: give one set")
+    listed = tuple(listed)
+    return listed[0], lambda position, _statements: listed[min(position, len(listed) - 1)], \
+        listed
 
 
 def _starting_point(options: MappingOptions) -> str:
@@ -527,22 +585,22 @@ def _source_key(fn) -> str:
     return tc_hash(fn)
 
 
-def _predicted_best(fn, inputs, out, candidates, per_launch=None) -> MappingOptions:
-    """The candidate options whose kernel the cost model (H100) predicts fastest; where one
-    cannot be compiled or predicted, the others."""
-    import warnings
+def _predicted_best(fn, inputs, out, candidates, per_launch=None) -> tuple:
+    """The candidate options whose kernel the cost model (H100) predicts fastest, with that
+    compilation and the warnings it gave: (options, Compiled, warnings); where one cannot be
+    compiled or predicted, the others ((candidates[0], None, []) where none can)."""
     from tcstage.tune import model
-    best, best_time = candidates[0], math.inf
+    best, best_time = (candidates[0], None, []), math.inf
     for options in candidates:
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                time = model.predict(compile_cuda(fn, inputs, out, options,
-                                                  launch_options=per_launch), model.H100).time
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always", TCWarning)
+                compiled = compile_cuda(fn, inputs, out, options, launch_options=per_launch)
+                time = model.predict(compiled, model.H100).time
         except TCError:
             continue
         if time < best_time:
-            best, best_time = options, time
+            best, best_time = (options, compiled, said), time
     return best
 
 
@@ -550,7 +608,8 @@ def auto_options(fn: TCFunction, inputs, out, target: str):
     """options="auto": the cached best for this call on this device (a GPU's measurement
     first, then the cost model's), else the structural default with a TCWarning; with the
     latter, the function giving each launch of a kernel sequence its own (None with the
-    former): (options, launch options)."""
+    former): (options, launch options, their compilation or None, the warnings it gave:
+    where the cost model chose between candidates, the winner is compiled already)."""
     from tcstage.tune.cache import CacheError
     from tcstage.tune.heuristic import heuristic_options
     from tcstage.tune.model import H100
@@ -564,7 +623,7 @@ def auto_options(fn: TCFunction, inputs, out, target: str):
             warn(f"options='auto' could not read the tuning cache: {e.message}")
             break
         if found is not None:
-            return found, None
+            return found, None, None, []
     from tcstage.inputs import call_shapes
     values = {**binding.sizes, **{k: v for k, v in binding.scalars.items()
                                   if not hasattr(v, "shape")}}
@@ -572,18 +631,18 @@ def auto_options(fn: TCFunction, inputs, out, target: str):
     reports = fn.ranges(*shapes, out=tuple(outs) or None)
     options = heuristic_options(fn, reports)
 
-    @functools.cache
+    @functools.cache  # (launches of overlapped tiles take the function's options)
     def own(statements: frozenset) -> MappingOptions:
-        return heuristic_options(fn, reports, statements).overlappedTiles(
-            options.overlapped_tiles)
+        return heuristic_options(fn, reports, statements)
 
-    def per_launch(statements) -> MappingOptions:
+    def per_launch(_position, statements) -> MappingOptions:
         return own(frozenset(statements))
+    compiled, said = None, []
     if any(t.kind == "temp" for t in fn.checked.tensors.values()):
-        options = _predicted_best(fn, inputs, out, [options, options.overlappedTiles(True)],
-                                  per_launch)
+        options, compiled, said = _predicted_best(
+            fn, inputs, out, [options, options.overlappedTiles(True)], per_launch)
     sizes = ", ".join(f"{k}={v}" for k, v in sorted(binding.sizes.items()))
     warn(f"options='auto': no tuned options for '{fn.name}' at {sizes} in the cache; using a "
          f"default from the TC's structure: {options}. tc.autotune(...) or `tcstage tune` "
          "finds better ones and caches them")
-    return options, per_launch
+    return options, per_launch, compiled, said

@@ -5,12 +5,10 @@ thread, would fill that many blocks of its size, and never a single block where 
 more than one SM's worth (2048 threads). The blocks and threads are the cost model's account of
 the compiled launches (benchmarks/gpu_use.py prints the same table and flags the rest `few`).
 
-The documented options are asserted too (a Halide app's: its module's GPU_OPTIONS), with the
-cases where they do not fill named: the paper's own manual options for tmm-small,
-tmm-medium-registers, MLP1-registers and MLP3 (sized for the GPUs of 2017), and bilateral_grid,
-which documents no options (no one set of tile sizes suits its 4-d grid and its 2-d image: TC's
-naive starting point stands in). interpolate and local_laplacian compile for minutes at their
-benchmark sizes: benchmarks/gpu_use.py reports them (benchmarks/results/gpu-use-*).
+The documented options are asserted too (a Halide app's: its module's GPU_OPTIONS, for
+bilateral_grid one set per launch), with the cases where they do not fill named: the paper's own
+manual options for tmm-small, tmm-medium-registers, MLP1-registers and MLP3 (sized for the GPUs
+of 2017).
 """
 
 import importlib
@@ -34,10 +32,10 @@ from benchmarks.gpu_bench import cases, program, shapes  # noqa: E402
 H100 = model.H100
 ONE_SM = 2048  # threads an SM holds
 # documented options that leave SMs idle, and why (see the module's docstring)
-DOCUMENTED_FEW = {"tmm-small", "tmm-medium-registers", "MLP1-registers", "MLP3",
-                  "halide/bilateral_grid"}
+DOCUMENTED_FEW = {"tmm-small", "tmm-medium-registers", "MLP1-registers", "MLP3"}
 HALIDE_APPS = ["blur", "harris", "erode", "conv_layer", "matmul"]
-HALIDE_SLOW = ["stencil_chain", "bilateral_grid"]  # 15 to 70 s each to compile here
+# 10 s to 2.5 min each to compile here
+HALIDE_SLOW = ["stencil_chain", "bilateral_grid", "interpolate", "local_laplacian"]
 
 
 def _launches(kernel):
@@ -111,8 +109,7 @@ def _check_app(name, which):
     module = importlib.import_module(f"examples.halide.{name}")
     args = module.inputs(np.random.default_rng(0), "bench")
     fn = tc.from_halide(module.build().outputs[0], name=name)
-    options = "auto" if which == "auto" else \
-        getattr(module, "GPU_OPTIONS", None) or tc.MappingOptions.named("naive")
+    options = "auto" if which == "auto" else module.GPU_OPTIONS
     kernel = _compile(fn, *args, output_shape=module.output_shapes(args)[0], options=options)
     why = _starved(_launches(kernel))
     if which == "documented" and f"halide/{name}" in DOCUMENTED_FEW:

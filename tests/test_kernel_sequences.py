@@ -162,9 +162,14 @@ def test_describe_and_explain_cover_every_launch():
 
 
 def test_the_split_rule():
-    # one kernel is kept where it has more than half the blocks its statements would apart
-    assert starved(1, 2) and starved(8, 64) and starved(64, 128)
-    assert not starved(65, 128) and not starved(128, 128) and not starved(1, 1)
+    # one kernel is kept where it has more than half the blocks its statements would apart,
+    # as long as it fills an H100 (two blocks per SM) if they would
+    assert starved((1, 1), (2, 1)) and starved((8, 32), (64, 32)) and starved((64, 1), (128, 1))
+    assert not starved((65, 1), (128, 1)) and not starved((128, 1), (128, 1))
+    assert not starved((1, 1), (1, 1)) and not starved((1, 256), (1, 256))
+    assert not starved((200, 256), (263, 256)) and starved((200, 256), (264, 256))
+    assert not starved((264, 256), (10 ** 6, 256))  # (blocks beyond a full GPU do not count)
+    assert starved((264, 32), (264, 256))
 
 
 def test_auto_gives_each_launch_the_options_of_its_own_statements(tmp_path, monkeypatch):
@@ -188,3 +193,50 @@ def mixed(float(N, C, H, W) X) -> (S, Y) {
     S, Y = k(X)
     np.testing.assert_allclose(S, X.sum((2, 3)), rtol=1e-4)
     np.testing.assert_allclose(Y, X / X.sum((2, 3))[:, :, None, None], rtol=1e-4)
+
+
+def test_a_list_of_options_maps_each_launch_with_its_own():
+    """options=[...]: one set per launch, in launch order (the first also decides the
+    launches); each launch is mapped as its set says and Launch.options names it."""
+    source = """
+def mixed(float(N, C, H, W) X) -> (S, Y) {
+  S(n, c) +=! X(n, c, h, w)
+  Y(n, c, h, w) = X(n, c, h, w) / S(n, c)
+}
+"""
+    X = np.random.default_rng(5).random((4, 8, 16, 64), dtype=np.float32) + 0.5
+    fn = _fn(source, "mixed")
+    first = M().tile(2, 4).mapToThreads(4, 2).mapToBlocks(2, 2)
+    second = M().tile(1, 1, 8, 32).mapToThreads(32, 8).mapToBlocks(4, 8, 2)
+    k = _kernel(fn, [X], [first, "MappingOptions().tile(1, 1, 8, 32).mapToThreads(32, 8)"
+                          ".mapToBlocks(4, 8, 2)"])
+    assert [launch.options for launch in k.launches] == [first, second]
+    assert [launch.grid for launch in k.launches] == [(2, 2, 1), (4, 8, 2)]
+    assert [launch.block for launch in k.launches] == [(4, 2, 1), (32, 8, 1)]
+    S, Y = k(X)
+    np.testing.assert_allclose(S, X.sum((2, 3)), rtol=1e-4)
+    np.testing.assert_allclose(Y, X / X.sum((2, 3))[:, :, None, None], rtol=1e-4)
+    # one set for them all is the same as before, and compiles apart from the list's
+    alone = _kernel(fn, [X], first)
+    assert [launch.options for launch in alone.launches] == [first, first]
+
+
+def test_a_list_of_options_of_the_wrong_length_names_the_launches():
+    I = np.zeros((64, 64), np.float32)
+    with pytest.raises(tc.TCError, match=r"3 sets of options were given, one per launch, but "
+                       r"under the first set 'blur' runs as 2 launch\(es\) \(launch 0: B; "
+                       r"launch 1: O\)"):
+        _kernel(_fn(BLUR, "blur"), [I], [BLUR_OPTIONS] * 3)
+
+
+@pytest.mark.parametrize("options, message", [
+    ([], r"options=\[\] gives no options"),
+    ([BLUR_OPTIONS, "auto"], r"options\[1\] is 'auto'"),
+    ([BLUR_OPTIONS, "MappingOptions().tile(32"], r"options\[1\]: "),
+    ([BLUR_OPTIONS.overlappedTiles(True), BLUR_OPTIONS], r"overlappedTiles\(True\) plans its "
+                                                          r"launches from one set"),
+])
+def test_a_bad_list_of_options_is_refused_before_compiling(options, message):
+    I = np.zeros((64, 64), np.float32)
+    with pytest.raises(tc.TCError, match=message):
+        _kernel(_fn(BLUR, "blur"), [I], options)

@@ -12,11 +12,21 @@ from __future__ import annotations
 import halide as hl
 import numpy as np
 
+import tcstage as tc
 from examples.halide.common import SMALL_IMAGE, App
 
 S_SIGMA = 8
 BENCH_SIZE = (2560, 1536)
 R_SIGMA = 0.1
+# tcstage's options for its CUDA kernels (docs/halide.md), one set per launch, as Halide's GPU
+# schedule tiles each Func on its own: the 4-d histogram and blurs (c, z, y, x) in tiles of one
+# channel and bin by 8 x 32 cells, the 3-d sample (c, y, x) and the 2-d output (y, x) by 8 x 32
+# pixels; the first set splits the pipeline into these 7 launches (histogram: 2)
+_GRID = tc.MappingOptions().tile(1, 1, 8, 32).mapToThreads(32, 8).mapToBlocks(2, 64, 64)
+GPU_OPTIONS = [_GRID, tc.MappingOptions().tile(1, 8, 32).mapToThreads(32, 8).mapToBlocks(2, 64, 64),
+               _GRID, _GRID, _GRID,
+               tc.MappingOptions().tile(1, 8, 32).mapToThreads(32, 8).mapToBlocks(2, 1024, 1024),
+               tc.MappingOptions().tile(8, 32).mapToThreads(32, 8).mapToBlocks(1024, 1024)]
 UNSCHEDULED = "slow"  # inlined, each blur recomputes the 125-cell footprint of the histogram
 
 

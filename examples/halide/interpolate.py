@@ -12,10 +12,15 @@ from __future__ import annotations
 import halide as hl
 import numpy as np
 
+import tcstage as tc
 from examples.halide.common import SMALL_IMAGE, App, vector_width
 
 LEVELS = 10
 CLAMP_LEVEL = 4
+# tcstage's options for its CUDA kernels (docs/halide.md): each level's (c, y, x) in tiles of
+# one channel by 8 x 32 pixels, blocks over all three (the levels run as launches of their own:
+# a level reads the one before at 2x or x / 2, across every tile)
+GPU_OPTIONS = tc.MappingOptions().tile(1, 8, 32).mapToThreads(32, 8).mapToBlocks(4, 1024, 1024)
 UNSCHEDULED = "infeasible"  # inlined, every level would recompute all those below it
 BENCH_SIZE = (2560, 1536)
 

@@ -42,6 +42,7 @@ class Launch:
     shared_bytes: int  # dynamic shared memory per block (tcstage's is all static: 0)
     static_shared_bytes: int  # the promoted tiles' __shared__ buffers per block
     statements: tuple[str, ...]  # the TC statements it runs, as written
+    options: object = None  # the MappingOptions that mapped it (each launch's own, see compile)
 
 
 class Kernel:
@@ -92,7 +93,7 @@ class Kernel:
             texts = tuple(statement_text(fn.statements[i]) for i in indices) if fn is not None \
                 else tuple(s.tensor for s in part.scop.statements)
             out.append(Launch(part.cuda.name, self._part_grid(part, self.compiled.binding.sizes),
-                              part.cuda.block, 0, part.shared_bytes, texts))
+                              part.cuda.block, 0, part.shared_bytes, texts, part.options))
         return out
 
     @property

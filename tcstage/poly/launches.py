@@ -7,10 +7,11 @@ The statements are grouped into the strongly connected components of their depen
 (a group's statements depend on each other both ways: they belong to one kernel), in an order
 every dependence follows (program order among independent ones). A kernel's parallelism is
 what the options give its statements, scheduled, tiled and mapped: blocks (counted up to
-FEW_BLOCKS, a full GPU) times threads per block. One kernel of everything is kept where it has
-more than half the parallelism of the group with the most alone. Otherwise the first launch
-takes the first group, and each next group joins the current launch where that keeps more
-than half the parallelism of its best group alone, else starts a new launch. So a TC or
+FULL_GPU_BLOCKS, a full GPU) times threads per block. One kernel of everything is kept where
+it has more than half the parallelism of the group with the most alone, and fills the GPU if
+that group does. Otherwise the first launch takes the first group, and each next group joins
+the current launch where that keeps as much of the parallelism of its best group alone, else
+starts a new launch. So a TC or
 pipeline whose statements map well together stays one launch (a softmax with its rows on
 blocks), and inside each launch the fusion strategy still decides what is fused. Between
 launches, what one writes and a later one reads stays in global memory, where every tensor of
@@ -26,7 +27,6 @@ import attrs
 import islpy as isl
 
 from tcstage.options import MappingOptions
-from tcstage.poly.mapping import FEW_BLOCKS
 from tcstage.poly.scop import Scop
 
 
@@ -110,16 +110,30 @@ def groups(scop: Scop, dependences: isl.UnionMap) -> list[list[str]]:
     return out
 
 
+# Seconds the fusing ILPs get (poly/schedule.py) when a launch and the next group are weighed
+# as one kernel. Where fusing them takes longer, the one kernel would run them apart, losing
+# its blocks, so the group starts a launch of its own either way; interpolate's pyramid levels
+# took 8 s (schedule.FUSION_SECONDS) at each of a dozen such steps.
+MERGE_FUSION_SECONDS = 2.0
+
+
+# Blocks that fill a GPU: two per SM of an H100 or H200 (132 SMs), so that one block's wait
+# for memory hides behind another's work (the rule tests/test_gpu_fill.py holds launches to).
+FULL_GPU_BLOCKS = 2 * 132
+
+
 def fill(blocks: int) -> int:
-    """Blocks as far as they count: beyond FEW_BLOCKS the GPU is full."""
-    return min(blocks, FEW_BLOCKS)
+    """Blocks as far as they count: beyond FULL_GPU_BLOCKS the GPU is full."""
+    return min(blocks, FULL_GPU_BLOCKS)
 
 
 def partition(scop: Scop, dependences: isl.UnionMap, options: MappingOptions,
               parallelism) -> list[list[str]]:
-    """The statements of each launch, in launch order. `parallelism(names)` is what the
-    options give those statements as one kernel: its blocks (as far as they fill a GPU, `fill`)
-    times its threads per block (the compiler schedules, tiles and maps them to find it)."""
+    """The statements of each launch, in launch order. `parallelism(names, merging=False)`
+    is what the options give those statements as one kernel: (blocks, threads per block)
+    (the compiler schedules, tiles and maps them to find it; `merging`: a launch and the next
+    group, whose fusion gets less time, as one that does not come quickly will not keep their
+    parallelism)."""
     parts = groups(scop, dependences)
     if len(parts) <= 1 or math.prod(options.blocks) <= 1:
         return [[s.name for s in scop.statements]]
@@ -127,27 +141,36 @@ def partition(scop: Scop, dependences: isl.UnionMap, options: MappingOptions,
     together = parallelism(everything)
     # (no group alone can have more than all the blocks and threads asked for: a kernel
     # with over half of that is kept without mapping the groups)
-    most = fill(math.prod(options.blocks)) * max(math.prod(options.threads), 32)
+    most = (math.prod(options.blocks), max(math.prod(options.threads), 32))
     if not starved(together, most):
         return [everything]
     alone = [parallelism(p) for p in parts]
-    if not starved(together, max(alone)):
+    if not starved(together, max(alone, key=amount)):
         return [everything]
     launches, current, best = [], list(parts[0]), alone[0]
     for part, own in zip(parts[1:], alone[1:]):
-        if starved(parallelism(current + part), max(best, own)):
+        if starved(parallelism(current + part, merging=True), max(best, own, key=amount)):
             launches.append(current)
             current, best = list(part), own
         else:
-            current, best = current + part, max(best, own)
+            current, best = current + part, max(best, own, key=amount)
     launches.append(current)
     order = {s.name: k for k, s in enumerate(scop.statements)}
     return [sorted(launch, key=order.get) for launch in launches]
 
 
-def starved(together: int, apart: int) -> bool:
-    """Whether statements whose kernels of their own would have parallelism `apart` lose too
-    much of it in one kernel, `together`: half or more. (Within a factor of two, one kernel
-    wins: it saves a launch and keeps what the fusion strategy fused; beyond it, idle SMs and
+def amount(parallelism: tuple[int, int]) -> int:
+    """A kernel's (blocks, threads per block) as one number: its blocks as far as they fill
+    a GPU, times its threads."""
+    blocks, threads = parallelism
+    return fill(blocks) * threads
+
+
+def starved(together: tuple[int, int], apart: tuple[int, int]) -> bool:
+    """Whether statements whose kernels of their own would have parallelism `apart` (blocks,
+    threads per block) lose too much of it in one kernel, `together`: half or more, or the
+    blocks that fill a GPU. (Within a factor of two, one kernel wins where it still fills the
+    GPU: it saves a launch and keeps what the fusion strategy fused; beyond it, idle SMs and
     threads cost more.)"""
-    return 2 * together <= apart
+    return 2 * amount(together) <= amount(apart) or \
+        fill(together[0]) < FULL_GPU_BLOCKS <= fill(apart[0])

@@ -25,6 +25,7 @@ The scheduler's ILPs can grow without bound on unlucky inputs; its work is bound
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import math
@@ -99,9 +100,11 @@ def scheduled_scop(symbolic: Scop, fixed: Scop, fix_first: bool) -> tuple[Scop, 
 
 
 def compute_schedule(scop: Scop, fusion="Preserve3Coincident", allow_skewing: bool = False,
-                     dependences: isl.UnionMap | None = None) -> isl.Schedule:
+                     dependences: isl.UnionMap | None = None,
+                     fusion_seconds: float = None) -> isl.Schedule:
     """An isl schedule tree for the scop under the given fusion strategy; `dependences` (all
-    of them) saves recomputing the scop's. More than CHUNK statements (or CHUNK_TENSORS tensors)
+    of them) saves recomputing the scop's; the ILPs that fuse statements of several tensors
+    get `fusion_seconds` in all (default FUSION_SECONDS). More than CHUNK statements (or CHUNK_TENSORS tensors)
     are scheduled a chunk at a time, in program order, and consecutive chunks fuse their outer
     bands where that is legal (`_chained`): the scheduler's ILPs grow much faster than the
     statements they hold."""
@@ -131,9 +134,20 @@ def compute_schedule(scop: Scop, fusion="Preserve3Coincident", allow_skewing: bo
                 return None
             if len({s.tensor for s in statements}) < 2:
                 return run(**options)
+            key = (str(constraints), tuple(sorted({**limits, **options}.items())))
+            if key in _fusion_results:
+                found, seconds = _fusion_results[key]
+                # (an ILP that did not end within a time will not within a second more)
+                if found is not None or seconds + 1.0 >= clock["left"]:
+                    _fusion_results.move_to_end(key)
+                    return found
             start = time.monotonic()
             try:
-                return within_seconds(lambda: run(**options), clock["left"])
+                found = within_seconds(lambda: run(**options), clock["left"])
+                _fusion_results[key] = (found, clock["left"])
+                while len(_fusion_results) > FUSION_RESULTS_KEPT:
+                    _fusion_results.popitem(last=False)
+                return found
             finally:
                 clock["left"] -= time.monotonic() - start
 
@@ -145,14 +159,15 @@ def compute_schedule(scop: Scop, fusion="Preserve3Coincident", allow_skewing: bo
         return fusing(serialize_sccs=0, whole_component=0) or \
             run(serialize_sccs=1, whole_component=0)
 
-    clock = {"left": FUSION_SECONDS}
+    fusion_seconds = FUSION_SECONDS if fusion_seconds is None else fusion_seconds
+    clock = {"left": fusion_seconds}
 
     statements = scop.statements
     chunks = [statements] if strategy == "Min" else _chunks(statements)  # Min: one ILP each
     try:
         parts = [(scheduled(chunk), chunk) for chunk in chunks]
         if clock["left"] <= 0:
-            warn(f"in '{scop.name}', the isl scheduler's fusion took more than {FUSION_SECONDS} s: "
+            warn(f"in '{scop.name}', the isl scheduler's fusion took more than {fusion_seconds} s: "
                  "the statements it had not fused by then are scheduled apart, as under "
                  "scheduleFusionStrategy('Min')")
     except WorkLimitExceeded as exceeded:
@@ -170,6 +185,13 @@ CHUNK = 24
 # process that is stopped at the limit; the rest is then scheduled without fusion, which takes
 # milliseconds. interpolate's pyramid (x / 2, 2x + 1 between 3-d Funcs) needs minutes otherwise.
 FUSION_SECONDS = 8.0
+
+# The fusing ILPs' results (a schedule, or None: not done within the seconds given) by their
+# constraints' text and isl options, most recent last. One compilation schedules the same chunk
+# many times: kernel sequences (poly/launches.py) schedule a growing run of statements, whose
+# chunks but the last are those of the run before; options="auto" compiles twice.
+_fusion_results: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
+FUSION_RESULTS_KEPT = 512
 
 # ... and tensors it writes: fusing a chain of stencils over 4-d domains (bilateral_grid's blurs
 # of a Halide pipeline) took the ILP 0.04 s for 3 of them, 17 s for 4 and minutes for 6, work
