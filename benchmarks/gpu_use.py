@@ -4,7 +4,8 @@ launch (the facts `Kernel.explain()` reports, as one table).
 
 Cases: every line of schedules/paper-manual.txt (the paper's kernels at the paper's sizes with
 their documented options) and every Halide app of examples/halide at its benchmark size, each
-under its documented options (the module's GPU_OPTIONS: for bilateral_grid, one set per launch),
+under its documented options (the module's GPU_OPTIONS: for bilateral_grid, one set per launch;
+local_laplacian has none),
 `options="auto"` and, with --presets, TC's starting points. Only compiles: nothing runs, so
 the paper's sizes are fine on any machine.
 
@@ -54,7 +55,7 @@ def halide_cases():
         fn = tc.from_halide(app.outputs if len(app.outputs) > 1 else app.outputs[0], name=name)
         yield (f"halide/{name}", (fn, None, args,
                                   {"output_shape": module.output_shapes(args)}),
-               module.GPU_OPTIONS)
+               getattr(module, "GPU_OPTIONS", None))
 
 
 def compile_case(what, options):
@@ -112,7 +113,8 @@ def main(argv=None) -> int:
         for name, what, documented in source():
             if args.only and name not in args.only:
                 continue
-            choices = [("documented", documented), ("auto", "auto")] + \
+            choices = [("documented", documented)] * (documented is not None) + \
+                [("auto", "auto")] + \
                 ([(p, p) for p in PRESETS] if args.presets else [])
             for label, options in choices:
                 start = time.perf_counter()

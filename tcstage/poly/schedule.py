@@ -134,7 +134,8 @@ def compute_schedule(scop: Scop, fusion="Preserve3Coincident", allow_skewing: bo
                 return None
             if len({s.tensor for s in statements}) < 2:
                 return run(**options)
-            key = (str(constraints), tuple(sorted({**limits, **options}.items())))
+            key = (str(constraints), tuple(sorted({**limits, **options}.items())),
+                   budget.SCHEDULE)
             if key in _fusion_results:
                 found, seconds = _fusion_results[key]
                 # (an ILP that did not end within a time will not within a second more)
