@@ -170,6 +170,9 @@ def test_the_split_rule():
     assert not starved((200, 256), (263, 256)) and starved((200, 256), (264, 256))
     assert not starved((264, 256), (10 ** 6, 256))  # (blocks beyond a full GPU do not count)
     assert starved((264, 32), (264, 256))
+    # and never a single block where they would have more (local_laplacian's coarsest levels:
+    # 1 block of 208 threads against 40 of 8)
+    assert starved((1, 208), (40, 8)) and not starved((2, 208), (40, 8))
 
 
 def test_auto_gives_each_launch_the_options_of_its_own_statements(tmp_path, monkeypatch):

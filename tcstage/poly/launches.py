@@ -8,8 +8,8 @@ The statements are grouped into the strongly connected components of their depen
 every dependence follows (program order among independent ones). A kernel's parallelism is
 what the options give its statements, scheduled, tiled and mapped: blocks (counted up to
 FULL_GPU_BLOCKS, a full GPU) times threads per block. One kernel of everything is kept where
-it has more than half the parallelism of the group with the most alone, and fills the GPU if
-that group does. Otherwise the first launch takes the first group, and each next group joins
+it has more than half the parallelism of the group with the most alone, fills the GPU if
+that group does, and has more than one block if it has. Otherwise the first launch takes the first group, and each next group joins
 the current launch where that keeps as much of the parallelism of its best group alone, else
 starts a new launch. So a TC or
 pipeline whose statements map well together stays one launch (a softmax with its rows on
@@ -168,9 +168,9 @@ def amount(parallelism: tuple[int, int]) -> int:
 
 def starved(together: tuple[int, int], apart: tuple[int, int]) -> bool:
     """Whether statements whose kernels of their own would have parallelism `apart` (blocks,
-    threads per block) lose too much of it in one kernel, `together`: half or more, or the
-    blocks that fill a GPU. (Within a factor of two, one kernel wins where it still fills the
-    GPU: it saves a launch and keeps what the fusion strategy fused; beyond it, idle SMs and
-    threads cost more.)"""
+    threads per block) lose too much of it in one kernel, `together`: half or more, the blocks
+    that fill a GPU, or all blocks but one (one SM would run it all). (Within a factor of two,
+    one kernel wins where it still fills the GPU: it saves a launch and keeps what the fusion
+    strategy fused; beyond it, idle SMs and threads cost more.)"""
     return 2 * amount(together) <= amount(apart) or \
-        fill(together[0]) < FULL_GPU_BLOCKS <= fill(apart[0])
+        fill(together[0]) < FULL_GPU_BLOCKS <= fill(apart[0]) or together[0] == 1 < apart[0]

@@ -51,6 +51,11 @@ from tcstage.poly.tiling import Tiled
 # whole (a reduction over the image) is the number of tiles.
 MAX_RECOMPUTE = 2.0
 ALIGN = 16  # bytes: where each intermediate's buffer starts in the pool
+# Parts a run may grow by while its refusals are ones more parts may lift (_Pending), before
+# it stops: each attempt plans the whole run again, and a long pipeline whose stages of
+# several ranks keep a run pending to its end made that quadratic in its length
+# (local_laplacian's 90 statements: over 20 minutes at 2560 x 1536).
+PENDING_PARTS = 8
 NOTHING = "there is no intermediate tensor to recompute (every tensor written is an output)"
 
 
@@ -185,7 +190,8 @@ def overlap_groups(scop: Scop, parts: Sequence[Sequence[str]], outputs: Collecti
     Growing: from each start, the longest run of parts with a plan wins. A refusal that more
     parts may lift (_Pending: nothing to recompute yet, an output read at other elements or
     outputs of several ranks, where the readers making them outputs have not joined) lets the
-    run grow on; any other (too much recomputation or shared memory, a recurrence) ends it."""
+    run grow on, for up to PENDING_PARTS parts; any other (too much recomputation or shared
+    memory, a recurrence) ends it."""
     def attempt(names) -> Plan | str:
         inside = set(names)
         # what a statement outside reads, or writes (an update's earlier definition: the group
@@ -199,15 +205,15 @@ def overlap_groups(scop: Scop, parts: Sequence[Sequence[str]], outputs: Collecti
     out: list[tuple[list[str], Plan | None]] = []
     start = 0
     while start < len(parts):
-        best, why = None, None
+        best, why, held = None, None, start
         for end in range(start + 1, len(parts) + 1):
             names = [n for part in parts[start:end] for n in part]
             tried = attempt(names)
             if isinstance(tried, Plan):
-                best = (end, names, tried)
+                best, held = (end, names, tried), end
                 continue
             why = tried
-            if not isinstance(tried, _Pending):
+            if not isinstance(tried, _Pending) or end - held >= PENDING_PARTS:
                 break  # more statements only add work and memory
         if best is None:
             notes.append(str(why))
