@@ -162,8 +162,7 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
 
     def launched(names, own: MappingOptions) -> _Mapping:
         made = mapping(names, own)
-        for said in mappings[(tuple(names), str(own))][1]:
-            warnings.warn(said.message)  # (a message said again is shown once, as ever)
+        _say_again(mappings[(tuple(names), str(own))][1])
         return made
 
     def launch_own(names) -> MappingOptions:
@@ -500,8 +499,7 @@ def compile(source, name: str | None = None, *inputs, options=None, target: str 
             _kernels.move_to_end(own_key if own_key in _kernels else key)
             return kernel
     if compiled is not None and not dynamic:  # (auto compiled it to weigh it)
-        for one in said:
-            warnings.warn(one.message)
+        _say_again(said)
     else:
         compiled = compile_cuda(fn, inputs, out, options, dynamic, per_launch)
     if listed is not None and len(listed) != len(compiled.parts):
@@ -519,6 +517,16 @@ def compile(source, name: str | None = None, *inputs, options=None, target: str 
         while len(_kernels) > COMPILED_KERNELS:
             _kernels.popitem(last=False)
     return kernel
+
+
+def _say_again(said) -> None:
+    """Warnings recorded while compiling, issued now (a TCWarning, as ever, from the caller's
+    line outside tcstage)."""
+    for one in said:
+        if issubclass(one.category, TCWarning):
+            warn(str(one.message))
+        else:
+            warnings.warn(one.message)
 
 
 def _options_per_launch(name: str, given) -> tuple:
