@@ -80,7 +80,7 @@ def rows(kernel, device, ptxas: bool):
     out = []
     for part, p in zip(parts, prediction.launches or (prediction,)):
         least = least_bytes(part)
-        work = _outputs(part)  # elements written: the parallel work, reductions aside
+        work = launch_work(part)  # elements written: the parallel work, reductions aside
         few = p.blocks < 2 * device.sms and work >= 2 * device.sms * p.threads_per_block
         out.append((part.cuda.name, p.blocks, 100 * min(p.blocks, device.sms) / device.sms,
                     p.blocks / device.sms, p.threads_per_block, p.occupancy,
@@ -89,9 +89,10 @@ def rows(kernel, device, ptxas: bool):
     return out
 
 
-def _outputs(part) -> int:
+def launch_work(part) -> int:
     """Elements the launch's statements write (each statement's own, summed), but not the
-    intermediates overlapped tiles keep in shared memory (as tests/test_gpu_fill.py counts)."""
+    intermediates overlapped tiles keep in shared memory (tests/test_gpu_fill.py counts with
+    it)."""
     scratch = part.overlap.scratch if part.overlap is not None else frozenset()
     return sum(model.elements(s.write.relation.range()) for s in part.scop.statements
                if s.tensor not in scratch)

@@ -146,23 +146,22 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
     # until it is one
     mappings: dict[tuple, tuple[_Mapping, list]] = {}
 
-    def mapping(names, own: MappingOptions = options, merging: bool = False) -> _Mapping:
+    def mapped(names, own: MappingOptions = options, merging: bool = False) -> tuple:
         key = (tuple(names), str(own))
         if key not in mappings:
             whole = len(key[0]) == len(scop.statements)
-            with warnings.catch_warnings(record=True) as said:
-                warnings.simplefilter("always", TCWarning)
+            with _held_warnings() as said:
                 made = _map(lowered, own, *(
                     (scop, to_schedule, dependences) if whole else
                     (restricted(scop, key[0]), restricted(to_schedule, key[0]),
                      _within(dependences, to_schedule, key[0]))), stage,
                     MERGE_FUSION_SECONDS if merging else FUSION_SECONDS)
             mappings[key] = (made, said)
-        return mappings[key][0]
+        return mappings[key]
 
     def launched(names, own: MappingOptions) -> _Mapping:
-        made = mapping(names, own)
-        _say_again(mappings[(tuple(names), str(own))][1])
+        made, said = mapped(names, own)
+        _say_again(said)
         return made
 
     def launch_own(names) -> MappingOptions:
@@ -185,7 +184,7 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
         whole = len(names) == len(scop.statements)
         launches = partition(*((scop, dependences) if whole else (
             restricted(scop, names), _within(dependences, to_schedule, names))), options,
-            lambda names, merging=False: mapping(names, merging=merging).parallelism)
+            lambda names, merging=False: mapped(names, merging=merging)[0].parallelism)
         for launch in launches:
             own = launch_own(launch) if len(launches) > 1 or len(specs) else options
             specs.append((own, launched(launch, own), None, None))
@@ -519,6 +518,14 @@ def compile(source, name: str | None = None, *inputs, options=None, target: str 
     return kernel
 
 
+@contextlib.contextmanager
+def _held_warnings():
+    """Records the TCWarnings (and others) issued inside, for `_say_again` (or silence)."""
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", TCWarning)
+        yield said
+
+
 def _say_again(said) -> None:
     """Warnings recorded while compiling, issued now (a TCWarning, as ever, from the caller's
     line outside tcstage)."""
@@ -601,8 +608,7 @@ def _predicted_best(fn, inputs, out, candidates, per_launch=None) -> tuple:
     best, best_time = (candidates[0], None, []), math.inf
     for options in candidates:
         try:
-            with warnings.catch_warnings(record=True) as said:
-                warnings.simplefilter("always", TCWarning)
+            with _held_warnings() as said:
                 compiled = compile_cuda(fn, inputs, out, options, launch_options=per_launch)
                 time = model.predict(compiled, model.H100).time
         except TCError:

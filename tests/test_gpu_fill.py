@@ -21,13 +21,13 @@ import numpy as np
 import pytest
 
 import tcstage as tc
-from tcstage.poly.count import elements
 from tcstage.tune import model
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.gpu_bench import cases, program, shapes  # noqa: E402
+from benchmarks.gpu_use import launch_work  # noqa: E402
 
 H100 = model.H100
 ONE_SM = 2048  # threads an SM holds
@@ -46,10 +46,7 @@ def _launches(kernel):
     prediction = model.predict(kernel.compiled, H100)
     out = []
     for part, p in zip(kernel.compiled.parts, prediction.launches or (prediction,)):
-        scratch = part.overlap.scratch if part.overlap is not None else frozenset()
-        work = sum(elements(s.write.relation.range()) for s in part.scop.statements
-                   if s.tensor not in scratch)
-        out.append((p.blocks, p.threads_per_block, work))
+        out.append((p.blocks, p.threads_per_block, launch_work(part)))
     return out
 
 

@@ -9,9 +9,9 @@ every dependence follows (program order among independent ones). A kernel's para
 what the options give its statements, scheduled, tiled and mapped: blocks (counted up to
 FULL_GPU_BLOCKS, a full GPU) times threads per block. One kernel of everything is kept where
 it has more than half the parallelism of the group with the most alone, fills the GPU if
-that group does, and has more than one block if it has. Otherwise the first launch takes the first group, and each next group joins
-the current launch where that keeps as much of the parallelism of its best group alone, else
-starts a new launch. So a TC or
+that group does, and has more than one block if it has (`starved`). Otherwise the first
+launch takes the first group, and each next group joins the current launch where that keeps
+as much of the parallelism of its best group alone, else starts a new launch. So a TC or
 pipeline whose statements map well together stays one launch (a softmax with its rows on
 blocks), and inside each launch the fusion strategy still decides what is fused. Between
 launches, what one writes and a later one reads stays in global memory, where every tensor of

@@ -101,11 +101,11 @@ def scheduled_scop(symbolic: Scop, fixed: Scop, fix_first: bool) -> tuple[Scop, 
 
 def compute_schedule(scop: Scop, fusion="Preserve3Coincident", allow_skewing: bool = False,
                      dependences: isl.UnionMap | None = None,
-                     fusion_seconds: float = None) -> isl.Schedule:
+                     fusion_seconds: float | None = None) -> isl.Schedule:
     """An isl schedule tree for the scop under the given fusion strategy; `dependences` (all
     of them) saves recomputing the scop's; the ILPs that fuse statements of several tensors
-    get `fusion_seconds` in all (default FUSION_SECONDS). More than CHUNK statements (or CHUNK_TENSORS tensors)
-    are scheduled a chunk at a time, in program order, and consecutive chunks fuse their outer
+    get `fusion_seconds` in all (default FUSION_SECONDS). More than CHUNK statements (or
+    CHUNK_TENSORS tensors) are scheduled a chunk at a time, in program order, and consecutive chunks fuse their outer
     bands where that is legal (`_chained`): the scheduler's ILPs grow much faster than the
     statements they hold."""
     strategy = _strategy_name(fusion)
@@ -136,19 +136,9 @@ def compute_schedule(scop: Scop, fusion="Preserve3Coincident", allow_skewing: bo
                 return run(**options)
             key = (str(constraints), tuple(sorted({**limits, **options}.items())),
                    budget.SCHEDULE)
-            if key in _fusion_results:
-                found, seconds = _fusion_results[key]
-                # (an ILP that did not end within a time will not within a second more)
-                if found is not None or seconds + 1.0 >= clock["left"]:
-                    _fusion_results.move_to_end(key)
-                    return found
             start = time.monotonic()
             try:
-                found = within_seconds(lambda: run(**options), clock["left"])
-                _fusion_results[key] = (found, clock["left"])
-                while len(_fusion_results) > FUSION_RESULTS_KEPT:
-                    _fusion_results.popitem(last=False)
-                return found
+                return _remembered(key, lambda: run(**options), clock["left"])
             finally:
                 clock["left"] -= time.monotonic() - start
 
@@ -187,12 +177,29 @@ CHUNK = 24
 # milliseconds. interpolate's pyramid (x / 2, 2x + 1 between 3-d Funcs) needs minutes otherwise.
 FUSION_SECONDS = 8.0
 
-# The fusing ILPs' results (a schedule, or None: not done within the seconds given) by their
-# constraints' text and isl options, most recent last. One compilation schedules the same chunk
-# many times: kernel sequences (poly/launches.py) schedule a growing run of statements, whose
-# chunks but the last are those of the run before; options="auto" compiles twice.
+# The fusing ILPs' results (a schedule, or None: not done within the seconds given, which are
+# kept with it) by their constraints' text, isl options and work budget, most recent last. One
+# compilation schedules the same chunk many times: kernel sequences (poly/launches.py) schedule
+# a growing run of statements, whose chunks but the last are those of the run before;
+# options="auto" compiles twice.
 _fusion_results: "collections.OrderedDict[tuple, tuple]" = collections.OrderedDict()
 FUSION_RESULTS_KEPT = 512
+
+
+def _remembered(key: tuple, compute, seconds: float) -> isl.Schedule | None:
+    """within_seconds(compute, seconds), or what it gave before for `key` (a timeout only
+    where it had about as many seconds: an ILP that did not end within a time will not within
+    a second more)."""
+    if key in _fusion_results:
+        found, given = _fusion_results[key]
+        if found is not None or given + 1.0 >= seconds:
+            _fusion_results.move_to_end(key)
+            return found
+    found = within_seconds(compute, seconds)
+    _fusion_results[key] = (found, seconds)
+    while len(_fusion_results) > FUSION_RESULTS_KEPT:
+        _fusion_results.popitem(last=False)
+    return found
 
 # ... and tensors it writes: fusing a chain of stencils over 4-d domains (bilateral_grid's blurs
 # of a Halide pipeline) took the ILP 0.04 s for 3 of them, 17 s for 4 and minutes for 6, work
