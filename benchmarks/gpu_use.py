@@ -12,7 +12,8 @@ the paper's sizes are fine on any machine.
     python3 benchmarks/gpu_use.py [--device H100] [--presets] [--only NAME ...] [--ptxas]
 
 A launch is flagged `few` when its blocks give fewer than two per SM although the elements it
-writes would fill that many blocks of its block size, one element per thread."""
+writes (each counted once) would fill that many blocks of its block size, one element per
+thread."""
 
 from __future__ import annotations
 
@@ -90,12 +91,18 @@ def rows(kernel, device, ptxas: bool):
 
 
 def launch_work(part) -> int:
-    """Elements the launch's statements write (each statement's own, summed), but not the
-    intermediates overlapped tiles keep in shared memory (tests/test_gpu_fill.py counts with
-    it)."""
+    """Elements the launch writes, each counted once however many of its statements write it
+    (an initialisation, a reduction and an activation of one output are one thread's work),
+    leaving out the intermediates overlapped tiles keep in shared memory (tests/test_gpu_fill.py
+    counts with it)."""
     scratch = part.overlap.scratch if part.overlap is not None else frozenset()
-    return sum(model.elements(s.write.relation.range()) for s in part.scop.statements
-               if s.tensor not in scratch)
+    written: dict[str, object] = {}
+    for s in part.scop.statements:
+        if s.tensor not in scratch:
+            region = s.write.relation.range()
+            written[s.tensor] = region if s.tensor not in written else \
+                written[s.tensor].union(region)
+    return sum(model.elements(region) for region in written.values())
 
 
 def main(argv=None) -> int:

@@ -82,13 +82,14 @@ def test_naive_mapping_is_predicted_far_slower_than_the_papers():
 
 
 def test_shared_bank_conflicts_of_an_unpadded_buffer():
-    # tmm-small: S1 reads shared_B[n - 32 b1][kk] with threadIdx.x on n, so neighbouring
+    # tmm-small under the paper's options: S1 reads shared_B[n - 32 b1][kk] with threadIdx.x on n, so neighbouring
     # threads are a row apart: 33 words in the padded buffer (33 mod 32 = 1, no conflict), 32
     # in an unpadded one (every thread in the same bank: 32-way). S1 runs 128 * 256 * 32
     # instances, 32768 warp accesses; the other shared accesses (copies along a row, shared_A
     # broadcast) are conflict-free either way.
-    manual = dict((c[0], c[4]) for c in _paper_cases())["tmm-small"]
-    padded = _compile(TMM, "tmm", [(128, 32), (256, 32)], manual)
+    paper = ("MappingOptions().tile(4, 32).mapToThreads(32, 1).mapToBlocks(32, 8)"
+             ".useSharedMemory(True).usePrivateMemory(True).unroll(4)")  # Appendix A.4's
+    padded = _compile(TMM, "tmm", [(128, 32), (256, 32)], paper)
     promotions = padded.promoted.promotions
     assert [(p.tensor, p.padded) for p in promotions if p.memory == "shared"] == \
         [("A", (4, 33)), ("B", (32, 33))]
