@@ -20,6 +20,9 @@ Three groups of cases:
   GPU schedule (`schedule_gpu`, Halide's JIT for CUDA) in the same run, both timed by the wall
   clock around a call that ends with a device synchronisation, their arrays on the GPU. The
   times Halide's README gives for its apps (a TITAN Xp) are printed beside them as anchors.
+  bilateral_grid, local_laplacian and interpolate take minutes to compile: they are left out
+  unless named in `--only`, and `--halide-long` times them alone (gpu_check.sh's `halide`
+  stage, a device run of its own).
 
 Every case is compiled once, checked against PyTorch's result, then both are timed in this one
 process: CUDA events around each launch after a warm-up, p0 / p50 / p90 in microseconds over
@@ -305,6 +308,9 @@ def all_benches() -> list[Bench]:
 # overlapped tiles for the stencil chains)
 # (quickest to compile first: a run cut short by its time limit keeps the rows it measured)
 HALIDE_APPS = ["blur", "erode", "harris", "matmul", "conv_layer", "stencil_chain"]
+# the pyramids and the grid: one to two minutes each to compile on 2 cores, so they are timed in
+# a device run of their own (`--halide-long`, gpu_check.sh's `halide` stage)
+HALIDE_LONG = ["bilateral_grid", "local_laplacian", "interpolate"]
 # Halide's README of its Li2018 autoscheduler (src/autoschedulers/li2018/README.md), on a
 # TITAN Xp at the apps' own sizes: the only published GPU times of these apps
 HALIDE_ANCHORS = {"stencil_chain": "6.35 ms (Li2018 autoscheduler, TITAN Xp)",
@@ -332,6 +338,13 @@ def wall_ms(run, runs: int, seconds: float) -> list[float]:
     return sorted(out)
 
 
+def _option_sets(module) -> list[tuple[str, object]]:
+    """An app's tcstage options: "auto", then its GPU_OPTIONS where it documents some
+    (local_laplacian does not: no one set of tiles suits its mixed 2-d and 3-d launches)."""
+    documented = getattr(module, "GPU_OPTIONS", None)
+    return [("auto", "auto")] + ([("documented", documented)] if documented is not None else [])
+
+
 def halide_lines(runs: int, seconds: float, only=None, each=lambda lines: None) -> list[str]:
     """One row per app and tcstage option set; a failed case is a row saying why. `each` gets
     the rows so far after every row."""
@@ -344,9 +357,8 @@ def halide_lines(runs: int, seconds: float, only=None, each=lambda lines: None) 
     from benchmarks.halide_bench import agree, halide_runner
     import halide as hl
     lines = []
-    for app_name in HALIDE_APPS:
-        if only and f"halide/{app_name}" not in only:
-            continue
+    for app_name in (HALIDE_APPS + HALIDE_LONG if only is None else
+                     [a.split("/", 1)[1] for a in only]):
         module = importlib.import_module(f"examples.halide.{app_name}")
         args = module.inputs(np.random.default_rng(0), "bench")
         shapes_ = module.output_shapes(args)
@@ -361,7 +373,7 @@ def halide_lines(runs: int, seconds: float, only=None, each=lambda lines: None) 
         except Exception as e:  # noqa: BLE001 - the tcstage rows still run
             want, theirs = None, None
             halide_failed = f"Halide's GPU schedule failed: {type(e).__name__}: {e}"[:200]
-        for label, options in (("auto", "auto"), ("documented", module.GPU_OPTIONS)):
+        for label, options in _option_sets(module):
             try:
                 fn = tc.from_halide(module.build().outputs[0], name=app_name)
                 with warnings.catch_warnings():
@@ -692,7 +704,7 @@ def compile_only(selected: list[Bench], out: str | None = None, apps=()) -> int:
         import numpy as np
         module = importlib.import_module(f"examples.halide.{app_name}")
         args = module.inputs(np.random.default_rng(0), "bench")
-        for label, options in (("auto", "auto"), ("documented", module.GPU_OPTIONS)):
+        for label, options in _option_sets(module):
             start = time.perf_counter()
             try:
                 with warnings.catch_warnings():
@@ -729,17 +741,24 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="also write the report to this file")
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--no-halide", action="store_true", help="leave Halide's apps out")
+    parser.add_argument("--halide-long", action="store_true",
+                        help=f"only the Halide apps that take minutes to compile "
+                             f"({', '.join(HALIDE_LONG)})")
     args = parser.parse_args(argv)
     benches = all_benches()
     apps = [] if args.no_halide else [f"halide/{a}" for a in HALIDE_APPS]
+    if args.halide_long:
+        benches, apps = [], [f"halide/{a}" for a in HALIDE_LONG]
     if args.only:
         wanted = [n.strip() for n in args.only.split(",") if n.strip()]
-        unknown = sorted(set(wanted) - {b.name for b in benches} - set(apps))
+        known = apps if args.halide_long or args.no_halide else \
+            apps + [f"halide/{a}" for a in HALIDE_LONG]
+        unknown = sorted(set(wanted) - {b.name for b in benches} - set(known))
         if unknown:
             parser.error(f"unknown case(s) {', '.join(unknown)}; known: "
                          f"{', '.join([b.name for b in benches] + apps)}")
         benches = [b for b in benches if b.name in wanted]
-        apps = [a for a in apps if a in wanted]
+        apps = [a for a in known if a in wanted]
     if args.compile_only:
         return compile_only(benches, args.out, apps)
     import torch

@@ -34,6 +34,8 @@
 #   tune     benchmarks/tune_bench.py measuring on the GPU (the longest)
 #   suite    the whole test suite with --real-gpu
 #   extras   benchmarks/launch_bench.py and benchmarks/halide_bench.py --gpu
+#   halide   benchmarks/gpu_bench.py --halide-long: bilateral_grid, local_laplacian and
+#            interpolate against their own GPU schedules (minutes to compile each)
 #
 # Everything goes under $OUT (the device tool brings it back; default ./gpu-out): one log per
 # step and gpu-check-<GPU>-<date>[-<stage>].md with each step's result, the benchmark tables and
@@ -353,8 +355,13 @@ if has_gpu; then
         steps+=(launch-bench halide-bench)
         record launch-bench 150 python3 benchmarks/launch_bench.py --out "$out/launch-$tag-$day.md"
         record halide-bench 300 python3 benchmarks/halide_bench.py --gpu --no-write ;;
+    halide)
+        steps+=(halide-long)
+        record halide-long 520 python3 benchmarks/gpu_bench.py --halide-long \
+            --out "$out/gpu-bench-halide-$tag-$day.md" ;;
     *)
-        echo "unknown stage '$stage': (none), pack, torch, tune, suite or extras"; exit 2 ;;
+        echo "unknown stage '$stage': (none), pack, torch, tune, suite, extras or halide"
+        exit 2 ;;
     esac
     summary "$results" "tcstage on $gpu, $day" "$mode"
     exit $?

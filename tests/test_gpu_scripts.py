@@ -204,3 +204,30 @@ def test_real_gpu_twin_launches_each_kernel_of_a_sequence(twin_with):
     np.testing.assert_allclose(c, (a[:-2] + a[1:-1]) + (a[1:-1] + a[2:]), rtol=1e-6)
     assert seen == [(launch.name, launch.grid, launch.block) for launch in k.launches]
     assert twin.take()[0] == 2
+
+
+def test_gpu_bench_keeps_the_long_halide_apps_for_their_own_stage(capsys):
+    """bilateral_grid, local_laplacian and interpolate take minutes to compile: the default run
+    leaves them out, `--only` may name them, `--halide-long` takes them alone; an app without
+    GPU_OPTIONS (local_laplacian) is timed under auto only."""
+    bench = runpy.run_path(str(ROOT / "benchmarks" / "gpu_bench.py"), run_name="gpu_bench")
+    assert not set(bench["HALIDE_LONG"]) & set(bench["HALIDE_APPS"])
+    chosen = []
+    bench["main"].__globals__["compile_only"] = lambda benches, out, apps: \
+        chosen.append(([b.name for b in benches], apps)) or 0
+    main = bench["main"]
+    assert main(["--compile-only", "--halide-long"]) == 0
+    assert main(["--compile-only", "--only", "tmm-small,halide/interpolate,halide/blur"]) == 0
+    assert main(["--compile-only"]) == 0
+    assert chosen[0] == ([], ["halide/bilateral_grid", "halide/local_laplacian",
+                              "halide/interpolate"])
+    assert chosen[1] == (["tmm-small"], ["halide/blur", "halide/interpolate"])
+    assert not any(a in chosen[2][1] for a in chosen[0][1]) and "halide/blur" in chosen[2][1]
+    with pytest.raises(SystemExit):
+        main(["--compile-only", "--halide-long", "--only", "halide/blur"])
+    assert "unknown case(s) halide/blur" in capsys.readouterr().err
+    sys.path.insert(0, str(ROOT))
+    from examples.halide import bilateral_grid, local_laplacian
+    assert [label for label, _ in bench["_option_sets"](local_laplacian)] == ["auto"]
+    assert [label for label, _ in bench["_option_sets"](bilateral_grid)] == \
+        ["auto", "documented"]
