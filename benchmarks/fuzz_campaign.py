@@ -13,7 +13,9 @@ success or a `TCError`, and every input slower than --timeout seconds, is counte
 `differential`: random well-formed programs (seeds --first .. --first + --programs) on the CPU
 (default schedule and schedule=None) and under emulation with --options random MappingOptions
 each, against the explicit-loop reference; mismatches, crashes, rejections of valid programs,
-races and hangs (a program slower than --timeout) are counted.
+races and hangs (a program slower than --timeout) are counted. A kernel of several launches is
+compiled once more with one option set per launch (tc.compile's list form; the summary counts
+these "per-launch option lists"), here and in `halide`.
 
 `gradient`: random well-formed programs retyped to float64 through `tc.gradient`, the backward
 TC's gradients compared with central differences of the forward (tests/fuzz/gradient.py);
@@ -101,9 +103,9 @@ def _differential_task(seed: int, n_options: int, nvcc: bool, scatter: bool,
     case = programs.case(seed, _features(scatter))
     rng = random.Random(f"options/{seed}")
     options = [mapping.random_options(rng) for _ in range(n_options)]
-    findings = differential.check(case, options, nvcc=nvcc,
-                                  progress=lambda stage, o: send(("stage", stage, str(o))))
-    return [attrs.asdict(f) for f in findings]
+    stats = collections.Counter()
+    findings = differential.check(case, options, nvcc=nvcc, progress=_progress_to(send, stats))
+    return [attrs.asdict(f) for f in findings] + [{"kind": "stats", **stats}]
 
 
 def _gradient_task(seed: int) -> list[dict]:
@@ -138,9 +140,20 @@ def _halide_task(seed: int, n_options: int, send) -> list[dict]:
     case = halide_pipelines.case(seed)
     rng = random.Random(f"options/{seed}")
     options = [mapping.random_options(rng) for _ in range(n_options)]
-    findings = halide_pipelines.check(case, options,
-                                      progress=lambda stage, o: send(("stage", stage, str(o))))
-    return [attrs.asdict(f) for f in findings]
+    stats = collections.Counter()
+    findings = halide_pipelines.check(case, options, progress=_progress_to(send, stats))
+    return [attrs.asdict(f) for f in findings] + [{"kind": "stats", **stats}]
+
+
+def _progress_to(send, stats):
+    """A check's progress callback: each stage goes to the parent (which names the stage a
+    hang was in), and the kernel sequences compiled with one option set per launch (tc.compile's
+    list form, tests/fuzz/mapping.py's per_launch) are counted."""
+    def progress(stage, options):
+        send(("stage", stage, str(options)))
+        if stage == "compile" and isinstance(options, list):
+            stats["per-launch option lists"] += 1
+    return progress
 
 
 def _worker(conn, mode: str, config: dict) -> None:

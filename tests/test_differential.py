@@ -227,3 +227,32 @@ def test_emulated_kernel_matches_reference(seed):
     with time_limit(TIME_LIMIT_S, "emulation"):
         findings = differential.check(case, options, cpu_schedules=())
     assert not findings, _report(case, findings)
+
+
+def test_a_kernel_sequence_is_also_checked_with_one_option_set_per_launch():
+    """What check() adds for a kernel of several launches (mapping.per_launch): tc.compile's
+    list form, the set that decided the launches then one drawn set per later launch, none with
+    overlapped tiles; it maps each launch by its own set and the values stay right."""
+    import warnings
+
+    import tcstage as tc
+    source = ("def blur(float(H,W) I) -> (B, O) {\n"
+              "  B(y,x) = I(y,x) + I(y,x+1)  where y in 0:H, x in 0:W-1\n"
+              "  O(y,x) = B(y,x) + B(y+1,x)  where y in 0:H-1, x in 0:W-1\n}\n")
+    first = tc.MappingOptions().tile(8, 8).mapToThreads(8, 4).mapToBlocks(4, 4)
+    I = np.arange(9 * 13, dtype=np.float32).reshape(9, 13)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        kernel = tc.compile(tc.define(source), "blur", I, options=first,
+                            target="cuda-emulated")
+    assert len(kernel.launches) == 2
+    (sets,) = mapping.per_launch(first, kernel)
+    assert sets[0] is first and len(sets) == 2 and not sets[1].overlapped_tiles
+    assert mapping.per_launch(first.overlappedTiles(True), kernel) == []
+    assert mapping.per_launch(sets, kernel) == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        again = tc.compile(tc.define(source), "blur", I, options=sets, target="cuda-emulated")
+    B = I[:, :-1] + I[:, 1:]
+    np.testing.assert_array_equal(again(I)[1], B[:-1] + B[1:])
+    assert [launch.options for launch in again.launches] == sets

@@ -22,6 +22,7 @@ import numpy as np
 
 import tcstage as tc
 
+from . import mapping
 from .programs import Case
 
 _DEFAULT = object()
@@ -159,6 +160,8 @@ def _outside_reference(case: Case, finding: Finding) -> bool:
 
 
 def _text(options) -> str | None:
+    if isinstance(options, list):  # one set per launch: Python that builds the list
+        return "[" + ", ".join(map(str, options)) + "]"
     return None if options is None else str(options)
 
 
@@ -188,12 +191,14 @@ def check(case: Case, options=(), *, cpu_schedules=CPU_SCHEDULES, nvcc: bool = F
             if ok and [tuple(m) for m in mins] != expected:
                 run.findings.append(Finding(case.seed, "mismatch", "cpu", None, "mismatch",
                                             f"output_mins {mins}, expected {expected}"))
-        for options in options:
+        todo = list(options)
+        for options in todo:  # (a kernel of several launches adds its per-launch list)
             ok, kernel = run.stage("compile", options, lambda: tc.compile(
                 prog, case.name, *case.args, out=case.fresh_outs(), options=options,
                 target="cuda-emulated"))
             if not ok:
                 continue
+            todo += mapping.per_launch(options, kernel)
             if nvcc:
                 from tcstage.cuda.nvcc import compile_check
                 run.stage("nvcc", options, lambda: compile_check(kernel.cuda_source))
@@ -223,8 +228,10 @@ def reproducer(case: Case, finding: Finding) -> str:
     expected = ",\n            ".join(
         f"{_literal(case.expected.tensors[o].values)}" for o in case.program.outputs)
     if finding.stage in ("compile", "emulate", "nvcc"):
-        call = (f"kernel = tc.compile(prog, {case.name!r}, *args, out=outs(), "
-                f"options={finding.options!r}, target='cuda-emulated')\n"
+        given = finding.options if finding.options.startswith("[") else repr(finding.options)
+        call = (f"MappingOptions = tc.MappingOptions\n"
+                f"kernel = tc.compile(prog, {case.name!r}, *args, out=outs(), "
+                f"options={given}, target='cuda-emulated')\n"
                 f"got = kernel(*args, out=outs())")
     elif finding.stage == "cpu-unscheduled":
         call = f"got = prog[{case.name!r}](*args, out=outs(), schedule=None)"

@@ -493,6 +493,7 @@ def check(c: Case, options=(), *, schedules=SCHEDULES, progress=None,
     import tcstage as tc
     from tcstage.halide import _native
 
+    from . import mapping
     from .differential import Finding, _error
 
     findings: list = []
@@ -540,11 +541,13 @@ def check(c: Case, options=(), *, schedules=SCHEDULES, progress=None,
             findings.append(Finding(c.seed, "mismatch", "caller-scheduled", None, "scheduled",
                                     f"the caller's Funcs were scheduled: {left}"))
         call, exp = c.calls[0], expected[0]
-        for o in options:
+        todo = list(options)
+        for o in todo:  # (a kernel of several launches adds its per-launch list)
             ok, kernel = stage("compile", o, lambda: tc.compile(
                 fn, *arguments(fn, call), output_shape=list(call.shapes), options=o,
                 target="cuda-emulated"))
             if ok:
+                todo += mapping.per_launch(o, kernel)
                 ok, got = stage("emulate", o, lambda: kernel(*arguments(fn, call)))
                 if ok:
                     result("emulate", o, exp, got)
@@ -552,6 +555,8 @@ def check(c: Case, options=(), *, schedules=SCHEDULES, progress=None,
 
 
 def _opt(options) -> str | None:
+    if isinstance(options, list):  # one set per launch
+        return "[" + ", ".join(map(str, options)) + "]"
     return None if options is None else str(options)
 
 

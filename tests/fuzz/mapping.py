@@ -4,7 +4,8 @@ about half the sets ask for a warp or more (up to 256 threads): parallel reducti
 threads only where at least 32 are asked and the free loops give less than a warp. Parallel
 reductions (on by default) are switched off now and then, and tensor cores switched on (they
 apply to half and bfloat16 contractions only; elsewhere the mapper must say why and go on), and
-overlapped tiles (they apply where intermediates feed the outputs; elsewhere a note says why)."""
+overlapped tiles (they apply where intermediates feed the outputs; elsewhere a note says why).
+A kernel of several launches is also compiled with one set per launch (`per_launch`)."""
 
 from __future__ import annotations
 
@@ -62,6 +63,21 @@ def random_options(rng: random.Random) -> tc.MappingOptions:
     if o.use_shared_memory and rng.random() < 0.15:
         o = o.maxSharedMemory(rng.choice((0, 16, 256, 48 * 1024)))
     return o
+
+
+def per_launch(options, kernel) -> list[list[tc.MappingOptions]]:
+    """tc.compile's list form for a kernel of several launches compiled under `options`: that
+    set first (it decides the launches), then one drawn set per later launch, seeded by the first
+    set's text, none with overlapped tiles (a list of several sets refuses them). Empty where
+    the form does not apply: one launch, overlapped tiles, or `options` already a list."""
+    if isinstance(options, str):
+        options = tc.MappingOptions.parse(options)
+    if not isinstance(options, tc.MappingOptions) or options.overlapped_tiles or \
+            len(kernel.launches) < 2:
+        return []
+    rng = random.Random(f"per-launch/{options}")
+    return [[options] + [random_options(rng).overlappedTiles(False)
+                         for _ in kernel.launches[1:]]]
 
 
 def _product(xs) -> int:
