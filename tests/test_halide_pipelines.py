@@ -409,23 +409,28 @@ def test_halide_intrinsics():
         check(g, args, (8,), expected, options=OPTIONS[:2], rtol=1e-6 if k == 0 else 0)
 
 
-def test_what_only_the_cpu_runs_is_named():
+def test_reinterpretations_and_integer_lerp_run_on_cuda():
+    """Once CPU-only (issue 27): a reinterpretation (fast_exp's and random_float's bit tricks)
+    prints as a copy of the bits, an integer lerp as Halide's own fixed-point formula; both
+    equal the CPU's values, which equal numpy's bit view and Halide's rounding."""
     fi = hl.ImageParam(hl.Float(32), 1, "fi")
     ui = hl.ImageParam(hl.UInt(8), 1, "ui")
     bits, blend = hl.Func("bits"), hl.Func("blend")
     bits[x] = hl.reinterpret(hl.UInt(32), fi[x])
     blend[x] = hl.lerp(ui[x], ui[x] // 2, hl.u8(100))  # an integer lerp
-    a, u = np.float32([1.0, -2.5]), np.uint8([200, 7])
+    a, u = np.float32([1.0, -2.5, np.inf]), np.arange(0, 256, 7, dtype=np.uint8)
     f = tc.from_halide(bits)
-    np.testing.assert_array_equal(f(a, output_shape=(2,)), a.view(np.uint32))
-    with pytest.raises(TCError, match=r"'bits' uses a Halide construct the polyhedral flow "
-                                      r"cannot read \(cannot convert a reinterpretation"):
-        tc.compile(f, a, output_shape=(2,), target="cuda-emulated")
+    np.testing.assert_array_equal(f(a, output_shape=(3,)), a.view(np.uint32))
+    k = tc.compile(f, a, output_shape=(3,), target="cuda-emulated")
+    np.testing.assert_array_equal(k(a), a.view(np.uint32))
+    assert "tc::bits<uint32_t>" in k.cuda_source
     g = tc.from_halide(blend)
-    assert g(u, output_shape=(2,)).dtype == np.uint8
-    with pytest.raises(TCError, match=r"does not support Halide's 'lerp' \(uint8, uint8, "
-                                      r"uint8\) yet, in the definition of blend"):
-        tc.compile(g, u, output_shape=(2,), target="cuda-emulated")
+    # Halide's integer lerp of weight w (8 bits): (a * (255 - w) + b * w) / 255, rounded
+    want = ((u.astype(np.int64) * 155 + (u // 2).astype(np.int64) * 100 + 127) // 255)
+    cpu = g(u, output_shape=u.shape)
+    np.testing.assert_array_equal(cpu, want.astype(np.uint8))
+    k = tc.compile(g, u, output_shape=u.shape, target="cuda-emulated")
+    np.testing.assert_array_equal(k(u), cpu)
 
 
 def test_compile_takes_a_bare_func():

@@ -37,6 +37,7 @@ from tcstage.poly.promotion import Promoted, Promotion
 from tcstage.poly.scop import Scop
 
 PRELUDE = r"""#include <cstdint>
+#include <cstring>
 
 namespace tc {  // (kernels are named tc_<function>, so no kernel clashes with these)
 // Integer division and remainder as in Halide and TC (Euclidean): the remainder is never
@@ -71,6 +72,11 @@ template <typename T> __device__ __forceinline__ T fmin_c(T a, T b) {
 // 15 s, even at -O0)
 __device__ __forceinline__ float fabs(float x) { return fabsf(x); }
 __device__ __forceinline__ double fabs(double x) { return ::fabs(x); }
+// Halide's reinterpret: the same bits read as another type of their width
+template <typename To, typename From> __device__ __forceinline__ To bits(From x) {
+  static_assert(sizeof(To) == sizeof(From), "a reinterpretation keeps the width");
+  To y; memcpy(&y, &x, sizeof y); return y;
+}
 }  // namespace tc
 #define floord(n, d) tc::div<decltype((n) + (d))>((n), (d))
 """
@@ -614,6 +620,9 @@ class _ValuePrinter:
         if name == "abs":
             text, ty = args[0]
             return _math("fabs", [text], ty) if _is_float(ty) else (f"abs({text})", ty)
+        if name.startswith("reinterpret_") and name[len("reinterpret_"):] in _C_TYPES:
+            to = name[len("reinterpret_"):]
+            return f"tc::bits<{c_type(to)}>({args[0][0]})", to
         if name in ("likely", "likely_if_innermost", "promise_clamped", "unsafe_promise_clamped"):
             return args[0]
         if name in _BITWISE:  # (C promotes narrow integers to int: cast back)

@@ -188,6 +188,12 @@ py::object to_tree(const Expr &e) {
         if (from == Halide::Int(64) && to == Halide::Float(64) && n->value.as<HI::Variable>()) {
             return to_tree(n->value);
         }
+        // Any other one (fast_exp's and random_float's bit tricks) keeps the bits as a call
+        // the code generator prints as a copy of them.
+        if (from.bits() == to.bits() && from.lanes() == 1 && to.lanes() == 1) {
+            return py::make_tuple("call", "reinterpret_" + type_to_str(to),
+                                  py::make_tuple(to_tree(n->value)));
+        }
         throw std::invalid_argument("cannot convert a reinterpretation from " +
                                     type_to_str(from) + " to " + type_to_str(to) +
                                     " to a tcstage tree");
@@ -236,6 +242,12 @@ py::object to_tree(const Expr &e) {
         // saturating casts, widening, halving and rounding operations are casts and clamps.
         if (n->is_intrinsic(HI::Call::mux)) {
             return to_tree(HI::lower_mux(n));
+        }
+        // An integer lerp is Halide's exact fixed-point formula (the float one a back end
+        // prints itself)
+        if (n->is_intrinsic(HI::Call::lerp) && !n->type.is_float()) {
+            return to_tree(HI::lower_lerp(n->type, n->args[0], n->args[1], n->args[2],
+                                          Halide::get_host_target()));
         }
         if (n->call_type == HI::Call::PureIntrinsic && !n->is_intrinsic(HI::Call::lerp) &&
             !n->is_intrinsic(HI::Call::absd) && !n->is_intrinsic(HI::Call::likely) &&
@@ -761,6 +773,47 @@ protected:
     }
 };
 
+// The Buffers a pipeline's definitions read directly (an hl.Buffer embedded in the
+// algorithm, not an ImageParam), by name: (type, [(min, extent)] innermost first, the bytes of
+// a dense copy, innermost dimension fastest).
+class BufferFinder : public HI::IRGraphVisitor {
+public:
+    std::map<std::string, Halide::Buffer<>> found;
+
+protected:
+    using HI::IRGraphVisitor::visit;
+    void visit(const HI::Call *op) override {
+        if (op->call_type == HI::Call::Image && op->image.defined()) {
+            found.emplace(op->name, op->image);
+        }
+        HI::IRGraphVisitor::visit(op);
+    }
+};
+
+py::dict py_embedded_buffers(const py::sequence &outputs) {
+    BufferFinder finder;
+    guarded([&] {
+        std::vector<HI::Function> outs = functions_of(outputs, "embedded_buffers");
+        std::map<std::string, HI::Function> env = HI::build_environment(outs);
+        for (const auto &p : env) {
+            p.second.accept(&finder);
+        }
+        return 0;
+    });
+    py::dict out;
+    for (auto &item : finder.found) {
+        Halide::Buffer<> dense = item.second.copy();  // (dense, same mins)
+        py::list dims;
+        for (int k = 0; k < dense.dimensions(); k++) {
+            dims.append(py::make_tuple(dense.dim(k).min(), dense.dim(k).extent()));
+        }
+        out[py::str(item.first)] = py::make_tuple(
+            type_to_str(dense.type()), dims,
+            py::bytes(reinterpret_cast<const char *>(dense.data()), dense.size_in_bytes()));
+    }
+    return out;
+}
+
 // Runs `body()` with the autoschedulers' estimates of the pipeline's inputs set to `buffers`
 // (name -> [(min, extent)], innermost first) and `scalars` (name -> value), then puts the
 // estimates the caller had back, whatever happens: a schedule is planned for a call's sizes
@@ -889,6 +942,9 @@ Other Halide node types raise ValueError naming the node type.
           "`domain` ({name: (lo, hi)} with inclusive bounds) that implies `cond`\n"
           "for every value of those variables; the result is simplified.");
 
+    m.def("embedded_buffers", &py_embedded_buffers, py::arg("outputs"),
+          "The Buffers the definitions read directly: name -> (type, [(min, extent)] "
+          "innermost first, bytes of a dense copy).");
     m.def("pipeline_functions", &py_pipeline_functions, py::arg("outputs"),
           "Every Func the pipeline of `outputs` computes, producers first, as\n"
           "func_definitions gives them, plus 'types' (value types) and 'extern'.");

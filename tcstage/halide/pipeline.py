@@ -52,7 +52,8 @@ from tcstage.halide.jit import (AUTOSCHEDULERS, STRUCTURED, _load_autoscheduler,
                                 halide_buffer, quiet_unscheduled_updates)
 from tcstage.halide.lower import HALIDE_FAILURES, Lowered
 from tcstage.halide.ranges import FunctionRanges, StatementRanges, TensorBounds
-from tcstage.halide.solver import Tree, evaluate, inline_lets, tree_to_str
+from tcstage.halide.solver import (Tree, evaluate, inline_lets, read_names, simplify,
+                                   tree_to_expr, tree_to_str, tree_vars)
 from tcstage.lang import checked as C
 from tcstage.lang.types import BOOL, SCALAR_TYPES, ScalarType
 from tcstage.program import Binding, StatementReport, array_info
@@ -167,6 +168,36 @@ class HalideFunction:
         self.last_cpu_kernel: CpuPipeline | None = None  # what the last CPU call ran
         self._checked = None
 
+    @functools.cached_property
+    def constants(self) -> tuple[Argument, ...]:
+        """The hl.Buffers the definitions read directly (not ImageParams): inputs of the CUDA
+        kernel that callers never pass, bound to the Buffer's values at each call
+        (`constant_values`). The CPU runs them through Halide, as written."""
+        return tuple(a for a, _ in self._constant_arrays())
+
+    def constant_values(self) -> dict[str, np.ndarray]:
+        return {a.name: array for a, array in self._constant_arrays()}
+
+    def _constant_arrays(self) -> list[tuple[Argument, np.ndarray]]:
+        try:
+            found = _native.embedded_buffers(self.outputs)
+        except HALIDE_FAILURES as e:
+            raise TCError(f"Halide could not read the Buffers of '{self.name}': "
+                          f"{str(e).strip()}") from e
+        out = []
+        for name, (type_text, dims, data) in sorted(found.items()):
+            t = scalar_type(type_text, f"Buffer '{name}'")
+            if not dims or any(lo != 0 for lo, _ in dims):
+                raise TCError(f"'{self.name}' reads the Buffer '{name}', whose "
+                              + ("mins are " + str(tuple(lo for lo, _ in reversed(dims)))
+                                 if dims else "rank is 0") + "; the CUDA path takes embedded "
+                              "Buffers of rank 1 or more starting at 0 (pass it as an input "
+                              "instead)")
+            shape = tuple(e for _, e in reversed(dims))
+            out.append((Argument(name, t, len(dims)),
+                        np.frombuffer(data, dtype=t.numpy).reshape(shape)))
+        return out
+
     @property
     def _functions(self) -> list[dict]:
         """Every Func as data (`_native.pipeline_functions`), producers first."""
@@ -221,6 +252,10 @@ class HalideFunction:
                 arrays[a.name] = None if shapes_only and not hasattr(value, "shape") else value
             else:
                 scalars[a.name] = _scalar(self.name, a, value)
+        if self._dump is not None and self.constants:  # (for the CUDA kernel's inputs)
+            for name, array in self.constant_values().items():
+                sizes.update({f"{name}.{k}": e for k, e in enumerate(array.shape)})
+                arrays[name] = array
         return PipelineBinding(sizes, scalars, arrays, {})
 
     @property
@@ -253,7 +288,7 @@ class HalideFunction:
     def __call__(self, *args, output_shape=None, out=None, schedule="auto", **named):
         """Runs the pipeline on the CPU with Halide's JIT. Arguments: numpy arrays and Python
         numbers, in `infer_arguments` order or by name. Returns an array, or a tuple for
-        several outputs.
+        several outputs (a Tuple-valued output gives one array per element, in place).
 
         schedule (see `CPU_SCHEDULES`): "auto" (the default) runs a pipeline you scheduled as
         you scheduled it, and schedules one you did not (no split, loop type or compute level
@@ -281,13 +316,11 @@ class HalideFunction:
         outs = []
         for f, shape in zip(self.outputs, shapes):
             out_name = display_name(f.name())
-            types = [scalar_type(str(t), f"output '{out_name}'") for t in f.types()]
-            if len(types) != 1:
-                raise TCError(f"output '{out_name}' of '{self.name}' is a Tuple of "
-                              f"{len(types)} values; tcstage takes Funcs of one value")
-            # (aligned: vectorised code may read an output back with aligned loads)
-            outs.append(aligned_empty(shape, types[0].numpy))
-            values.append(halide_buffer(outs[-1]))
+            for t in f.types():  # (a Tuple output: an array per element, in order)
+                # (aligned: vectorised code may read an output back with aligned loads)
+                outs.append(aligned_empty(shape, scalar_type(str(t),
+                                                             f"output '{out_name}'").numpy))
+                values.append(halide_buffer(outs[-1]))
         sizes = (applied, tuple(sorted(b.sizes.items())), tuple(shapes))
         kernel = self._cpu_serving.get(sizes) or self._cpu_kernel(applied, b, shapes)
         try:
@@ -595,7 +628,8 @@ class HalideFunction:
         """A hash of the pipeline's definitions, arguments and output shapes (the key of
         compiled kernels and tuned options, as `tune.cache.tc_hash` is for TC)."""
         text = repr((_canonical(self._functions), self.fixed_output_shapes,
-                     [(a.name, a.type.name, a.rank) for a in self.arguments]))
+                     [(a.name, a.type.name, a.rank) for a in (*self.arguments,
+                                                               *self.constants)]))
         return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -873,7 +907,7 @@ def display_name(name: str) -> str:
 
 def _tensor_names(fn: HalideFunction, kept: list[dict]) -> dict[str, str]:
     """Func name -> a C identifier for its tensor, unique among the arguments' names."""
-    used = {a.name for a in fn.arguments}
+    used = {a.name for a in (*fn.arguments, *fn.constants)}
     names = {}
     for f in kept:
         base = re.sub(r"\W", "_", display_name(f["name"])) or "f"
@@ -908,7 +942,7 @@ def _signature(fn: HalideFunction) -> C.Function:
     _, kept, names = fn._structure
     outputs = [names[f.name()] for f in fn.outputs]
     tensors, inputs, size_vars = {}, [], {}
-    for a in fn.arguments:
+    for a in (*fn.arguments, *fn.constants):
         dims = tuple(f"{a.name}.{k}" for k in range(a.rank))
         tensors[a.name] = C.Tensor(a.name, "input", a.type, dims)
         inputs.append(tensors[a.name])
@@ -933,7 +967,7 @@ def _lower(fn: HalideFunction, b: Binding, shapes, regions: dict) -> PipelineLow
     views, kept, names = fn._structure
     checked = fn.checked
     known: dict[str, Tree] = {}
-    for a in fn.arguments:
+    for a in (*fn.arguments, *fn.constants):
         if a.is_buffer:
             known.update({f"{a.name}.min.{k}": ("int", 0) for k in range(a.rank)})
         elif a.name in fn.specialized_scalars:
@@ -954,7 +988,7 @@ def _lower(fn: HalideFunction, b: Binding, shapes, regions: dict) -> PipelineLow
 
     defs, order, var_names, statement = {}, [], [], 0
     bounds = {}
-    for a in fn.arguments:
+    for a in (*fn.arguments, *fn.constants):
         if a.is_buffer:
             bounds[a.name] = TensorBounds(tuple(("int", 0) for _ in range(a.rank)),
                                           tuple(("var", f"{a.name}.{k}") for k in range(a.rank)))
@@ -971,24 +1005,55 @@ def _lower(fn: HalideFunction, b: Binding, shapes, regions: dict) -> PipelineLow
                                       tuple(("int", hi - lo + 1) for lo, hi in region))
         defs[tensor] = []
         for k, d in enumerate(f["definitions"]):
-            rewritten = {
-                "kind": d["kind"], "args": tuple(inline(a) for a in d["args"]),
+            rewritten = {  # (what the domain is made of folded: it must be affine)
+                "kind": d["kind"], "args": tuple(_folded(inline(a)) for a in d["args"]),
                 "values": tuple(inline(v) for v in d["values"]),
-                "predicate": inline(d["predicate"]),
-                "rvars": tuple((n, inline(lo), inline(e)) for n, lo, e in d["rvars"])}
+                "predicate": _folded(inline(d["predicate"])),
+                "rvars": tuple((n, _folded(inline(lo)), _folded(inline(e)))
+                               for n, lo, e in d["rvars"])}
+            if all(v == _UNDEF for v in rewritten["values"]):
+                # hl.undef: the definition writes nothing (its elements are left for the
+                # updates to write; reading one first is undefined in Halide too)
+                rewritten.update(predicate=("int", False), values=tuple(
+                    _value_tree(scalar_type(t, f"Func '{display_name(f['name'])}'"), 0)
+                    for t in f["types"]))
             defs[tensor].append(rewritten)
             order.append((tensor, k, statement))
             var_names.append({n: n.replace("$", ".") for n, _, _ in d["rvars"]})
             statement += 1
     read_names = {f["name"]: names[f["name"]] for f in kept}
-    read_names.update({a.name: a.name for a in fn.arguments if a.is_buffer})
+    buffers = [a for a in (*fn.arguments, *fn.constants) if a.is_buffer]
+    read_names.update({a.name: a.name for a in buffers})
     sizes = {f"{a.name}.extent.{a.rank - 1 - k}": f"{a.name}.{k}"
-             for a in fn.arguments if a.is_buffer for k in range(a.rank)}
+             for a in buffers for k in range(a.rank)}
     spec = b.specialization(fn)
     ranges = FunctionRanges(tuple(StatementRanges(t, {}) for t, _, _ in order), bounds, (),
                             spec, {})
     return PipelineLowered(checked, ranges, {}, {}, {t: None for t in defs}, [], order,
                            var_names, {}, defs=defs, read_names=read_names, sizes=sizes)
+
+
+_UNDEF = ("call", "undef", ())
+
+
+def _folded(tree: Tree) -> Tree:
+    """tree with each constant part computed by Halide's simplifier, in its own types: an RDom
+    extent from a float Param (`ceil(3 * sigma)`), once the Param's value is in, is a number
+    the polyhedral model can use."""
+    if tree[0] in ("int", "float", "var") or tree[0] == "cast" and tree[2][0] in ("int", "float"):
+        return tree
+    if not tree_vars(tree) and not read_names(tree):
+        try:
+            return simplify(tree_to_expr(tree, {}))
+        except (ValueError, RuntimeError):  # (a call Halide cannot rebuild: left as it is)
+            return tree
+    if tree[0] in ("read", "call"):
+        return (tree[0], tree[1], tuple(_folded(a) for a in tree[2]))
+    if tree[0] == "cast":
+        return ("cast", tree[1], _folded(tree[2]))
+    if tree[0] == "let":
+        return tree
+    return (tree[0], *(_folded(a) for a in tree[1:]))
 
 
 def _box_text(region) -> str:

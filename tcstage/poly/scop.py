@@ -200,14 +200,12 @@ def _statement(name, tensor, index, tc_index, d, tensor_bounds, halide_names, is
             conds += _within(lo, local[a[1]], hi, isl_text)
     for v, (_, lo, extent) in rvars.items():
         conds += _within(lo, local[v], _end(lo, extent), isl_text)
-    predicate = inline_lets(d.get("predicate", ("int", True)))
-    if predicate != ("int", True):  # a Halide RDom.where: part of the domain
+    guards = []  # a Halide RDom.where: its affine conjuncts bound the domain, the others
+    for c in _conjuncts(inline_lets(d.get("predicate", ("int", True)))):  # guard the value
         try:
-            conds.append(isl_text(predicate, local))
+            conds.append(isl_text(c, local))
         except ValueError:
-            raise TCError(f"the condition of {tensor}'s update ({tree_to_str(predicate)}) "
-                          "is not affine in its loop variables; the polyhedral flow needs "
-                          "RDom.where conditions it can model") from None
+            guards.append(c)
     vec = ", ".join(local[v] for v in iterators)
     domain = isl.Set(f"{param_text} -> {{ {name}[{vec}] : {' and '.join(conds) or 'true'} }}") \
         .intersect_params(context).coalesce()
@@ -230,6 +228,12 @@ def _statement(name, tensor, index, tc_index, d, tensor_bounds, halide_names, is
         return Access(t, rel, exact, text, tuple(reversed(args)), source)
 
     values = [inline_lets(v) for v in d["values"]]
+    if guards:  # where the guard fails, the element keeps its value: the domain stays affine
+        own = next(h for h, t in halide_names.items() if t == tensor)
+        guard = guards[0]
+        for c in guards[1:]:
+            guard = ("and", guard, c)
+        values = [("select", guard, v, ("read", own, lhs)) for v in values]
     reads = []
     for node in reads_in(values):
         t = halide_names.get(node[1])
@@ -240,6 +244,14 @@ def _statement(name, tensor, index, tc_index, d, tensor_bounds, halide_names, is
     return Statement(name, tensor, index, tc_index, tuple(local[v] for v in iterators),
                      tuple(iterators), domain, access(tensor, lhs, ""), tuple(reads), lhs,
                      values[0], tuple(local[v] for v in iterators if v in rvars))
+
+
+def _conjuncts(predicate: Tree) -> list[Tree]:
+    if predicate == ("int", True):
+        return []
+    if predicate[0] == "and":
+        return _conjuncts(predicate[1]) + _conjuncts(predicate[2])
+    return [predicate]
 
 
 def _index_ranges(lowered: Lowered, tensor: str) -> list[tuple[Tree, Tree]]:
