@@ -42,10 +42,7 @@ from importlib.metadata import version
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from examples.halide import common  # noqa: E402
-
-APPS = ["blur", "erode", "matmul", "conv_layer", "stencil_chain", "harris", "interpolate",
-        "bilateral_grid", "local_laplacian"]
+from examples.halide import APPS, common  # noqa: E402
 DATE = datetime.date.today().isoformat()
 CPU_VARIANTS = ["manual", "Adams2019", "Mullapudi2016", "tcstage-root", "tcstage"]
 GPU_VARIANTS = ["manual-gpu", "Anderson2021"]

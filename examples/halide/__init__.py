@@ -1,12 +1,12 @@
 """Halide applications ported to Python from the Halide repository's apps, one module each
-(blur, erode, matmul, conv_layer, stencil_chain, harris, interpolate, bilateral_grid,
-local_laplacian), all with the same interface:
+(APPS below), all with the same interface:
 
     build() -> common.App          fresh Funcs and Params: outputs, params (infer_arguments order), stages
     inputs(rng, size="small"|"bench") -> list   arguments in params order
     output_shapes(args) -> list[tuple]          row-major shapes of the outputs
     reference(*args) -> list[np.ndarray]        an independent numpy implementation
-    schedule_cpu(app), schedule_gpu(app)        the app's manual schedules
+    schedule_cpu(app), schedule_gpu(app)        the app's manual schedules (schedule_gpu
+                                                where the app has one: linear_blur has none)
     tolerance(args) (float apps)                the absolute error the comparison allows
 
 and optionally UNSCHEDULED = "infeasible" | "slow" where realizing with everything inlined
@@ -14,3 +14,8 @@ cannot run (pyramids, long stencil chains) or takes seconds. common.realize(app,
 shapes) runs Halide; tests/test_halide_apps.py checks each against its reference and
 benchmarks/halide_bench.py times them.
 """
+
+# every ported app; the first nine were ported before issue 27, the others for it
+APPS = ["blur", "erode", "matmul", "conv_layer", "stencil_chain", "harris", "interpolate",
+        "bilateral_grid", "local_laplacian",
+        "camera_pipe", "unsharp", "hist", "max_filter", "linear_blur", "depthwise_separable_conv"]

@@ -508,11 +508,20 @@ py::dict function_to_py(const HI::Function &fn) {
     return out;
 }
 
+// The pipeline's Functions as copies, with their environment: Halide's realization_order
+// records compute_with's fused pairs in the schedules it is given (its own lowering works on
+// copies too), so the caller's Funcs must never reach it.
+std::map<std::string, HI::Function> copied_environment(std::vector<HI::Function> &outs) {
+    auto copies = HI::deep_copy(outs, HI::build_environment(outs));
+    outs = copies.first;
+    return copies.second;
+}
+
 // Every Func a pipeline computes, producers first (Halide's realization order), as plain data.
 py::list py_pipeline_functions(const py::sequence &outputs) {
     return guarded([&] {
         std::vector<HI::Function> outs = functions_of(outputs, "pipeline_functions");
-        std::map<std::string, HI::Function> env = HI::build_environment(outs);
+        std::map<std::string, HI::Function> env = copied_environment(outs);
         std::vector<std::string> order = HI::realization_order(outs, env).first;
         py::list result;
         for (const std::string &name : order) {
@@ -564,7 +573,7 @@ py::dict py_required_regions(const py::sequence &outputs, const py::sequence &bo
         required[outs[i].name()] = b;
     }
     return guarded([&] {
-        std::map<std::string, HI::Function> env = HI::build_environment(outs);
+        std::map<std::string, HI::Function> env = copied_environment(outs);
         std::vector<std::string> order = HI::realization_order(outs, env).first;
         HI::FuncValueBounds value_bounds = HI::compute_function_value_bounds(order, env);
         auto add = [&](const std::map<std::string, HI::Box> &found) {

@@ -129,7 +129,28 @@ def from_halide(outputs, name: str | None = None) -> "HalideFunction":
             raise TCError(f"tc.from_halide: Func '{display_name(f.name())}' has no definition")
     if len({f.name() for f in funcs}) != len(funcs):
         raise TCError("tc.from_halide: the same Func is given twice among the outputs")
-    return HalideFunction(funcs, name or display_name(funcs[0].name()))
+    fn = HalideFunction(funcs, name or display_name(funcs[0].name()))
+    for problem in cuda_refusals(fn):  # (said now, not at the first compile for CUDA)
+        warn(f"{problem}: the CPU runs it, the CUDA path refuses it (docs/halide.md, "
+             "'Supported subset')")
+    return fn
+
+
+def cuda_refusals(fn: "HalideFunction") -> list[str]:
+    """What in the pipeline the CUDA path cannot take, one line per Func and construct."""
+    if fn._dump is None:
+        return [f"'{fn.name}' uses a Halide construct the polyhedral flow cannot read "
+                f"({fn._dump_error})"]
+    out = []
+    for f in fn._dump:
+        name = f"Func '{display_name(f['name'])}' of '{fn.name}'"
+        if f["extern"]:
+            out.append(f"{name} has an extern definition, which the polyhedral flow cannot "
+                       "see into")
+        elif len(f["types"]) != 1:
+            out.append(f"{name} is a Tuple of {len(f['types'])} values; the CUDA path takes "
+                       "Funcs of one value")
+    return out
 
 
 def as_pipeline(source):
@@ -923,17 +944,14 @@ def _split(fn: HalideFunction):
     """(views by name, the Funcs that become tensors, producers first, tensor name of each
     Func); computed once per pipeline (`HalideFunction._structure`)."""
     outputs = {f.name() for f in fn.outputs}
+    refused = cuda_refusals(fn)
+    if refused:
+        raise TCError(refused[0])
     views, kept = {}, []
     for f in fn._functions:
-        if f["extern"]:
-            raise TCError(f"Func '{display_name(f['name'])}' of '{fn.name}' has an extern "
-                          "definition, which the polyhedral flow cannot see into")
         if _is_view(f, outputs):
             views[f["name"]] = f
         else:
-            if len(f["types"]) != 1:
-                raise TCError(f"Func '{display_name(f['name'])}' of '{fn.name}' is a Tuple of "
-                              f"{len(f['types'])} values; the CUDA path takes Funcs of one value")
             kept.append(f)
     return views, kept, _tensor_names(fn, kept)
 
