@@ -8,7 +8,8 @@ the compiled launches (benchmarks/gpu_use.py prints the same table and flags the
 The documented options are asserted too: each line of schedules/paper-manual.txt, and a Halide
 app's module's GPU_OPTIONS (for bilateral_grid one set per launch). Elements several statements
 of a launch write (an initialisation, a reduction and an activation of one output) count once.
-local_laplacian documents none (UNDOCUMENTED): auto alone is checked there.
+local_laplacian documents none (UNDOCUMENTED): auto alone is checked there, as on the apps
+ported for issue 27 (PORTED), two of which leave one launch short (AUTO_FEW, with the reason).
 """
 
 import importlib
@@ -37,6 +38,18 @@ HALIDE_SLOW = ["stencil_chain", "bilateral_grid", "interpolate", "local_laplacia
 # apps without GPU_OPTIONS: local_laplacian's 47 launches mix 2-d and 3-d stages, which no one
 # set of tile sizes suits (options="auto" gives each launch its own)
 UNDOCUMENTED = {"local_laplacian"}
+# the apps ported for issue 27 (auto only: none documents options yet), 3 to 35 s each here
+PORTED = ["unsharp", "linear_blur", "depthwise_separable_conv", "camera_pipe", "max_filter",
+          "hist"]
+# launches that leave SMs idle under auto, and why: work for the kernels to come
+AUTO_FEW = {
+    # vert_log's update runs its 6 slices in order, each over every row: one statement whose
+    # outer loop carries the dependence, so no launch boundary falls between the slices
+    "max_filter": "launch 1",
+    # one histogram of the whole image: updates that may collide run in order (docs/halide.md:
+    # no atomics yet)
+    "hist": "launch 1",
+}
 
 
 def _launches(kernel):
@@ -101,6 +114,12 @@ def test_the_longer_halide_apps_fill_an_h100(name, which):
     _check_app(name, which)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PORTED)
+def test_the_ported_apps_fill_an_h100_under_auto(name):
+    _check_app(name, "auto")
+
+
 def _check_app(name, which):
     module = importlib.import_module(f"examples.halide.{name}")
     args = module.inputs(np.random.default_rng(0), "bench")
@@ -108,7 +127,10 @@ def _check_app(name, which):
     options = "auto" if which == "auto" else module.GPU_OPTIONS
     kernel = _compile(fn, *args, output_shape=module.output_shapes(args)[0], options=options)
     why = _starved(_launches(kernel))
-    assert not why, "; ".join(why)
+    if which == "auto" and name in AUTO_FEW:
+        assert [w.split(":")[0] for w in why] == [AUTO_FEW[name]], "; ".join(why)
+    else:
+        assert not why, "; ".join(why)
 
 
 def test_a_single_block_only_below_one_sm_of_work():
