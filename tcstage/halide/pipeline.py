@@ -1032,7 +1032,7 @@ def _lower(fn: HalideFunction, b: Binding, shapes, regions: dict) -> PipelineLow
             if all(v == _UNDEF for v in rewritten["values"]):
                 # hl.undef: the definition writes nothing (its elements are left for the
                 # updates to write; reading one first is undefined in Halide too)
-                rewritten.update(predicate=("int", False), values=tuple(
+                rewritten.update(predicate=("lt", ("int", 1), ("int", 0)), values=tuple(
                     _value_tree(scalar_type(t, f"Func '{display_name(f['name'])}'"), 0)
                     for t in f["types"]))
             defs[tensor].append(rewritten)

@@ -579,8 +579,6 @@ def tree_to_isl(tree: Tree, names: Mapping[str, str]) -> str:
     """
     tag = tree[0]
     if tag == "int":
-        if isinstance(tree[1], bool):  # a constant condition
-            return "true" if tree[1] else "false"
         return str(int(tree[1]))
     if tag == "var":
         if tree[1] not in names:
