@@ -166,3 +166,34 @@ def test_tuple_output_on_the_cpu_gives_an_array_per_element():
     outs = tc.from_halide([both, other])(a, output_shape=[(3,), (3,)])
     assert [o.dtype for o in outs] == [np.float32, np.int32, np.float32]
     np.testing.assert_array_equal(outs[2], a - 1)
+
+
+def test_an_extent_under_strict_float():
+    # apps/resize's kernel_taps: an RDom extent computed under strict_float from a float Param,
+    # folded for the call's value (one IEEE operation each, as the plain ones round)
+    image = hl.ImageParam(hl.Float(32), 1, "image")
+    scale = hl.Param(hl.Float(32), "scale")
+    taps = hl.i32(hl.ceil(hl.strict_float(hl.f32(1.0) / scale) * 4.0))
+    r = hl.RDom([(0, taps)])
+    window = hl.Func("window")
+    window[x] = hl.f32(0)
+    window[x] += image[x + r.x]
+    a = rng.standard_normal(24).astype(np.float32)
+    want = np.array([a[i:i + 8].sum(dtype=np.float64) for i in range(16)])  # 1 / 0.5 * 4 = 8
+    fn = tc.from_halide(window)
+    np.testing.assert_allclose(fn(a, 0.5, output_shape=(16,)), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_cuda(fn, a, 0.5, output_shape=(16,))(a, 0.5), want,
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_options_auto_with_an_embedded_buffer():
+    table = hl.Buffer(np.array([1, 2, 3, 4], dtype=np.float32))
+    image = hl.ImageParam(hl.Float(32), 1, "image")
+    scaled = hl.Func("scaled")
+    scaled[x] = image[x] * table[x % 4]
+    fn = tc.from_halide(scaled)
+    a = rng.standard_normal(10).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        k = tc.compile(fn, a, output_shape=(10,), options="auto", target="cuda-emulated")
+    np.testing.assert_array_equal(k(a), a * np.tile(np.float32([1, 2, 3, 4]), 3)[:10])

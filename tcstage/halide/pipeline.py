@@ -768,6 +768,8 @@ def _scalar(fn: str, a: Argument, value):
 
 
 def _constant(t, name: str) -> int:
+    if t is not None and t[0] != "int":  # (an extent under strict_float: see _folded)
+        t = _folded(t)
     if t is None or t[0] != "int":
         raise TCError(f"Halide's bounds inference gives '{name}' a region that is not a "
                       f"constant ({'unbounded' if t is None else tree_to_str(t)}) for these "
@@ -962,7 +964,8 @@ def _signature(fn: HalideFunction) -> C.Function:
     tensors, inputs, size_vars = {}, [], {}
     for a in (*fn.arguments, *fn.constants):
         dims = tuple(f"{a.name}.{k}" for k in range(a.rank))
-        tensors[a.name] = C.Tensor(a.name, "input", a.type, dims)
+        tensors[a.name] = C.Tensor(a.name, "input", a.type, dims,
+                                   constant=a in fn.constants)
         inputs.append(tensors[a.name])
         size_vars.update({d: (a.name, k) for k, d in enumerate(dims)})
     statements = []
@@ -1054,6 +1057,15 @@ def _lower(fn: HalideFunction, b: Binding, shapes, regions: dict) -> PipelineLow
 _UNDEF = ("call", "undef", ())
 
 
+_STRICT = {"strict_add": "add", "strict_sub": "sub", "strict_mul": "mul", "strict_div": "div",
+           "strict_min": "min", "strict_max": "max", "strict_lt": "lt", "strict_le": "le",
+           "strict_eq": "eq"}
+
+
+def _plain_float(t: Tree) -> Tree | None:
+    return (_STRICT[t[1]], *t[2]) if t[0] == "call" and t[1] in _STRICT else None
+
+
 def _folded(tree: Tree) -> Tree:
     """tree with each constant part computed by Halide's simplifier, in its own types: an RDom
     extent from a float Param (`ceil(3 * sigma)`), once the Param's value is in, is a number
@@ -1061,8 +1073,9 @@ def _folded(tree: Tree) -> Tree:
     if tree[0] in ("int", "float", "var") or tree[0] == "cast" and tree[2][0] in ("int", "float"):
         return tree
     if not tree_vars(tree) and not read_names(tree):
-        try:
-            return simplify(tree_to_expr(tree, {}))
+        try:  # (strict_float's operations on constants round as the plain ones do: each is
+            # one IEEE operation; Halide's simplifier folds only the plain ones)
+            return simplify(tree_to_expr(_rewrite(tree, _plain_float), {}))
         except (ValueError, RuntimeError):  # (a call Halide cannot rebuild: left as it is)
             return tree
     if tree[0] in ("read", "call"):

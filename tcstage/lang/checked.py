@@ -138,6 +138,9 @@ class Tensor:
     # A float32 accumulator of lang/accumulate.py: the half or bfloat16 tensor whose values it
     # holds while a sum runs (it has that tensor's shape)
     accumulates: str | None = None
+    # An input the function holds itself (a Halide pipeline's embedded hl.Buffer): a parameter
+    # of the kernel that callers never pass (its values come with the binding)
+    constant: bool = False
 
     @property
     def rank(self) -> int:
