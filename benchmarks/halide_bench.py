@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import json
 import os
 import re
@@ -42,7 +41,7 @@ from importlib.metadata import version
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from examples.halide import APPS, common  # noqa: E402
+from examples.halide import APPS, common, load  # noqa: E402
 DATE = datetime.date.today().isoformat()
 CPU_VARIANTS = ["manual", "Adams2019", "Mullapudi2016", "tcstage-root", "tcstage"]
 GPU_VARIANTS = ["manual-gpu", "Anderson2021"]
@@ -167,7 +166,7 @@ def agree(module, args, got, want) -> bool:
 
 
 def bench_app(name: str, variants: list[str], runs: int) -> dict:
-    module = importlib.import_module(f"examples.halide.{name}")
+    module = load(name)
     args = module.inputs(np.random.default_rng(0), "bench")
     shapes = module.output_shapes(args)
     row = {"app": name, "adams2019_beam_size": ADAMS_BEAM["size"], "shapes": [list(a.shape) if hasattr(a, "shape") else a for a in args],

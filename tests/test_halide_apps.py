@@ -5,7 +5,6 @@ on small random inputs; exact for integer pipelines, within a bound derived from
 for float ones. The manual GPU schedules are lowered for a CUDA target (no GPU needed), and the
 tcstage options an app documents for its CUDA kernel (GPU_OPTIONS) run under emulation."""
 
-import importlib
 import sys
 from pathlib import Path
 
@@ -17,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # examples/ is not installed; import it from the checkout
     sys.path.insert(0, str(ROOT))
 
-from examples.halide import APPS, common  # noqa: E402
+from examples.halide import APPS, common, load  # noqa: E402
 
 
 # Halide takes seconds to compile these (the 33 stages of stencil_chain, the pyramids'
@@ -32,7 +31,7 @@ def _cases(kind):
 
 
 def _module(name):
-    return importlib.import_module(f"examples.halide.{name}")
+    return load(name)
 
 
 def _unscheduled_cases():

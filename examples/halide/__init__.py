@@ -15,7 +15,20 @@ shapes) runs Halide; tests/test_halide_apps.py checks each against its reference
 benchmarks/halide_bench.py times them.
 """
 
-# every ported app; the first nine were ported before issue 27, the others for it
+# every ported app; the first nine were ported before issue 27, the others for it. `app:variant`
+# names another variant of an app whose module builds several (resize, gaussian_blur: the
+# module's VARIANTS; the plain name is its DEFAULT_VARIANT).
 APPS = ["blur", "erode", "matmul", "conv_layer", "stencil_chain", "harris", "interpolate",
         "bilateral_grid", "local_laplacian",
-        "camera_pipe", "unsharp", "hist", "max_filter", "linear_blur", "depthwise_separable_conv"]
+        "camera_pipe", "unsharp", "hist", "max_filter", "linear_blur", "depthwise_separable_conv",
+        "resize", "resize:lanczos_float32_up", "resize:linear_float32_down", "gaussian_blur",
+        "gaussian_blur:direct", "iir_blur", "nl_means", "lens_blur"]
+
+
+def load(name: str):
+    """The module of app `name`, or for `app:variant` that variant's namespace (the same names
+    as a module's)."""
+    import importlib
+    base, _, variant = name.partition(":")
+    module = importlib.import_module(f"examples.halide.{base}")
+    return module.variant(variant) if variant else module
