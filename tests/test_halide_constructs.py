@@ -154,18 +154,58 @@ def test_rdom_extent_from_a_float_param():
                                    rtol=1e-5, atol=1e-5)
 
 
-def test_tuple_output_on_the_cpu_gives_an_array_per_element():
+def test_tuple_output_gives_an_array_per_element():
     image = hl.ImageParam(hl.Float(32), 1, "image")
     both, other = hl.Func("both"), hl.Func("other")
     both[x] = (image[x] * 2, hl.cast(hl.Int(32), image[x]) + 1)
     other[x] = image[x] - 1
     a = np.float32([0.5, 2.25, -3.5])
-    twice, rounded = tc.from_halide(both)(a, output_shape=(3,))
-    np.testing.assert_array_equal(twice, a * 2)
-    np.testing.assert_array_equal(rounded, np.int32([1, 3, -2]))
-    outs = tc.from_halide([both, other])(a, output_shape=[(3,), (3,)])
-    assert [o.dtype for o in outs] == [np.float32, np.int32, np.float32]
-    np.testing.assert_array_equal(outs[2], a - 1)
+    f = tc.from_halide(both)
+    for twice, rounded in (f(a, output_shape=(3,)), _cuda(f, a, output_shape=(3,))(a)):
+        np.testing.assert_array_equal(twice, a * 2)
+        np.testing.assert_array_equal(rounded, np.int32([1, 3, -2]))
+    g = tc.from_halide([both, other])
+    for outs in (g(a, output_shape=[(3,), (3,)]), _cuda(g, a, output_shape=[(3,), (3,)])(a)):
+        assert [o.dtype for o in outs] == [np.float32, np.int32, np.float32]
+        np.testing.assert_array_equal(outs[2], a - 1)
+
+
+def test_argmin_tuple_update_on_cuda():
+    # tutorial lesson 13 and apps/lens_blur: a Tuple update whose elements read each other's
+    # values from before the update (the index's condition reads the running minimum)
+    image = hl.ImageParam(hl.Float(32), 2, "image")
+    r = hl.RDom([(0, 9)])
+    best = hl.Func("best")
+    best[x] = (0, image[x, 0])
+    best[x] = hl.select(image[x, r.x] < best[x][1], hl.Tuple([r.x, image[x, r.x]]), best[x])
+    where, inline = hl.Func("where"), hl.Func("inline")
+    where[x] = best[x][0]
+    inline[x] = hl.argmin(image[x, r.x])[0]  # Halide's own inline reduction
+    a = rng.standard_normal((9, 11)).astype(np.float32)
+    for out in (where, inline):
+        fn = tc.from_halide(out)
+        np.testing.assert_array_equal(fn(a, output_shape=(11,)), a.argmin(axis=0))
+        np.testing.assert_array_equal(_cuda(fn, a, output_shape=(11,))(a), a.argmin(axis=0))
+    both = tc.from_halide(best)
+    index, value = _cuda(both, a, output_shape=(11,))(a)
+    np.testing.assert_array_equal(index, a.argmin(axis=0))
+    np.testing.assert_array_equal(value, a.min(axis=0))
+
+
+def test_tuple_elements_that_read_each_other_in_a_cycle():
+    image = hl.ImageParam(hl.Int(32), 1, "image")
+    swap = hl.Func("swap")
+    swap[x] = (image[x], -image[x])
+    r = hl.RDom([(0, 3)])
+    swap[x] = (swap[x][1] + r.x, swap[x][0])  # (a, b) -> (b + r, a), three times
+    a = np.arange(5, dtype=np.int32)
+    fn = tc.from_halide(swap)
+    first, second = fn(a, output_shape=(5,))  # (a, -a) -> (-a, a) -> (a + 1, -a) -> (2 - a, a + 1)
+    np.testing.assert_array_equal(first, 2 - a)
+    np.testing.assert_array_equal(second, a + 1)
+    with pytest.raises(TCError, match=r"definition 1 of the Tuple Func 'swap' of 'swap' has "
+                                      r"elements that read each other in a cycle"):
+        _cuda(fn, a, output_shape=(5,))
 
 
 def test_an_extent_under_strict_float():

@@ -262,6 +262,12 @@ py::object to_tree(const Expr &e) {
             args[i] = to_tree(n->args[i]);
         }
         bool is_read = n->call_type == HI::Call::Halide || n->call_type == HI::Call::Image;
+        // A Tuple element reads as a Func of its own, `name#index` (the polyhedral flow makes
+        // each element a tensor)
+        if (n->call_type == HI::Call::Halide && n->func.defined() &&
+            HI::Function(n->func).outputs() > 1) {
+            return py::make_tuple("read", n->name + "#" + std::to_string(n->value_index), args);
+        }
         return py::make_tuple(is_read ? "read" : "call", n->name, args);
     }
     case HI::IRNodeType::Let: {

@@ -147,9 +147,6 @@ def cuda_refusals(fn: "HalideFunction") -> list[str]:
         if f["extern"]:
             out.append(f"{name} has an extern definition, which the polyhedral flow cannot "
                        "see into")
-        elif len(f["types"]) != 1:
-            out.append(f"{name} is a Tuple of {len(f['types'])} values; the CUDA path takes "
-                       "Funcs of one value")
     return out
 
 
@@ -954,13 +951,66 @@ def _split(fn: HalideFunction):
         if _is_view(f, outputs):
             views[f["name"]] = f
         else:
-            kept.append(f)
+            kept += _elements(f)
     return views, kept, _tensor_names(fn, kept)
+
+
+def _elements(f: dict) -> list[dict]:
+    """A Tuple-valued Func as one Func per element, `name#k` (as the trees read them), each a
+    tensor of its own; a Func of one value as it is."""
+    if len(f["types"]) == 1:
+        return [f]
+    return [{**f, "name": f"{f['name']}#{k}", "types": [t], "tuple": f["name"],
+             "definitions": [{**d, "values": (d["values"][k],)} for d in f["definitions"]]}
+            for k, t in enumerate(f["types"])]
+
+
+def _statement_order(fn: HalideFunction, kept: list[dict]) -> list[tuple[dict, int, tuple]]:
+    """(Func, definition index, the loop nest it shares) per statement, in program order. A
+    Tuple's elements run one definition at a time, all of one definition in one loop nest
+    (Halide updates them together, point by point), an element that reads another element
+    before it: each reads the others' values from before the definition, as Halide evaluates
+    every value before it stores any."""
+    out, i = [], 0
+    while i < len(kept):
+        f = kept[i]
+        if "tuple" not in f:
+            out += [(f, k, None) for k in range(len(f["definitions"]))]
+            i += 1
+            continue
+        elements = [g for g in kept[i:] if g.get("tuple") == f["tuple"]]
+        i += len(elements)
+        for k in range(len(f["definitions"])):
+            out += [(g, k, (f["tuple"], k)) for g in _readers_first(fn, elements, k)]
+    return out
+
+
+def _readers_first(fn: HalideFunction, elements: list[dict], k: int) -> list[dict]:
+    names = {g["name"] for g in elements}
+    reads = {g["name"]: (read_names(g["definitions"][k]["values"][0]) & names) - {g["name"]}
+             for g in elements}
+    order: list[dict] = []
+    while len(order) < len(elements):
+        placed = {g["name"] for g in order}
+        ready = [g for g in elements if g["name"] not in placed and all(
+            h in placed for h in names if g["name"] in reads[h])]
+        if not ready:
+            raise TCError(f"definition {k} of the Tuple Func '{display_name(elements[0]['tuple'])}'"
+                          f" of '{fn.name}' has elements that read each other in a cycle; the "
+                          "CUDA path writes one element after another and cannot order them")
+        order.append(ready[0])
+    return order
+
+
+def _output_tensors(fn: HalideFunction, names: dict) -> list[list[str]]:
+    """Per output Func, its tensors (one per Tuple element)."""
+    return [[names[e["name"]] for e in _elements({"name": f.name(), "types": f.types(),
+                                                   "definitions": []})] for f in fn.outputs]
 
 
 def _signature(fn: HalideFunction) -> C.Function:
     _, kept, names = fn._structure
-    outputs = [names[f.name()] for f in fn.outputs]
+    outputs = [t for ts in _output_tensors(fn, names) for t in ts]
     tensors, inputs, size_vars = {}, [], {}
     for a in (*fn.arguments, *fn.constants):
         dims = tuple(f"{a.name}.{k}" for k in range(a.rank))
@@ -974,12 +1024,13 @@ def _signature(fn: HalideFunction) -> C.Function:
         t = scalar_type(f["types"][0], f"Func '{display_name(f['name'])}'")
         tensors[name] = C.Tensor(name, "output" if name in outputs else "temp", t,
                                  ("",) * len(f["args"]))
-        for k, d in enumerate(f["definitions"]):
-            indices = tuple(a[1] for a in reversed(d["args"]) if a[0] == "var"
-                            and a[1] in f["args"])
-            rvars = tuple(n for n, _, _ in reversed(d["rvars"]) if n not in indices)
-            statements.append(C.Statement(name, indices, rvars, None, False, C.Const(0, t), (),
-                                          k == 0))
+    for f, k, _ in _statement_order(fn, kept):
+        d = f["definitions"][k]
+        indices = tuple(a[1] for a in reversed(d["args"]) if a[0] == "var" and a[1] in f["args"])
+        rvars = tuple(n for n, _, _ in reversed(d["rvars"]) if n not in indices)
+        t = tensors[names[f["name"]]].type
+        statements.append(C.Statement(names[f["name"]], indices, rvars, None, False,
+                                      C.Const(0, t), (), k == 0))
     return C.Function(fn.name, tuple(inputs), tuple(outputs), tensors, size_vars,
                       tuple(statements))
 
@@ -1013,15 +1064,19 @@ def _lower(fn: HalideFunction, b: Binding, shapes, regions: dict) -> PipelineLow
         if a.is_buffer:
             bounds[a.name] = TensorBounds(tuple(("int", 0) for _ in range(a.rank)),
                                           tuple(("var", f"{a.name}.{k}") for k in range(a.rank)))
+    shape_of = {t: shape for ts, shape in zip(_output_tensors(fn, names), shapes) for t in ts}
+    order_of = _statement_order(fn, kept)
+    together = {(f["name"], k): key for f, k, key in order_of}
     for f in kept:
         tensor = names[f["name"]]
-        region = regions.get(f["name"])
+        func = f.get("tuple", f["name"])  # (Halide's regions are per Func)
+        region = regions.get(func)
         if region is None:  # nothing the outputs need reads it
             region = [(0, -1)] * len(f["args"])
-        if tensor in checked.outputs:
-            shape = shapes[checked.outputs.index(tensor)]
+        if tensor in shape_of:
+            shape = shape_of[tensor]
             if any(lo != 0 or hi != e - 1 for (lo, hi), e in zip(region, shape)):
-                raise TCError(_outside_output(fn, f["name"], region, shape))
+                raise TCError(_outside_output(fn, func, region, shape))
         bounds[tensor] = TensorBounds(tuple(("int", lo) for lo, _ in region),
                                       tuple(("int", hi - lo + 1) for lo, hi in region))
         defs[tensor] = []
@@ -1038,10 +1093,12 @@ def _lower(fn: HalideFunction, b: Binding, shapes, regions: dict) -> PipelineLow
                 rewritten.update(predicate=("lt", ("int", 1), ("int", 0)), values=tuple(
                     _value_tree(scalar_type(t, f"Func '{display_name(f['name'])}'"), 0)
                     for t in f["types"]))
+            rewritten["together"] = together[(f["name"], k)]
             defs[tensor].append(rewritten)
-            order.append((tensor, k, statement))
-            var_names.append({n: n.replace("$", ".") for n, _, _ in d["rvars"]})
-            statement += 1
+    for f, k, _ in order_of:
+        order.append((names[f["name"]], k, statement))
+        var_names.append({n: n.replace("$", ".") for n, _, _ in f["definitions"][k]["rvars"]})
+        statement += 1
     read_names = {f["name"]: names[f["name"]] for f in kept}
     buffers = [a for a in (*fn.arguments, *fn.constants) if a.is_buffer]
     read_names.update({a.name: a.name for a in buffers})

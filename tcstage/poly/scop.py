@@ -54,6 +54,9 @@ class Statement:
     lhs: tuple[Tree, ...]  # the Func definition's arguments (Halide order, innermost first)
     value: Tree  # its value
     reduction_vars: tuple[str, ...]  # isl names of the iterators that are RDom variables
+    # the loop nest it shares with the statements of the same key (the elements of one Tuple
+    # definition, updated point by point together); None: a loop nest of its own
+    together: tuple | None = None
 
 
 @attrs.frozen
@@ -243,7 +246,8 @@ def _statement(name, tensor, index, tc_index, d, tensor_bounds, halide_names, is
         reads.append(access(t, node[2], node[1]))
     return Statement(name, tensor, index, tc_index, tuple(local[v] for v in iterators),
                      tuple(iterators), domain, access(tensor, lhs, ""), tuple(reads), lhs,
-                     values[0], tuple(local[v] for v in iterators if v in rvars))
+                     values[0], tuple(local[v] for v in iterators if v in rvars),
+                     d.get("together"))
 
 
 def _conjuncts(predicate: Tree) -> list[Tree]:
@@ -324,15 +328,32 @@ def reads_in(trees, seen: set | None = None):
 
 def _canonical_schedule(statements, context: isl.Set) -> isl.Schedule:
     """A sequence of one filter per statement, each with a band over its loops (outermost
-    first): the program order of the TC."""
-    schedule = None
-    for s in statements:
-        part = isl.Schedule.from_domain(isl.UnionSet(s.domain))
-        if s.iterators:
-            vec = ", ".join(s.iterators)
-            band = isl.MultiUnionPwAff.from_union_map(
-                isl.UnionMap(f"{{ {s.name}[{vec}] -> [{vec}] }}"))
-            part = part.insert_partial_schedule(band)
+    first): the program order of the TC. Consecutive statements that share a loop nest
+    (`together`) have one band, with their sequence inside it."""
+    schedule, k = None, 0
+    while k < len(statements):
+        run = [statements[k]]
+        while statements[k].together is not None and k + len(run) < len(statements) and \
+                statements[k + len(run)].together == statements[k].together:
+            run.append(statements[k + len(run)])
+        k += len(run)
+        domain = isl.UnionSet(run[0].domain)
+        for s in run[1:]:
+            domain = domain.union(isl.UnionSet(s.domain))
+        part = isl.Schedule.from_domain(domain)
+        if run[0].iterators:
+            band = isl.UnionMap("{ }")
+            for s in run:
+                vec = ", ".join(s.iterators)
+                band = band.union(isl.UnionMap(f"{{ {s.name}[{vec}] -> [{vec}] }}"))
+            part = part.insert_partial_schedule(isl.MultiUnionPwAff.from_union_map(band))
+        if len(run) > 1:
+            filters = isl.UnionSetList.from_union_set(isl.UnionSet(run[0].domain))
+            for s in run[1:]:
+                filters = filters.add(isl.UnionSet(s.domain))
+            node = part.get_root().child(0)
+            node = node.child(0) if run[0].iterators else node
+            part = node.insert_sequence(filters).get_schedule()
         schedule = part if schedule is None else schedule.sequence(part)
     return schedule
 
