@@ -15,6 +15,9 @@ the text is the reproducer. Generated per seed (deterministic):
 - RDom reductions (sum, product, min, max: a pure init, then one update), over small RDoms or an
   input's width, now and then with an affine `where`; a histogram (an update whose first
   subscript is clamped data);
+- (issue 27, from a random stream of their own) tables held as `hl.Buffer`s, `hl.undef` pure
+  definitions, RDom extents computed from float Params, `RDom.where` conditions that are not
+  affine, `hl.argmin`/`hl.argmax` (Tuple-valued updates);
 - one or two outputs; two calls per case, the second at sizes no larger than the first, with
   awkward extents (1, primes, 17, 33); inputs sized by Halide's own bounds inference.
 
@@ -71,6 +74,10 @@ class _Producer:
 class _Gen:
     def __init__(self, seed: int):
         self.rng = random.Random(f"halide/{seed}")
+        # the constructs added for issue 27 draw from a stream of their own, so that a seed's
+        # pipeline changes only where one of them is drawn
+        self.extra = random.Random(f"halide-constructs/{seed}")
+        self.tables = True
         self.lines: list[str] = []
         self.params: list[tuple[str, str]] = []
         self.used_params: set[str] = set()
@@ -116,6 +123,13 @@ class _Gen:
 
     def leaf(self, t: str, ctx) -> str:
         r = self.rng
+        if self.tables and self.extra.random() < 0.03:  # a table the algorithm holds (an
+            # embedded Buffer; not in a subscript: a region must not depend on its values)
+            table = [self.extra.randint(0, 9) for _ in range(self.extra.choice((3, 8)))]
+            v = self.extra.choice([v for v in VARS[:ctx.dims] if v not in ctx.unbound] or ["0"])
+            read = (f"hl.Buffer(np.array({table}, dtype=np.int32))"
+                    f"[hl.clamp({v} + {self.extra.randint(-2, 2)}, 0, {len(table) - 1})]")
+            return self.cast("i32", t, read)
         k = r.random()
         if k < 0.12:
             return self.const(t)
@@ -233,7 +247,13 @@ def _generate(seed: int) -> tuple[str, list[str], list[str], int, dict, list[str
         L.append(f"    {name} = hl.Func({name!r})")
         kind = r.random()
         if kind < 0.55 or (i == 0 and kind < 0.7):
-            L.append(f"    {name}[{lhs}] = {g.bounded(t, g.expr(t, ctx, r.randint(1, 3)))}")
+            value = g.bounded(t, g.expr(t, ctx, r.randint(1, 3)))
+            if g.extra.random() < 0.1:  # no pure value: an update defines every element
+                # (over a one-point RDom: Halide warns about an update of pure variables alone)
+                L.append(f"    {name}[{lhs}] = hl.undef({HL_TYPE[t]})")
+                L.append(f"    u{name} = hl.RDom([(0, 1)], 'u{name}')")
+                value = f"{value} + hl.cast({HL_TYPE[t]}, u{name}.x)"
+            L.append(f"    {name}[{lhs}] = {value}")
         elif kind < 0.85:
             _reduction(g, name, t, ctx, inputs, lhs)
         else:
@@ -262,11 +282,28 @@ def _reduction(g: _Gen, name: str, t: str, ctx: _Ctx, inputs, lhs: str) -> None:
         n = r.choice((1, 1, 2))
         boxes = [(r.choice((0, 0, -1, 1)), r.choice((1, 2, 3, 4) if op != "product" else (1, 2)))
                  for _ in range(n)]
-        g.lines.append(f"    {rdom} = hl.RDom({boxes!r}, {rdom!r})")
+        floats = [p for p, pt in g.params if pt == "f32"]
+        if floats and g.extra.random() < 0.3:  # an extent computed from a float Param
+            p = g.extra.choice(floats)
+            g.used_params.add(p)
+            extents = [f"hl.clamp(hl.cast(hl.Int(32), hl.ceil({p} * 2)), 1, {e})"
+                       for _, e in boxes]
+            g.lines.append(f"    {rdom} = hl.RDom([{', '.join(f'({lo}, {e})' for (lo, _), e in zip(boxes, extents))}], {rdom!r})")
+        else:
+            g.lines.append(f"    {rdom} = hl.RDom({boxes!r}, {rdom!r})")
         rvars = [f"{rdom}.{c}" for c in "xy"[:n]]
         if op == "sum" and r.random() < 0.15:
             v = r.choice(VARS[:ctx.dims])
             g.lines.append(f"    {rdom}.where({rvars[0]} <= {v} + {r.randint(-1, 2)})")
+        if op == "sum" and g.extra.random() < 0.2:  # a condition that is not affine
+            g.lines.append(f"    {rdom}.where({rvars[-1]} * {rvars[-1]} <= "
+                           f"{g.extra.randint(0, 4)})")
+    if op in ("min", "max") and direct_input is None and g.extra.random() < 0.3:
+        # where the extremum is: Halide's inline argmin/argmax, a Tuple-valued update
+        term = g.bounded(t, g.expr(t, _Ctx(ctx.dims, ctx.producers, rvars), r.randint(1, 2)))
+        where = f"hl.arg{op}({rdom}, {term})[{g.extra.randrange(len(rvars) + 1)}]"
+        g.lines.append(f"    {name}[{lhs}] = {g.cast('i32', t, where) if g.extra.random() < 0.7 else g.bounded(t, where)}")
+        return
     init = g.bounded(t, g.expr(t, _Ctx(ctx.dims, ctx.producers), r.randint(0, 2)))
     g.lines.append(f"    {name}[{lhs}] = {init}")
     if direct_input is not None:
@@ -298,7 +335,9 @@ def _histogram(g: _Gen, name: str, t: str, ctx: _Ctx, lhs: str) -> None:
     g.lines.append(f"    {rdom} = hl.RDom([(0, {r.choice((3, 5, 7))})], {rdom!r})")
     g.lines.append(f"    {name}[{lhs}] = {g._c(t, 0)}")
     data_ctx = _Ctx(ctx.dims, ctx.producers, [f"{rdom}.x"], ("x",))
+    g.tables = False
     data = g.expr("i32", data_ctx, r.randint(0, 2))
+    g.tables = True
     weight = g._c(t, 1) if r.random() < 0.6 else \
         f"hl.clamp({g.expr(t, data_ctx, 1)}, {g._c(t, 0)}, {g._c(t, 3)})"
     rest = VARS[1:ctx.dims]
@@ -312,7 +351,7 @@ def _render(body: str, inputs, modes: dict, boundary_lines: list[str]) -> str:
     for n in inputs:
         body = body.replace(f"@{n}@", n if modes[n] == "direct" else f"{n}_b")
     body = body.replace("@BOUNDARIES@", "\n".join(boundary_lines) or "    pass")
-    return "import halide as hl\n\n\ndef build():\n" + body + "\n"
+    return "import halide as hl\nimport numpy as np\n\n\ndef build():\n" + body + "\n"
 
 
 def build(source: str):
