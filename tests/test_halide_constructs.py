@@ -184,7 +184,9 @@ def test_argmin_tuple_update_on_cuda():
     a = rng.standard_normal((9, 11)).astype(np.float32)
     for out in (where, inline):
         fn = tc.from_halide(out)
-        np.testing.assert_array_equal(fn(a, output_shape=(11,)), a.argmin(axis=0))
+        for schedule in ("auto", "root", "tcstage"):  # (the root copy names Funcs, not elements)
+            np.testing.assert_array_equal(fn(a, output_shape=(11,), schedule=schedule),
+                                          a.argmin(axis=0))
         np.testing.assert_array_equal(_cuda(fn, a, output_shape=(11,))(a), a.argmin(axis=0))
     both = tc.from_halide(best)
     index, value = _cuda(both, a, output_shape=(11,))(a)

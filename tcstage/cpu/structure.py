@@ -144,8 +144,8 @@ def _reads(definition: dict) -> list[Read]:
     def walk(t):
         if not isinstance(t, tuple) or not t:
             return
-        if t[0] == "read":
-            found.append(Read(t[1], tuple(t[2])))
+        if t[0] == "read":  # (a Tuple element, `f#k`, is a read of its Func here)
+            found.append(Read(t[1].partition("#")[0], tuple(t[2])))
             for a in t[2]:
                 walk(a)
             return

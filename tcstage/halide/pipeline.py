@@ -506,7 +506,8 @@ class HalideFunction:
         except TCError:  # (a construct only the CPU runs): every Func the dump has
             kept = self._dump or []
         outputs = {f.name() for f in copies}
-        tensors = [f["name"] for f in kept if f["name"] not in outputs]
+        funcs = dict.fromkeys(f.get("tuple", f["name"]) for f in kept)  # (a Tuple's Func once)
+        tensors = [name for name in funcs if name not in outputs]
         if tensors:
             _native.compute_root(copies, tensors)
         return copies
@@ -818,7 +819,8 @@ def _reads(tree, name: str) -> bool:
     if isinstance(tree, dict):
         return any(_reads(v, name) for v in tree.values())
     if isinstance(tree, (tuple, list)):
-        if len(tree) > 1 and tree[0] == "read" and tree[1] == name:
+        if len(tree) > 1 and tree[0] == "read" and isinstance(tree[1], str) and \
+                tree[1].partition("#")[0] == name:  # (f#k: an element of Tuple f)
             return True
         return any(_reads(v, name) for v in tree)
     return False
