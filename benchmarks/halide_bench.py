@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from examples.halide import APPS, common, load  # noqa: E402
 DATE = datetime.date.today().isoformat()
-CPU_VARIANTS = ["manual", "Adams2019", "Mullapudi2016", "tcstage-root", "tcstage"]
+CPU_VARIANTS = ["manual", "Adams2019", "Mullapudi2016", "Li2018", "tcstage-root", "tcstage"]
 GPU_VARIANTS = ["manual-gpu", "Anderson2021"]
 
 
