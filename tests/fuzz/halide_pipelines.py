@@ -127,7 +127,8 @@ class _Gen:
             # embedded Buffer; not in a subscript: a region must not depend on its values)
             table = [self.extra.randint(0, 9) for _ in range(self.extra.choice((3, 8)))]
             v = self.extra.choice([v for v in VARS[:ctx.dims] if v not in ctx.unbound] or ["0"])
-            read = (f"hl.Buffer(np.array({table}, dtype=np.int32))"
+            # (a copy that owns its values: a Buffer made on a temporary array only views it)
+            read = (f"hl.Buffer(np.array({table}, dtype=np.int32)).copy()"
                     f"[hl.clamp({v} + {self.extra.randint(-2, 2)}, 0, {len(table) - 1})]")
             return self.cast("i32", t, read)
         k = r.random()
