@@ -402,15 +402,23 @@ def _reaching(statements, k: int) -> list[tuple[Statement, set[str]]]:
         elements = a.relation.range()
         touched[a.tensor] = touched[a.tensor].union(elements) if a.tensor in touched \
             else elements
+    # Statements sharing k's loop nest (a Tuple definition's elements) run interleaved with it:
+    # those after k reach its later iterations, and none of them runs wholly before it.
+    first, last = k, k
+    if statements[k].together is not None:
+        while first > 0 and statements[first - 1].together == statements[k].together:
+            first -= 1
+        while last + 1 < len(statements) and \
+                statements[last + 1].together == statements[k].together:
+            last += 1
     concerned: dict[int, set[str]] = {}
     for tensor, elements in touched.items():
-        writers = [j for j in range(k + 1) if statements[j].write.tensor == tensor]
+        writers = [j for j in range(last + 1) if statements[j].write.tensor == tensor]
         if not writers:  # an input, or a tensor first written later: no dependence on it
             continue
-        start = next((j for j in reversed(writers[:-1] if writers[-1] == k else writers)
-                      if statements[j].write.exact
+        start = next((j for j in reversed(writers) if j < first and statements[j].write.exact
                       and elements.is_subset(statements[j].write.relation.range())), 0)
-        for j in range(start, k + 1):
+        for j in range(start, last + 1):
             if any(a.tensor == tensor for a in (*statements[j].reads, statements[j].write)):
                 concerned.setdefault(j, set()).add(tensor)
     return [(statements[j], concerned[j]) for j in sorted(concerned)]
