@@ -13,7 +13,7 @@ def call_shapes(fn: C.Function, sizes: dict) -> tuple[list, list]:
     values, and the shapes of the in/out outputs."""
     def shape(t: C.Tensor) -> tuple[int, ...]:
         return tuple(int(d) if d.isdigit() else sizes[d] for d in t.dims)
-    inputs = [shape(t) if t.rank else sizes[t.name] for t in fn.inputs if not t.constant]
+    inputs = [shape(t) if t.rank else sizes[t.name] for t in fn.caller_inputs]
     return inputs, [shape(fn.tensors[n]) for n in fn.outputs if fn.tensors[n].inout]
 
 
@@ -30,7 +30,7 @@ def random_inputs(fn: C.Function, sizes: dict, seed: int) -> tuple[list, list]:
     bounds = index_bounds(fn, lambda d: int(d) if d.isdigit() else sizes[d])
     inputs, out_shapes = call_shapes(fn, sizes)
     args = [_random_tensor(rng, t.type, s, bounds.get(t.name)) if t.rank else s
-            for t, s in zip((t for t in fn.inputs if not t.constant), inputs)]
+            for t, s in zip(fn.caller_inputs, inputs)]
     inouts = [fn.tensors[n] for n in fn.outputs if fn.tensors[n].inout]
     return args, [_random_tensor(rng, t.type, s, None) for t, s in zip(inouts, out_shapes)]
 

@@ -250,9 +250,11 @@ class HalideFunction:
                                   f"(its arguments, in order: {', '.join(by_name)})")
         return values
 
-    def bind(self, args: Sequence, out=None, shapes_only: bool = False, named=None) -> Binding:
+    def bind(self, args: Sequence, out=None, shapes_only: bool = False, named=None,
+             constants: bool = True) -> Binding:
         """args (positional) and named (by parameter name) checked against the pipeline's
-        ImageParams and Params."""
+        ImageParams and Params; with `constants`, the embedded Buffers' values too (inputs of
+        the CUDA kernel; the CPU's Halide callable holds its own)."""
         if out is not None:
             raise TCArgumentError(f"'{self.name}' is a Halide pipeline: it has no in/out "
                                   "outputs, so out= is not taken")
@@ -270,7 +272,7 @@ class HalideFunction:
                 arrays[a.name] = None if shapes_only and not hasattr(value, "shape") else value
             else:
                 scalars[a.name] = _scalar(self.name, a, value)
-        if self._dump is not None and self.constants:  # (for the CUDA kernel's inputs)
+        if constants and self._dump is not None and self.constants:
             for name, array in self.constant_values().items():
                 sizes.update({f"{name}.{k}": e for k, e in enumerate(array.shape)})
                 arrays[name] = array
@@ -320,7 +322,7 @@ class HalideFunction:
         were (docs/halide.md, CPU schedules)."""
         applied = self._resolve_schedule(schedule)
         shapes = self._output_boxes(output_shape)
-        b = self.bind(args, out, named=named)
+        b = self.bind(args, out, named=named, constants=False)
         regions = self.required_regions(b, shapes)
         _check_inputs(self, b, regions)
         _check_outputs(self, regions, shapes, TCArgumentError)
@@ -1129,7 +1131,7 @@ def _folded(tree: Tree) -> Tree:
     """tree with each constant part computed by Halide's simplifier, in its own types: an RDom
     extent from a float Param (`ceil(3 * sigma)`), once the Param's value is in, is a number
     the polyhedral model can use."""
-    if tree[0] in ("int", "float", "var") or tree[0] == "cast" and tree[2][0] in ("int", "float"):
+    if tree[0] == "var" or _constant_tree(tree):
         return tree
     if not tree_vars(tree) and not read_names(tree):
         try:  # (strict_float's operations on constants round as the plain ones do: each is

@@ -199,6 +199,11 @@ class Function:
     callees: tuple = attrs.field(eq=False, repr=False, default=())
 
     @property
+    def caller_inputs(self) -> tuple[Tensor, ...]:
+        """The inputs callers pass, in signature order (not the constants the function holds)."""
+        return tuple(t for t in self.inputs if not t.constant)
+
+    @property
     def scalar_inputs(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.inputs if t.rank == 0)
 

@@ -332,10 +332,7 @@ def _canonical_schedule(statements, context: isl.Set) -> isl.Schedule:
     (`together`) have one band, with their sequence inside it."""
     schedule, k = None, 0
     while k < len(statements):
-        run = [statements[k]]
-        while statements[k].together is not None and k + len(run) < len(statements) and \
-                statements[k + len(run)].together == statements[k].together:
-            run.append(statements[k + len(run)])
+        run = statements[k:_shared_nest(statements, k)[1] + 1]
         k += len(run)
         domain = isl.UnionSet(run[0].domain)
         for s in run[1:]:
@@ -392,6 +389,18 @@ def compute_dependences(scop: Scop) -> Dependences:
     return Dependences(flow=flow, anti=anti, output=output)
 
 
+def _shared_nest(statements, k: int) -> tuple[int, int]:
+    """The first and last index of the consecutive statements that share statement k's loop
+    nest (`together`); (k, k) for a statement with a nest of its own."""
+    first, last, key = k, k, statements[k].together
+    if key is not None:
+        while first > 0 and statements[first - 1].together == key:
+            first -= 1
+        while last + 1 < len(statements) and statements[last + 1].together == key:
+            last += 1
+    return first, last
+
+
 def _reaching(statements, k: int) -> list[tuple[Statement, set[str]]]:
     """The statements whose accesses can be the source of a dependence into statement k, in
     program order, each with the tensors concerned: per tensor that k accesses, those from the
@@ -404,13 +413,7 @@ def _reaching(statements, k: int) -> list[tuple[Statement, set[str]]]:
             else elements
     # Statements sharing k's loop nest (a Tuple definition's elements) run interleaved with it:
     # those after k reach its later iterations, and none of them runs wholly before it.
-    first, last = k, k
-    if statements[k].together is not None:
-        while first > 0 and statements[first - 1].together == statements[k].together:
-            first -= 1
-        while last + 1 < len(statements) and \
-                statements[last + 1].together == statements[k].together:
-            last += 1
+    first, last = _shared_nest(statements, k)
     concerned: dict[int, set[str]] = {}
     for tensor, elements in touched.items():
         writers = [j for j in range(last + 1) if statements[j].write.tensor == tensor]
