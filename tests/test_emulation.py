@@ -261,6 +261,29 @@ def test_vector_add_with_ragged_grid():
     assert c2[999] == 0
 
 
+# GCC 12.2 at -O1 compiled this kernel right but its launcher to a bare `ret`: after ivopts, one
+# address is based on -f1, which GCC's late pure/const and modref analyses took for a NULL
+# dereference ("terminating BB"), so the store was never seen and the call was deleted as pure.
+# Reduced from Halide fuzz seed 950132, where one of four launches silently did nothing.
+STRIDED_DIFFERENCE = r"""
+extern "C" __global__ void strided_difference(const uint8_t* f1, int16_t* f2) {
+  for (int c0 = 0; c0 <= 16; c0 += 1)
+    for (int c1 = 0; c1 <= 6; c1 += 1)
+      f2[c1 * 17 + c0] = f1[(c1 + 4) * 20 + c0 + 2] - f1[(c1 + 1) * 40 + c0 + 2];
+}
+"""
+
+
+def test_a_kernel_the_host_compiler_took_for_pure_still_runs():
+    f1 = np.arange(400, dtype=np.uint8)
+    f2 = np.full(7 * 17, 77, np.int16)
+    emulate(STRIDED_DIFFERENCE, "strided_difference", (1, 1, 1), (1, 1, 1), [f1, f2])
+    c1, c0 = np.meshgrid(np.arange(7), np.arange(17), indexing="ij")
+    expected = (f1[(c1 + 4) * 20 + c0 + 2].astype(np.int16)
+                - f1[(c1 + 1) * 40 + c0 + 2].astype(np.int16))
+    np.testing.assert_array_equal(f2.reshape(7, 17), expected)
+
+
 @pytest.mark.parametrize("m,k,n", [(37, 45, 50), (16, 16, 16), (5, 70, 3)])
 def test_tiled_matmul(m, k, n):
     A, B = rand(m, k), rand(k, n)

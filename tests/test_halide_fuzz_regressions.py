@@ -121,3 +121,44 @@ def test_product_update_over_an_rdom_variable_the_body_does_not_use():
             kernel = tc.compile(f, args["im"], output_shape=shape, target="cuda-emulated",
                                 options=mapping.random_options(rng))
             np.testing.assert_array_equal(kernel(args["im"]), expected)
+
+
+def test_every_launch_of_a_four_launch_kernel_runs():
+    """Seed 950132 (issue 26): under mapToBlocks(3, 4) this chain compiles to four launches, and
+    98 of 231 outputs were wrong under emulation because the host compiler deleted the call in
+    one launch's launcher (tests/test_emulation.py has the reduced kernel and the cause)."""
+    y = hl.Var("y")
+
+    def build():
+        in0 = hl.ImageParam(hl.Int(32), 2, "in0")
+        edge = hl.BoundaryConditions.repeat_edge(in0)
+        i16, u8 = hl.Int(16), hl.UInt(8)
+        f0, f1, f2, f3 = (hl.Func(f"f{i}") for i in range(4))
+        # each stage is undefined, then updated over a one-point RDom, as the generator writes
+        f0[x, y] = hl.undef(u8)
+        f0[x, y] = hl.cast(u8, hl.max(hl.cast(i16, edge[2 * x + 1, y - 2]) // hl.i16(3),
+                                      hl.i16(5))) + hl.cast(u8, hl.RDom([(0, 1)]).x)
+        f1[x, y] = (hl.cast(u8, f0[hl.clamp(x - 2, 0, 3), y + 2])
+                    + hl.cast(u8, f0[x // 2, hl.clamp(y - 1, 0, 16)])
+                    + hl.max(hl.cast(u8, edge[x - 2, hl.clamp(y + 2, 0, 16)]),
+                             hl.cast(u8, edge[x - 2, y])))
+        f2[x, y] = hl.undef(i16)
+        f2[x, y] = hl.clamp(hl.select(hl.cast(i16, y) < hl.i16(2), hl.cast(i16, f1[x + 1, y - 2]),
+                                      hl.cast(i16, f1[x - 2, y]))
+                            + (hl.cast(i16, f1[x, y + 2]) - hl.cast(i16, f1[x, 2 * y])),
+                            hl.i16(-100), hl.i16(100)) + hl.cast(i16, hl.RDom([(0, 1)]).x)
+        f3[x, y] = hl.clamp(hl.cast(hl.Int(32), hl.abs((x + hl.cast(hl.Int(32), f2[x // 2, y])) % -3)),
+                            -100, 100)
+        return [f3], {"in0": in0}
+
+    args = {"in0": np.random.default_rng(950132).integers(-8, 9, (3, 13)).astype(np.int32)}
+    shape = (7, 33)
+    expected = realized(build, args, shape)
+    outs, _ = build()
+    f = tc.from_halide(outs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        kernel = tc.compile(f, args["in0"], output_shape=shape, target="cuda-emulated",
+                            options=tc.MappingOptions().mapToBlocks(3, 4))
+    assert len(kernel.launches) >= 2
+    np.testing.assert_array_equal(kernel(args["in0"]), expected)

@@ -84,8 +84,13 @@ __all__ = [
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _HEADER = os.path.join(_HERE, "emu_runtime.h")
+# -fno-delete-null-pointer-checks: GCC 12.2 reads an ivopts address based on a negated pointer as
+# a NULL dereference, stops scanning the block there and so misses the kernel's stores: its late
+# pure/modref summaries call the kernel pure and the launcher's call is deleted (a launch that
+# silently does nothing; tests/test_emulation.py has the reduced kernel). The flag turns off
+# that inference; a kernel never relies on it.
 CXX_FLAGS = ("-std=c++17", "-O1", "-shared", "-fPIC", "-pthread", "-fvisibility=hidden",
-             "-fno-gnu-unique", "-fno-strict-aliasing")
+             "-fno-gnu-unique", "-fno-strict-aliasing", "-fno-delete-null-pointer-checks")
 if platform.machine().lower() in ("x86_64", "amd64"):
     # The runtime's fiber switch returns into fresh stacks, which CET shadow stacks forbid; an
     # unmarked library is never run with them.
