@@ -3,6 +3,7 @@
 
     python3 benchmarks/halide_bench.py [--apps blur,harris] [--runs 7] [--no-write]
     python3 benchmarks/halide_bench.py --gpu      # needs a CUDA GPU
+    python3 benchmarks/halide_bench.py --overhead # per-call cost against Halide's realize
 
 For each app at its "bench" size, all in one process, times Halide's own execution of the
 same pipeline with (a) the app's manual schedule, (b) the Adams2019 and (c) the Mullapudi2016
@@ -207,6 +208,59 @@ def table(rows: list[dict], variants: list[str]) -> str:
     return "\n".join(lines) + ("\n\nNot timed:\n" + "\n".join(notes) if notes else "")
 
 
+def call_overhead(name: str, budget_s: float = 1.0) -> dict:
+    """Per-call cost of tcstage's CPU path against Halide's own realize of the same pipeline,
+    both scheduled by the app's manual schedule (tcstage runs it as written), at the app's
+    small size where the per-call work shows: microseconds per call, the median of calls
+    within the budget after a warm-up. Halide's side allocates its outputs as numpy arrays
+    each call too, as a caller wanting arrays does."""
+    import tcstage as tc
+    module = load(name)
+    args = module.inputs(np.random.default_rng(0), "small")
+    shapes = module.output_shapes(args)
+    app = module.build()
+    module.schedule_cpu(app)
+    f = tc.from_halide(app.outputs, name=app.name)
+    shape = shapes[0] if len(shapes) == 1 else list(shapes)
+    theirs = module.build()
+    module.schedule_cpu(theirs)
+    keep = common.bind(theirs, args)
+    pipeline = hl.Pipeline(theirs.outputs)
+    pipeline.compile_jit(hl.get_jit_target_from_environment())
+
+    def realize():
+        arrays, buffers = common.output_buffers(theirs, shapes)
+        pipeline.realize(buffers)
+        return arrays
+
+    assert agree(module, args, [np.asarray(o) for o in
+                                (lambda o: o if isinstance(o, tuple) else [o])(
+                                    f(*args, output_shape=shape))], realize())
+
+    def us(run) -> float:
+        run()
+        times, start = [], time.perf_counter()
+        while time.perf_counter() - start < budget_s or len(times) < 20:
+            t = time.perf_counter()
+            run()
+            times.append((time.perf_counter() - t) * 1e6)
+        return statistics.median(times)
+    ours, halide = us(lambda: f(*args, output_shape=shape)), us(realize)
+    del keep
+    return {"app": name, "tcstage_us": round(ours, 1), "realize_us": round(halide, 1),
+            "overhead_us": round(ours - halide, 1),
+            "shapes": [list(a.shape) for a in args if hasattr(a, "shape")]}
+
+
+def overhead_table(rows: list[dict]) -> str:
+    lines = ["| app | input shapes | tcstage call us | Halide realize us | difference us |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['app']} | {' '.join('x'.join(map(str, s)) for s in r['shapes'])} | "
+                     f"{r['tcstage_us']:.1f} | {r['realize_us']:.1f} | {r['overhead_us']:.1f} |")
+    return "\n".join(lines)
+
+
 def gpu_available() -> bool:
     target = hl.get_host_target().with_feature(hl.TargetFeature.CUDA)
     try:
@@ -224,12 +278,16 @@ def main(argv=None) -> int:
                     help="Adams2019's beam (1: greedy; the default 32 takes many minutes on the pyramids here)")
     ap.add_argument("--variants", help=f"comma-separated, the first the baseline of the ratios "
                                         f"(default: {','.join(CPU_VARIANTS)})")
+    ap.add_argument("--overhead", action="store_true",
+                    help="per-call cost of tcstage against Halide's realize, same schedule")
     ap.add_argument("--no-write", action="store_true", help="print only, write no results file")
     opts = ap.parse_args(argv)
     apps = [a for a in opts.apps.split(",") if a]
     unknown = sorted(set(apps) - set(APPS))
     if unknown:
         ap.error(f"unknown apps {unknown}; known: {', '.join(APPS)}")
+    if opts.overhead:
+        return overhead_main(apps, opts.no_write)
     if opts.gpu and not gpu_available():
         print("halide_bench --gpu: no CUDA GPU here (Halide's host_supports_target_device says no "
               "for a CUDA target); run it on a machine with an NVIDIA GPU and its driver.",
@@ -278,6 +336,33 @@ def main(argv=None) -> int:
         stem.with_suffix(".json").write_text(json.dumps(
             {"machine": model, "cores": cores, "date": DATE, "variants": variants, "rows": rows}, indent=1) + "\n")
         print(f"wrote {stem}.md and .json")
+    return 0
+
+
+def overhead_main(apps: list[str], no_write: bool) -> int:
+    import warnings
+    model, cores = machine()
+    print(f"{model}, {cores} cores; Halide {version('halide')}", flush=True)
+    rows = []
+    for name in apps:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (Halide's notes on the manual schedules)
+            rows.append(call_overhead(name))
+        print(f"  {name:28s} {rows[-1]['overhead_us']:8.1f} us", flush=True)
+    text = overhead_table(rows)
+    print(text)
+    if not no_write:
+        path = ROOT / "benchmarks" / "results" / \
+            f"halide-call-overhead-{machine_slug(model, cores)}-{DATE}.md"
+        path.write_text(
+            "# Per-call cost of tcstage's CPU path against Halide's realize\n\n"
+            f"Machine: {model}, {cores} cores (`lscpu`).  Halide {version('halide')}.  Date {DATE}."
+            "\nCommand: `python3 benchmarks/halide_bench.py --overhead"
+            f"{' --apps ' + ','.join(apps) if apps != APPS else ''}`.\n"
+            "Both run the app's manual schedule at its small size; each figure is the median "
+            "call, in microseconds, after a warm-up; Halide's side allocates its numpy outputs "
+            "each call, as tcstage does.\n\n" + text + "\n")
+        print(f"wrote {path}")
     return 0
 
 

@@ -123,3 +123,15 @@ def test_app_contract(name):
             assert arg.ndim == p.dimensions() and arg.dtype == common.numpy_type(p.type())
         else:
             assert np.isscalar(arg)
+
+
+def test_call_overhead_benchmark_compares_the_same_schedule():
+    """halide_bench.py --overhead times tcstage's call and Halide's realize of one manual
+    schedule (checking that both give the same outputs first) and reports their difference."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import halide_bench
+
+    row = halide_bench.call_overhead("camera_pipe", budget_s=0.05)
+    assert row["tcstage_us"] > 0 and row["realize_us"] > 0
+    assert row["overhead_us"] == pytest.approx(row["tcstage_us"] - row["realize_us"], abs=0.2)
+    assert "| camera_pipe | 56x160 3x4 3x4 |" in halide_bench.overhead_table([row])

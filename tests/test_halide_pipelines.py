@@ -269,6 +269,34 @@ def test_bad_scalar_binding():
         f(np.ones(3, np.float32), 1.5, output_shape=(3,))
 
 
+def test_bounds_are_inferred_once_per_call_layout(monkeypatch):
+    """Halide's bounds inference (milliseconds) runs on the first call with given sizes, Param
+    values and output shape; a later call with the same ones skips it, and one that changes any
+    of them is checked again (here a Param moves the read past the input)."""
+    inp = hl.ImageParam(hl.Float(32), 1, "inp")
+    shift = hl.Param(hl.Int(32), "shift")
+    out = hl.Func("out")
+    out[x] = inp[x + shift] * 2
+    f = tc.from_halide(out)
+    inferred = []
+    real = type(f).required_regions
+    monkeypatch.setattr(type(f), "required_regions",
+                        lambda self, *a: inferred.append(a) or real(self, *a))
+    a = np.arange(8, dtype=np.float32)
+    for _ in range(3):
+        np.testing.assert_array_equal(f(a, 2, output_shape=(5,)), 2 * a[2:7])
+    assert len(inferred) == 1
+    np.testing.assert_array_equal(f(a[::-1].copy(), 2, output_shape=(5,)), 2 * a[::-1][2:7])
+    assert len(inferred) == 1  # (new values, the same layout)
+    with pytest.raises(TCArgumentError, match=r"reads input 'inp' at indices 4..8"):
+        f(a, 4, output_shape=(5,))
+    with pytest.raises(TCArgumentError, match=r"reads input 'inp' at indices 2..8"):
+        f(a, 2, output_shape=(7,))
+    with pytest.raises(TCArgumentError, match=r"reads input 'inp' at indices 2..6"):
+        f(a[:6], 2, output_shape=(5,))
+    assert len(inferred) == 4
+
+
 def test_not_a_func():
     with pytest.raises(TCError, match="takes one halide.Func or a list of them; got str"):
         tc.from_halide("blur")

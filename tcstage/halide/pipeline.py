@@ -183,6 +183,11 @@ class HalideFunction:
         self._cpu_kernels: dict[str, CpuPipeline] = {}
         self._cpu_rescheduled: dict[str, list[CpuPipeline]] = {}
         self._cpu_serving: dict[tuple, CpuPipeline] = {}
+        # Calls whose arguments passed the bounds checks, by sizes, Param values and output
+        # shapes: Halide's bounds inference costs milliseconds, far more than most calls.
+        self._checked_calls: set[tuple] = set()
+        self._auto_schedule: str | None = None  # what schedule="auto" resolved to
+        self._normalized: dict[tuple, tuple] = {}  # output_shape as given -> normalized
         self.last_cpu_kernel: CpuPipeline | None = None  # what the last CPU call ran
         self._checked = None
 
@@ -286,8 +291,17 @@ class HalideFunction:
         return frozenset(a.name for a in self.arguments if not a.is_buffer)
 
     def _output_boxes(self, output_shape) -> tuple:
-        shapes = self.fixed_output_shapes if output_shape is None else \
-            normalize_output_shapes(self, output_shape)
+        if output_shape is None:
+            shapes = self.fixed_output_shapes
+        else:
+            # (a memo for one output's shape as a tuple of ints, the common call: normalizing
+            # costs microseconds; only exact ints, as 3.0 and True would hit 3's and 1's entry)
+            plain = type(output_shape) is tuple and all(type(e) is int for e in output_shape)
+            shapes = self._normalized.get(output_shape) if plain else None
+            if shapes is None:
+                shapes = normalize_output_shapes(self, output_shape)
+                if plain and len(self._normalized) < 256:
+                    self._normalized[output_shape] = shapes
         if shapes is None:
             raise TCArgumentError(
                 f"'{self.name}' is a Halide pipeline: give the size of its output with "
@@ -323,9 +337,14 @@ class HalideFunction:
         applied = self._resolve_schedule(schedule)
         shapes = self._output_boxes(output_shape)
         b = self.bind(args, out, named=named, constants=False)
-        regions = self.required_regions(b, shapes)
-        _check_inputs(self, b, regions)
-        _check_outputs(self, regions, shapes, TCArgumentError)
+        call = (tuple(b.sizes.items()), tuple(b.scalars.items()), tuple(shapes))
+        if call not in self._checked_calls:
+            regions = self.required_regions(b, shapes)
+            _check_inputs(self, b, regions)
+            _check_outputs(self, regions, shapes, TCArgumentError)
+            if len(self._checked_calls) > 4096:
+                self._checked_calls.clear()
+            self._checked_calls.add(call)
         keep, values = [], []
         for a in self.arguments:
             if a.is_buffer:
@@ -334,12 +353,10 @@ class HalideFunction:
             else:
                 values.append(b.scalars[a.name])
         outs = []
-        for f, shape in zip(self.outputs, shapes):
-            out_name = display_name(f.name())
-            for t in f.types():  # (a Tuple output: an array per element, in order)
+        for dtypes, shape in zip(self._output_dtypes, shapes):
+            for dtype in dtypes:  # (a Tuple output: an array per element, in order)
                 # (aligned: vectorised code may read an output back with aligned loads)
-                outs.append(aligned_empty(shape, scalar_type(str(t),
-                                                             f"output '{out_name}'").numpy))
+                outs.append(aligned_empty(shape, dtype))
                 values.append(halide_buffer(outs[-1]))
         sizes = (applied, tuple(sorted(b.sizes.items())), tuple(shapes))
         kernel = self._cpu_serving.get(sizes) or self._cpu_kernel(applied, b, shapes)
@@ -355,6 +372,12 @@ class HalideFunction:
             self._cpu_serving[sizes] = kernel
         self.last_cpu_kernel = kernel
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    @functools.cached_property
+    def _output_dtypes(self) -> tuple[tuple[np.dtype, ...], ...]:
+        """Per output, the numpy dtype of each of its elements (one unless a Tuple)."""
+        return tuple(tuple(scalar_type(str(t), f"output '{display_name(f.name())}'").numpy
+                           for t in f.types()) for f in self.outputs)
 
     def explain(self, *args, output_shape=None, schedule="auto", **named) -> str:
         """The CPU schedule a call with these arguments runs: which one, for which sizes it was
@@ -400,13 +423,14 @@ class HalideFunction:
     def _resolve_schedule(self, schedule) -> str:
         """What `schedule=` asks for: "as_written", "root", "tcstage" or an autoscheduler."""
         if schedule == "auto":
-            try:
-                scheduled = _native.scheduled_functions(self.outputs)
-            except HALIDE_FAILURES:
-                scheduled = ["?"]
-            if scheduled:
-                return "as_written"
-            return STRUCTURED if self._structured_fits else DEFAULT_AUTOSCHEDULER
+            if self._auto_schedule is None:  # (decided once: the first call compiles for it)
+                try:
+                    scheduled = _native.scheduled_functions(self.outputs)
+                except HALIDE_FAILURES:
+                    scheduled = ["?"]
+                self._auto_schedule = "as_written" if scheduled else \
+                    STRUCTURED if self._structured_fits else DEFAULT_AUTOSCHEDULER
+            return self._auto_schedule
         if isinstance(schedule, str):
             named = {s.lower(): s for s in CPU_SCHEDULES}.get(schedule.lower())
             if named is not None and named != "auto":
@@ -756,8 +780,8 @@ def _scalar(fn: str, a: Argument, value):
         if not isinstance(value, (int, np.integer)):
             raise TCArgumentError(f"argument '{a.name}' of '{fn}' is {a.type}; got "
                                   f"{type(value).__name__} {value!r}")
-        info = np.iinfo(a.type.numpy)
-        if not info.min <= int(value) <= info.max:
+        low, high = _int_range(a.type.numpy)
+        if not low <= int(value) <= high:
             raise TCArgumentError(f"argument '{a.name}' of '{fn}' is {a.type}; {value} does "
                                   "not fit")
         return int(value)
@@ -765,6 +789,12 @@ def _scalar(fn: str, a: Argument, value):
         raise TCArgumentError(f"argument '{a.name}' of '{fn}' is {a.type}; got "
                               f"{type(value).__name__}")
     return value
+
+
+@functools.lru_cache(maxsize=None)
+def _int_range(dtype) -> tuple[int, int]:
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
 
 
 def _constant(t, name: str) -> int:
