@@ -162,3 +162,40 @@ def test_every_launch_of_a_four_launch_kernel_runs():
                             options=tc.MappingOptions().mapToBlocks(3, 4))
     assert len(kernel.launches) >= 2
     np.testing.assert_array_equal(kernel(args["in0"]), expected)
+
+
+def test_an_output_halide_bounds_past_its_box_is_refused_in_numpy_terms():
+    """Seed 319 (issue 27): the histogram's index clamp(1 / f0, 0, 7) takes only 0 and 1 (f0 is
+    a uint8, and Halide's 1 / 0 is 0), so tcstage's check, which bounds f0's values, lets an
+    output 2 wide through, and the CUDA kernel computes it; Halide's runtime check bounds the
+    index expression alone (-1..1) and refuses. The CPU call says so in numpy terms instead of
+    passing Halide's text on."""
+    y = hl.Var("y")
+
+    def build():
+        in0 = hl.ImageParam(hl.Int(16), 2, "in0")
+        mirrored = hl.BoundaryConditions.mirror_image(in0)
+        f0, f1 = hl.Func("f0"), hl.Func("f1")
+        f0[x, y] = hl.cast(hl.UInt(8), mirrored[x, y + 1])
+        r = hl.RDom([(0, 7)])
+        f1[x, y] = hl.i16(0)
+        f1[hl.clamp(1 // hl.cast(hl.Int(32), f0[y + r.x, r.x - 1]), 0, 7), y] += hl.i16(1)
+        return [f1], {"in0": in0}
+
+    a = np.array([[1, 0, 1, 1, 3, 1, 0]], np.int16)  # (numpy: 1 row of 7; f0 = a's values)
+    f = tc.from_halide(build()[0])
+    with pytest.raises(tc.TCArgumentError,
+                       match=r"by its bounds, output 'f1' is needed at index -1 along "
+                             r"dimension 1 \(numpy order\), outside its output_shape \(33, 2\)"):
+        f(a, output_shape=(33, 2))
+    # numpy: mirror_image reflects with the edge repeated, period 14 along the row
+    period = np.concatenate([a[0], a[0][::-1]])
+    expected = np.zeros((33, 2), np.int16)
+    for row in range(33):
+        for r in range(7):
+            v = int(period[(row + r) % 14])
+            expected[row, min(max(1 // v if v else 0, 0), 7)] += 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        kernel = tc.compile(f, a, output_shape=(33, 2), target="cuda-emulated")
+    np.testing.assert_array_equal(kernel(a), expected)

@@ -364,8 +364,7 @@ class HalideFunction:
             kernel.call(*values)
         except HALIDE_FAILURES as e:
             if kernel.schedule in ("as_written", "root"):
-                raise TCArgumentError(f"running '{self.name}' failed: {str(e).strip()}") \
-                    from None
+                raise _refusal(self, str(e).strip(), shapes) from None
             kernel = self._rerun(applied, b, shapes, values, str(e).strip())
             if len(self._cpu_serving) > 4096:  # (a memo for loops over a few sizes)
                 self._cpu_serving.clear()
@@ -408,15 +407,14 @@ class HalideFunction:
             kernel.call(*values)
         except HALIDE_FAILURES as e:
             why = f"{kernel.note}, and failed there too ({str(e).strip()})"
-            warn(f"'{self.name}' runs with every intermediate Func computed at the root, "
-                 f"unscheduled otherwise, on the CPU at these sizes: {why}")
             target = hl.get_jit_target_from_environment()
             kernel = CpuPipeline(self._jit_or_error(self._root_copy(), target), "root", (), why)
             try:
                 kernel.call(*values)
-            except HALIDE_FAILURES as e2:
-                raise TCArgumentError(f"running '{self.name}' failed: {str(e2).strip()}") \
-                    from None
+            except HALIDE_FAILURES as e2:  # (the algorithm's bounds, not a schedule's splits)
+                raise _refusal(self, str(e2).strip(), shapes) from None
+            warn(f"'{self.name}' runs with every intermediate Func computed at the root, "
+                 f"unscheduled otherwise, on the CPU at these sizes: {why}")
         rescheduled.append(kernel)
         return kernel
 
@@ -830,6 +828,36 @@ def _check_outputs(fn: HalideFunction, regions: dict, shapes, error=TCError) -> 
         region = regions.get(f.name())
         if region and any(lo < 0 or hi >= e for (lo, hi), e in zip(region, shape)):
             raise error(_outside_output(fn, f.name(), region, shape))
+
+
+_ACCESSED = re.compile(r"(Input|Output) buffer (\S+) is accessed at (-?\d+), which is "
+                       r"(?:before the min|beyond the max) \((-?\d+)\) in dimension (\d+)")
+
+
+def _refusal(fn: HalideFunction, failed: str, shapes) -> TCArgumentError:
+    """The error for a call Halide's JIT refused. Halide bounds what an update writes from its
+    index expressions alone, more loosely than tcstage's check before the call (which bounds
+    a Func's values too): `f[clamp(1 / g[x], 0, 7)] += 1` writes indices 0..1 for any g, and
+    Halide's runtime check counts -1..1. Such a refusal is said in numpy terms."""
+    m = _ACCESSED.search(failed)
+    if m is None:
+        return TCArgumentError(f"running '{fn.name}' failed: {failed}")
+    kind, name, at, _, dim = m.groups()
+    rank = {f.name(): f.dimensions() for f in fn.outputs}.get(name) if kind == "Output" else \
+        next((a.rank for a in fn.arguments if a.name == name), None)
+    where = f"dimension {rank - 1 - int(dim)} (numpy order)" if rank else f"dimension {dim}"
+    shape = dict(zip((f.name() for f in fn.outputs), shapes)).get(name)
+    if kind == "Output":
+        return TCArgumentError(
+            f"Halide refuses to run '{fn.name}': by its bounds, output '{display_name(name)}' "
+            f"is needed at index {at} along {where}, outside its output_shape {shape}",
+            notes=("Halide bounds an update's writes and other Funcs' reads from their index "
+                   "expressions, not from the values those take; clamp the indices into the "
+                   "output's box, or ask for a larger output_shape",))
+    return TCArgumentError(
+        f"Halide refuses to run '{fn.name}': by its bounds, input '{display_name(name)}' is "
+        f"read at index {at} along {where}, outside the array given",
+        notes=("give a larger input, or read it through hl.BoundaryConditions",))
 
 
 def _outside_output(fn: HalideFunction, name: str, region, shape) -> str:
