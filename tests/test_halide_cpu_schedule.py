@@ -1,7 +1,8 @@
 """The CPU schedule of Halide pipelines run through tc.from_halide: an unscheduled pipeline is
 scheduled on a copy (the caller's Funcs and Params untouched), by tcstage's structured
-scheduler where it has reductions and by Mullapudi2016 otherwise; a scheduled one runs as
-written; and every choice computes what numpy computes."""
+scheduler where it has reductions or is one line-buffered stencil group per output, and by
+Mullapudi2016 otherwise; a scheduled one runs as written; and every choice computes what numpy
+computes."""
 
 import halide as hl
 import numpy as np
@@ -43,17 +44,50 @@ def matmul_with_scale():
     return (a, b, s), out
 
 
-def test_unscheduled_pipeline_gets_mullapudi_on_a_copy():
+def downsampled_blur():
+    """box_blur read at every second pixel: a Func read at 2x is no stencil, so the pipeline
+    is no single line-buffered group."""
+    inp, bx, by = box_blur()
+    down = hl.Func("down")
+    down[x, y] = by[2 * x, 2 * y]
+    return inp, down
+
+
+def test_unscheduled_stencil_pipeline_gets_line_buffers_on_a_copy():
     inp, bx, by = box_blur()
     f = tc.from_halide(by, name="blur")
     a = rng.standard_normal((61, 83)).astype(np.float32)
     got = f(a, output_shape=a.shape)
     np.testing.assert_allclose(got, box_blurred(a), rtol=1e-5, atol=1e-5)
-    text = f.explain(a, output_shape=a.shape)
-    assert text.startswith("CPU schedule: Mullapudi2016 (planned for inp.0=61, inp.1=83")
+    lines = f.explain(a, output_shape=a.shape).splitlines()
+    assert lines[0] == "CPU schedule: tcstage (planned for inp.0=61, inp.1=83, by.0=61, by.1=83)"
+    assert "  by: strip root, y in parallel strips (32 rows), x in vectors" in lines
+    assert "  bx: a line buffer of by's strips, 1 deep" in lines
     # The caller's Funcs are still unscheduled: bx inlined, no split or loop type anywhere.
     assert _native.scheduled_functions([by]) == []
     assert bx.name() in _native.inlined_functions([by])
+
+
+def test_unscheduled_pipeline_of_several_strip_groups_gets_mullapudi_on_a_copy():
+    inp, down = downsampled_blur()
+    f = tc.from_halide(down, name="down")
+    a = rng.standard_normal((61, 83)).astype(np.float32)
+    np.testing.assert_allclose(f(a, output_shape=(30, 41)), box_blurred(a)[0:60:2, 0:82:2],
+                               rtol=1e-5, atol=1e-5)
+    text = f.explain(a, output_shape=(30, 41))
+    assert text.startswith("CPU schedule: Mullapudi2016 (planned for inp.0=61, inp.1=83")
+    assert _native.scheduled_functions([down]) == []
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (5, 3), (37, 2), (131, 257)])
+def test_stencil_family_at_awkward_sizes(shape):
+    """Strips of 32 rows or more (a strip as tall as the image where it is shorter), the last
+    strip shifted up to end at the image's edge, vectors of fewer columns than lanes."""
+    _, _, by = box_blur()
+    f = tc.from_halide(by, name="blur")
+    a = rng.standard_normal(shape).astype(np.float32)
+    np.testing.assert_allclose(f(a, output_shape=shape), box_blurred(a), rtol=1e-5, atol=1e-5)
+    assert f.last_cpu_kernel.schedule == "tcstage"
 
 
 def test_estimates_of_the_callers_params_are_restored():
@@ -116,18 +150,34 @@ def test_reduction_pipeline_gets_the_structured_scheduler():
                                    2.0 * (a.astype(np.float64) @ b), rtol=1e-4, atol=1e-4)
 
 
-def test_structured_scheduler_on_a_stencil_computes_every_func_once():
-    """Asked for by name on a stencil chain: each Func computed once, vectorised (inlined, the
-    clamped reads of a longer chain took Halide minutes to compile)."""
-    _, _, by = box_blur()
-    f = tc.from_halide(by, name="blur")
-    a = rng.standard_normal((30, 41)).astype(np.float32)
-    np.testing.assert_allclose(f(a, output_shape=a.shape, schedule="tcstage"), box_blurred(a),
-                               rtol=1e-5, atol=1e-5)
+def test_stencil_family_plans_line_buffers_within_a_depth():
+    """A chain of 3-tap stencils: each Func joins its reader's strips as a line buffer, up to
+    STENCIL_DEPTH Funcs deep; the next one down starts strips of its own (and a pipeline of
+    several strip roots goes to Mullapudi2016 under auto: asked for by name here)."""
+    from tcstage.cpu.scheduler import STENCIL_DEPTH
+
+    inp = hl.ImageParam(hl.Float(32), 2, "inp")
+    stages = [hl.BoundaryConditions.repeat_edge(inp)]
+    for k in range(STENCIL_DEPTH + 2):
+        s = hl.Func(f"s{k}")
+        s[x, y] = stages[-1][x, y - 1] + stages[-1][x, y + 1] * 0.5
+        stages.append(s)
+    f = tc.from_halide(stages[-1], name="chain")
+    a = rng.standard_normal((45, 29)).astype(np.float32)
+    # (only the input has a boundary condition: each stage is computed 1 row further out
+    # than its reader needs, from the edge-repeated input)
+    want = np.pad(a.astype(np.float64), ((STENCIL_DEPTH + 2, STENCIL_DEPTH + 2), (0, 0)),
+                  mode="edge")
+    for _ in range(STENCIL_DEPTH + 2):
+        want = want[:-2] + want[2:] * 0.5
+    np.testing.assert_allclose(f(a, output_shape=a.shape, schedule="tcstage"), want, rtol=1e-4,
+                               atol=1e-4)
     lines = f.explain(a, output_shape=a.shape, schedule="tcstage").splitlines()
-    # (the boundary condition is Funcs of its own, which BoundaryConditions names lambda_<n>)
-    assert [line.split(":")[0] for line in lines[-2:]] == ["  bx", "  by"]
-    assert all("pointwise, computed once" in line for line in lines[1:])
+    last, first_root = f"s{STENCIL_DEPTH + 1}", f"s{0}"
+    assert f"  {last}: strip root, y in parallel strips (32 rows), x in vectors" in lines
+    assert f"  s1: a line buffer of {last}'s strips, {STENCIL_DEPTH} deep" in lines
+    assert f"  {first_root}: strip root, y in parallel strips (32 rows), x in vectors" in lines
+    assert f.explain(a, output_shape=a.shape).startswith("CPU schedule: Mullapudi2016")
 
 
 def test_structured_refusal_falls_back_to_mullapudi(monkeypatch):
@@ -153,19 +203,20 @@ def test_smaller_sizes_after_a_schedule_planned_for_large_ones():
     schedule of their own, and the results stay right at both."""
     _, _, by = box_blur()
     f = tc.from_halide(by, name="blur")
+    mullapudi = "Mullapudi2016"
     big = rng.standard_normal((300, 400)).astype(np.float32)
-    np.testing.assert_allclose(f(big, output_shape=big.shape), box_blurred(big), rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(f(big, output_shape=big.shape, schedule=mullapudi),
+                               box_blurred(big), rtol=1e-5, atol=1e-5)
     for shape in [(2, 3), (1, 1), (17, 5)]:
         small = rng.standard_normal(shape).astype(np.float32)
-        np.testing.assert_allclose(f(small, output_shape=shape), box_blurred(small), rtol=1e-5,
-                                   atol=1e-5)
+        np.testing.assert_allclose(f(small, output_shape=shape, schedule=mullapudi),
+                                   box_blurred(small), rtol=1e-5, atol=1e-5)
         # (the kernel planned for the first small sizes serves the later ones)
-        assert f.explain(small, output_shape=shape).startswith(
+        assert f.explain(small, output_shape=shape, schedule=mullapudi).startswith(
             "CPU schedule: Mullapudi2016 (planned for inp.0=2, inp.1=3, by.0=2, by.1=3)\n"
             "  note: the schedule planned for other sizes failed")
-    np.testing.assert_allclose(f(big, output_shape=big.shape), box_blurred(big), rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(f(big, output_shape=big.shape, schedule=mullapudi),
+                               box_blurred(big), rtol=1e-5, atol=1e-5)
 
 
 def test_root_schedule_where_a_replanned_one_fails_too(monkeypatch):
@@ -174,7 +225,7 @@ def test_root_schedule_where_a_replanned_one_fails_too(monkeypatch):
     _, _, by = box_blur()
     f = tc.from_halide(by, name="blur")
     big = rng.standard_normal((300, 400)).astype(np.float32)
-    f(big, output_shape=big.shape)  # Mullapudi2016's splits do not fit 2x3 (see above)
+    f(big, output_shape=big.shape, schedule="Mullapudi2016")  # (its splits do not fit 2x3)
     planned_for_small = f._cpu_kernel
 
     def failing(applied, b, shapes, failed=""):
@@ -186,7 +237,7 @@ def test_root_schedule_where_a_replanned_one_fails_too(monkeypatch):
     monkeypatch.setattr(f, "_cpu_kernel", failing)
     small = rng.standard_normal((2, 3)).astype(np.float32)
     with pytest.warns(tc.TCWarning, match="computed at the root.*at these sizes.*fails too"):
-        got = f(small, output_shape=small.shape)
+        got = f(small, output_shape=small.shape, schedule="Mullapudi2016")
     np.testing.assert_allclose(got, box_blurred(small), rtol=1e-5, atol=1e-5)
     assert f.last_cpu_kernel.schedule == "root"
 
@@ -198,14 +249,14 @@ def test_failing_autoscheduler_falls_back_to_root_with_a_warning(monkeypatch):
         raise hl.HalideError(f"{name} refuses this pipeline")
 
     monkeypatch.setattr(pipeline, "_load_autoscheduler", refuse)
-    _, _, by = box_blur()
-    f = tc.from_halide(by, name="blur")
+    _, down = downsampled_blur()
+    f = tc.from_halide(down, name="down")
     a = rng.standard_normal((12, 9)).astype(np.float32)
     with pytest.warns(tc.TCWarning, match="Mullapudi2016 autoscheduler failed on it"):
-        got = f(a, output_shape=a.shape)
-    np.testing.assert_allclose(got, box_blurred(a), rtol=1e-5, atol=1e-5)
-    assert f.explain(a, output_shape=a.shape).startswith("CPU schedule: root\n  note: the "
-                                                         "Mullapudi2016 autoscheduler failed")
+        got = f(a, output_shape=(6, 4))
+    np.testing.assert_allclose(got, box_blurred(a)[0:12:2, 0:8:2], rtol=1e-5, atol=1e-5)
+    assert f.explain(a, output_shape=(6, 4)).startswith("CPU schedule: root\n  note: the "
+                                                        "Mullapudi2016 autoscheduler failed")
 
 
 def test_unknown_schedule_is_a_clear_error():

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+import attrs
 import halide as hl
 
 from tcstage.cpu.options import CpuSchedule
@@ -47,7 +48,8 @@ class NotScheduled(TCError):
 def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
                       images: Mapping[str, hl.ImageParam | hl.Func], schedule: CpuSchedule,
                       target: hl.Target, extents: Mapping[str, tuple[int, ...]], threads: int,
-                      no_row_vectors=frozenset()) -> tuple[list[hl.Func], list[str]]:
+                      no_row_vectors=frozenset(), stencils: bool = False
+                      ) -> tuple[list[hl.Func], list[str]]:
     """Schedules the pipeline computing `outputs`. `funcs`: every Func it defines, by name (the
     others it reads are inputs' wrapper Funcs); `images`: by input name, the ImageParams behind
     those wrappers, or the wrapper Funcs themselves (packing reads them through `in_()`).
@@ -55,7 +57,8 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
     `extents`: Func name -> its extents (innermost first) at the planned sizes.
     `no_row_vectors`: the tensors whose reduction along rows (see `_along_rows`) gets register
     tiles instead of a vectorised reduction loop (None: every one), for updates Halide cannot
-    prove associative."""
+    prove associative. `stencils`: a pipeline of pointwise Funcs only gets the stencil family
+    (`_stencil_schedule`) instead of every Func computed once."""
     structure = analyse(outputs, set(funcs))
     others = [f.name for f in structure.funcs if f.family == "other"]
     if others:
@@ -65,6 +68,8 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
     output_names = [f.name() for f in outputs]
     realized = list(outputs)
     plan = _Plan(schedule, target, extents, threads, no_row_vectors)
+    if stencils and all(f.family == "pointwise" for f in structure.funcs):
+        return realized, _stencil_schedule(structure, funcs, set(output_names), plan)
     report = []
     for info in structure.funcs:
         f = funcs[info.name]
@@ -129,6 +134,133 @@ def _pointwise(f: hl.Func, info: FuncInfo, plan: _Plan) -> str:
             stage.parallel(hl.Var(info.args[-1]))
     return ("computed once" + (f", {info.args[0]} in vectors of {lanes}" if vectorize else "")
             + (f", {info.args[-1]} in parallel" if parallel else ""))
+
+
+STENCIL_DEPTH = 8  # producers chained under one strip root (each adds its halo to a strip)
+
+
+@attrs.frozen
+class StencilPlan:
+    """Which Funcs of a pointwise pipeline the stencil family inlines, computes in strips (the
+    roots), keeps as line buffers of a root's strips (member -> (root, depth)), or computes once
+    (1-D Funcs a strip root cannot hold)."""
+
+    inlined: tuple[str, ...]
+    roots: tuple[str, ...]
+    members: Mapping[str, tuple[str, int]]
+    once: tuple[str, ...]
+
+
+def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
+    """The stencil family's plan (see `_stencil_schedule`), from the pipeline's structure."""
+    info = {f.name: f for f in structure.funcs}
+    group: dict[str, tuple[str, int]] = {}  # member or inlined Func -> (strip root, depth)
+    inlined, roots, once = [], [], []
+    for f in reversed(structure.funcs):  # consumers first
+        readers = structure.readers.get(f.name, frozenset())
+        owner = _stencil_owner(f, readers, info, group, set(roots))
+        if f.name not in outputs and (f.view or readers and not f.epilogue and all(
+                read.args == tuple(("var", v) for v in info[r].args)
+                for r in readers for read in info[r].reads if read.func == f.name)):
+            # a view, or read only where it is computed: cheaper recomputed than stored (its
+            # producers then belong where its readers do)
+            inlined.append(f.name)
+            if owner is not None:
+                group[f.name] = owner
+        elif f.name not in outputs and owner is not None and owner[1] < STENCIL_DEPTH:
+            group[f.name] = (owner[0], owner[1] + 1)
+        elif len(f.args) >= 2:
+            roots.append(f.name)
+        else:
+            once.append(f.name)
+    members = {n: g for n, g in group.items() if n not in inlined}
+    return StencilPlan(tuple(inlined), tuple(roots), members, tuple(once))
+
+
+def _stencil_schedule(structure, funcs: Mapping[str, hl.Func], outputs: set[str],
+                      plan: _Plan) -> list[str]:
+    """The stencil family, for pipelines of pointwise Funcs (blurs, derivatives, morphology):
+    line buffers, as Halide's own CPU schedules for such apps are written.
+
+    A *strip root* (an output, or a Func that cannot join one) is computed once, in strips of
+    rows run in parallel, x vectorised. A producer whose every reader is in the same strip
+    root's group, and reads it at constant offsets along each of its dimensions (a stencil),
+    joins that group, up to STENCIL_DEPTH producers deep: it is stored per strip and computed
+    per row of the root, so Halide slides a window of its rows down the strip and computes
+    each row once, but for the halo at the top of each strip. Views (boundary conditions,
+    wrappers: values that only read) and Funcs read only at their own point are inlined;
+    1-D Funcs are computed once."""
+    info = {f.name: f for f in structure.funcs}
+    stencils = plan_stencils(structure, outputs)
+    report = [f"{n}: {'a view' if info[n].view else 'read at its own point only'}, inlined into "
+              "its readers" for n in stencils.inlined]
+    report += [f"{n}: pointwise, {_pointwise(funcs[n], info[n], plan)}" for n in stencils.once]
+    strips: dict[str, hl.Var] = {}
+    for name in stencils.roots:
+        strips[name] = _strips(funcs[name], info[name], plan)
+        rows = plan.extents.get(name, (0, 0))[1]
+        report.append(f"{name}: strip root, {info[name].args[1]} in parallel strips "
+                      f"({_strip_rows(rows, plan)} rows), {info[name].args[0]} in vectors")
+    for name, (root, depth) in stencils.members.items():
+        f = funcs[name]
+        f.store_at(funcs[root], strips[root]).compute_at(
+            funcs[root], hl.Var(info[root].args[1] + "_row"))
+        lanes = plan.lanes(f.type())
+        if plan.extents.get(name, (0,))[0] >= lanes:
+            f.vectorize(hl.Var(info[name].args[0]), lanes)
+        report.append(f"{name}: a line buffer of {root}'s strips, {depth} deep")
+    return report
+
+
+def _stencil_owner(f: FuncInfo, readers, info, group, roots) -> tuple[str, int] | None:
+    """(strip root, depth) of the group `f` may join: that of its readers, if they all belong
+    to one (or are that root) and each reads `f` at constant offsets along its dimensions."""
+    owners = set()
+    depth = 0
+    for r in readers:
+        reader = info.get(r)
+        if reader is None or (r not in group and r not in roots) or \
+                len(reader.args) != len(f.args) or not all(
+                _shifted(a, v) for read in reader.reads if read.func == f.name
+                for a, v in zip(read.args, reader.args)):
+            return None
+        root, d = group.get(r, (r, 0))
+        owners.add(root)
+        depth = max(depth, d)
+    return (owners.pop(), depth) if len(owners) == 1 else None
+
+
+def _shifted(tree, var: str) -> bool:
+    """Whether a subscript is `var` plus or minus a constant."""
+    if tree == ("var", var):
+        return True
+    if isinstance(tree, tuple) and len(tree) == 3 and tree[0] in ("add", "sub"):
+        a, b = tree[1], tree[2]
+        return (a == ("var", var) and b[0] == "int") or \
+            (tree[0] == "add" and b == ("var", var) and a[0] == "int")
+    return False
+
+
+def _strip_rows(rows: int, plan: _Plan) -> int:
+    """Rows per strip: about four strips per thread, for balance, and at least 32 rows (where
+    there are), so a strip's halo stays small against it."""
+    return max(1, min(rows, max(32, rows // (4 * max(1, plan.threads)))))
+
+
+def _strips(f: hl.Func, info: FuncInfo, plan: _Plan) -> hl.Var:
+    """Schedules a strip root; returns the loop over its strips."""
+    extents = plan.extents.get(info.name, ())
+    x, y = hl.Var(info.args[0]), hl.Var(info.args[1])
+    strip, row = hl.Var(info.args[1] + "_strip"), hl.Var(info.args[1] + "_row")
+    f.compute_root()
+    rows = _strip_rows(extents[1] if len(extents) > 1 else 1, plan)
+    f.split(y, strip, row, rows)
+    if plan.schedule.parallel_outer:
+        f.parallel(strip)
+    lanes = plan.lanes(f.type())
+    if extents and extents[0] >= lanes:
+        f.vectorize(x, lanes)
+    return strip
 
 
 def _tile(extent: int, lanes: int, vectors: int) -> tuple[int, int]:

@@ -33,6 +33,10 @@ class Read:
     func: str
     args: tuple
 
+    def variables(self) -> set[str]:
+        """The variables its subscripts mention."""
+        return _variables(self.args)
+
     def dims_using(self, var: str) -> tuple[int, ...]:
         """The subscripts (innermost first) that mention variable `var`."""
         return tuple(k for k, a in enumerate(self.args) if var in _variables(a))
@@ -45,11 +49,14 @@ class FuncInfo:
     family: str  # "pointwise" | "reduction" | "other"
     rvars: tuple[str, ...] = ()  # the reduction's variables, innermost first
     rvar_extents: tuple = ()  # their extents where constant (a pooling window), else None
-    reads: tuple[Read, ...] = ()  # what the reduction update reads (the Func itself excluded)
+    reads: tuple[Read, ...] = ()  # what it reads, the Func itself excluded (a reduction: what
+    #                               its update reads; pointwise: what any definition reads)
     epilogue: int = 0  # pointwise updates after the reduction
     operator: str = ""  # 'add', 'mul', 'max' or 'min' where the update is `R = R op value`
     #                     with a value that does not read R (Halide can then reassociate it);
     #                     else the top node of the update's value ('sub', ...)
+    view: bool = False  # pointwise, and its value only reads (perhaps under a select or a
+    #                     cast): a boundary condition or a wrapper, cheaper inlined than stored
 
 
 @attrs.frozen
@@ -94,7 +101,9 @@ def _classify(d: dict) -> FuncInfo:
 
     updates = defs[1:]
     if all(in_place(u) for u in updates):
-        return FuncInfo(name, args, "pointwise", epilogue=len(updates))
+        reads = tuple(r for u in defs for r in _reads(u) if r.func != name)
+        view = not updates and all(_only_reads(v) for v in defs[0]["values"])
+        return FuncInfo(name, args, "pointwise", epilogue=len(updates), reads=reads, view=view)
     first, rest = updates[0], updates[1:]
     if (first["rvars"] and tuple(first["args"]) == pure_args
             and first["predicate"] == ("int", True) and all(in_place(u) for u in rest)
@@ -121,6 +130,20 @@ def _combining(value, self_read) -> str:
         if other is not None and self_read[1] not in _reads_of(other):
             return value[0]
     return value[0]
+
+
+def _only_reads(tree) -> bool:
+    """Whether a value computes nothing but which element to read: reads, constants, casts and
+    selects of those (the subscripts may compute anything)."""
+    if not isinstance(tree, tuple) or not tree:
+        return False
+    if tree[0] in ("read", "int", "float", "uint"):
+        return True
+    if tree[0] == "cast":
+        return _only_reads(tree[2])
+    if tree[0] == "select":
+        return all(_only_reads(t) for t in tree[2:])
+    return False
 
 
 def _reads_of(tree) -> set[str]:

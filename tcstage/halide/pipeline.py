@@ -46,7 +46,7 @@ from tcstage.errors import TCArgumentError, TCError, warn
 from tcstage.halide import _native
 from tcstage.halide.exprs import halide_type
 from tcstage.cpu.options import CpuSchedule
-from tcstage.cpu.scheduler import NotScheduled, schedule_pipeline
+from tcstage.cpu.scheduler import NotScheduled, plan_stencils, schedule_pipeline
 from tcstage.cpu.structure import analyse
 from tcstage.halide.jit import (AUTOSCHEDULERS, STRUCTURED, _load_autoscheduler, aligned_empty,
                                 halide_buffer, quiet_unscheduled_updates)
@@ -452,9 +452,11 @@ class HalideFunction:
 
     @functools.cached_property
     def _structured_fits(self) -> bool:
-        """Whether tcstage's structure-aware scheduler (tcstage/cpu/) has a family for every
-        Func and the pipeline has a reduction, which is where it beats the autoschedulers
-        (register tiles); stencils and scatters go to Mullapudi2016."""
+        """Whether schedule="auto" takes tcstage's structure-aware scheduler (tcstage/cpu/):
+        it has a family for every Func, and the pipeline is a contraction (register tiles) or
+        one line-buffered stencil group per output. Small-window reductions (a 13-tap sum,
+        resampling kernels, a 3x3 depthwise filter), several strip groups and scatters go to
+        Mullapudi2016, which tiles and fuses them."""
         if self._dump is None:
             return False
         try:
@@ -463,7 +465,14 @@ class HalideFunction:
         except HALIDE_FAILURES:
             return False
         families = {f.family for f in structure.funcs}
-        return "reduction" in families and "other" not in families
+        if families == {"pointwise"}:
+            # the stencil family where the whole pipeline is one line-buffered strip group per
+            # output (blur, erode, harris); where it breaks into several (channels read from a
+            # 2-D Func, x/2 subscripts) Mullapudi2016's tiling and fusion did better here
+            outputs = {f.name() for f in self.outputs}
+            plan = plan_stencils(structure, outputs)
+            return bool(plan.members) and set(plan.roots) <= outputs and not plan.once
+        return "other" not in families and any(_contraction(f) for f in structure.funcs)
 
     def _cpu_kernel(self, applied: str, b: Binding, shapes, failed: str = "") -> "CpuPipeline":
         """The pipeline compiled for the CPU with schedule `applied`: the main one, which serves
@@ -549,7 +558,7 @@ class HalideFunction:
         extents = {name: tuple(hi - lo + 1 for lo, hi in reversed(region))
                    for name, region in regions.items() if name in funcs}
         return schedule_pipeline(copies, funcs, images, PIPELINE_STRUCTURED, target, extents,
-                                 os.cpu_count() or 1)
+                                 os.cpu_count() or 1, stencils=True)
 
     def _autoscheduled_copy(self, applied: str, b: Binding, shapes, target) -> list[hl.Func]:
         """A copy scheduled by Halide's autoscheduler `applied`, planned for these sizes."""
@@ -787,6 +796,29 @@ def _scalar(fn: str, a: Argument, value):
         raise TCArgumentError(f"argument '{a.name}' of '{fn}' is {a.type}; got "
                               f"{type(value).__name__}")
     return value
+
+
+CONTRACTION_MIN_TERMS = 32  # below this many terms a reduction is a small window
+
+
+def _contraction(f) -> bool:
+    """Whether a Func is a reduction that register tiles pay for: an outer product summed, as
+    in a matrix product or a convolution over channels. One read does not depend on its
+    innermost output dimension and another read not on the next (so each value read serves a
+    row or a column of a tile), over at least CONTRACTION_MIN_TERMS terms, or a count known
+    only at run time. Not a filter window: a table of weights indexed by the tap alone is
+    one read independent of both."""
+    if f.family != "reduction" or len(f.args) < 2:
+        return False
+    terms = 1
+    for extent in f.rvar_extents:
+        terms = None if extent is None or terms is None else terms * extent
+    if terms is not None and terms < CONTRACTION_MIN_TERMS:
+        return False
+    used = [read.variables() for read in f.reads]
+    p0, p1 = f.args[0], f.args[1]
+    return any(p0 not in a and p1 not in b and p0 in b and p1 in a
+               for a in used for b in used)
 
 
 @functools.lru_cache(maxsize=None)
