@@ -266,3 +266,20 @@ def test_unknown_schedule_is_a_clear_error():
     with pytest.raises(tc.TCError, match="schedule must be one of 'auto', 'as_written', 'root', "
                                          "'tcstage', 'Mullapudi2016'.*got 'fast'"):
         f(a, output_shape=a.shape, schedule="fast")
+
+
+def test_stencil_family_with_a_tuple_producer():
+    """A Tuple-valued producer read at offsets is a line buffer like any other."""
+    inp = hl.ImageParam(hl.Float(32), 2, "inp")
+    c = hl.BoundaryConditions.repeat_edge(inp)
+    pair, out = hl.Func("pair"), hl.Func("out")
+    pair[x, y] = (c[x, y] * 2, c[x + 1, y] + 1)
+    out[x, y] = pair[x, y - 1][0] + pair[x, y + 1][1]
+    f = tc.from_halide(out, name="pairs")
+    a = rng.standard_normal((40, 33)).astype(np.float32)
+    p = np.pad(a, 1, mode="edge")
+    want = 2 * p[:-2, 1:-1] + (p[2:, 2:] + 1)
+    got = f(a, output_shape=a.shape, schedule="tcstage")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    lines = f.explain(a, output_shape=a.shape, schedule="tcstage").splitlines()
+    assert "  pair: a line buffer of out's strips, 1 deep" in lines

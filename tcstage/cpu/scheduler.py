@@ -121,7 +121,7 @@ def _pointwise(f: hl.Func, info: FuncInfo, plan: _Plan) -> str:
     f.compute_root()
     if not info.args:
         return "computed once"
-    lanes = plan.lanes(f.type())
+    lanes = plan.lanes(f.types()[0])
     vectorize = bool(extents) and extents[0] >= lanes
     parallel = plan.schedule.parallel_outer and len(info.args) > 1
     for k, stage in enumerate([f] + [f.update(j) for j in range(info.epilogue)]):
@@ -205,7 +205,7 @@ def _stencil_schedule(structure, funcs: Mapping[str, hl.Func], outputs: set[str]
         f = funcs[name]
         f.store_at(funcs[root], strips[root]).compute_at(
             funcs[root], hl.Var(info[root].args[1] + "_row"))
-        lanes = plan.lanes(f.type())
+        lanes = plan.lanes(f.types()[0])
         if plan.extents.get(name, (0,))[0] >= lanes:
             f.vectorize(hl.Var(info[name].args[0]), lanes)
         report.append(f"{name}: a line buffer of {root}'s strips, {depth} deep")
@@ -257,7 +257,7 @@ def _strips(f: hl.Func, info: FuncInfo, plan: _Plan) -> hl.Var:
     f.split(y, strip, row, rows)
     if plan.schedule.parallel_outer:
         f.parallel(strip)
-    lanes = plan.lanes(f.type())
+    lanes = plan.lanes(f.types()[0])
     if extents and extents[0] >= lanes:
         f.vectorize(x, lanes)
     return strip
