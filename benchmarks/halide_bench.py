@@ -12,7 +12,9 @@ of cores), and tcstage's CPU path for Halide pipelines (`tc.from_halide`): (d) i
 schedule ("tcstage": on a copy of the unscheduled pipeline, tcstage's structured scheduler
 where it has reductions, else Mullapudi2016, planned for the call) and (e) "tcstage-root",
 its schedule before 2026-11-24 (every intermediate computed at the root, nothing else).
-`--variants` picks some (Adams2019 takes minutes on the pyramids). Each time is the median
+`--variants` picks some (Adams2019 takes minutes on the pyramids). Each app runs in a child
+process (`--in-process`: all in this one), so a variant that crashes Halide costs that
+variant only and is reported as such. Each time is the median
 of several calls after a warm-up call, in ms; ratios are time / manual time of the same run
 (below 1: faster than the manual schedule). Every variant's output is checked against the
 manual schedule's; a mismatch or an error is reported in the table instead of a time.
@@ -166,7 +168,43 @@ def agree(module, args, got, want) -> bool:
     return True
 
 
-def bench_app(name: str, variants: list[str], runs: int) -> dict:
+def bench_app_isolated(name: str, variants: list[str], runs: int) -> dict:
+    """bench_app in a child process, so that a variant that kills its process (Halide 21's
+    Adams2019 ends resize with an uncaught C++ exception) costs that variant only: the child
+    records each variant as it finishes, and a crashed one is run again without it (the first
+    variant, the baseline every output is checked against, runs again too)."""
+    import tempfile
+    todo, row = list(variants), None
+    while todo:
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as tmp:
+            path = Path(tmp.name)
+        cmd = [sys.executable, __file__, "--apps", name, "--variants", ",".join(todo),
+               "--runs", str(runs), "--adams-beam-size", str(ADAMS_BEAM["size"]),
+               "--row-out", str(path), "--no-write"]
+        done = subprocess.run(cmd, stdout=sys.stdout, stderr=subprocess.PIPE, text=True)
+        part = json.loads(path.read_text()) if path.stat().st_size else None
+        path.unlink()
+        if row is None:
+            row = part or {"app": name, "adams2019_beam_size": ADAMS_BEAM["size"], "ms": {},
+                           "compile_s": {}, "errors": {}}
+        elif part:
+            for key in ("ms", "compile_s", "errors"):
+                row[key].update({v: t for v, t in part[key].items() if v != variants[0]})
+        finished = set(row["ms"]) | set(row["errors"])
+        if done.returncode == 0:
+            break
+        crashed = next((v for v in todo if v not in finished), None)
+        if crashed is None:
+            break
+        why = (done.stderr.strip().splitlines() or ["no message"])[-1][:160]
+        row["errors"][crashed] = f"crashed the process (exit {done.returncode}): {why}"
+        print(f"  {name:16s} {crashed:14s} {row['errors'][crashed]}", flush=True)
+        rest = todo[todo.index(crashed) + 1:]
+        todo = [variants[0]] + rest if rest else []
+    return row
+
+
+def bench_app(name: str, variants: list[str], runs: int, row_out: str | None = None) -> dict:
     module = load(name)
     args = module.inputs(np.random.default_rng(0), "bench")
     shapes = module.output_shapes(args)
@@ -174,6 +212,8 @@ def bench_app(name: str, variants: list[str], runs: int) -> dict:
            "ms": {}, "compile_s": {}, "errors": {}}
     expected = None
     for variant in variants:
+        if row_out:  # (what has finished, for the parent of an isolated run)
+            Path(row_out).write_text(json.dumps(row))
         try:
             t = time.perf_counter()
             run = make_runner(module, variant, args, shapes)
@@ -191,6 +231,8 @@ def bench_app(name: str, variants: list[str], runs: int) -> dict:
             traceback.print_exc(limit=2)
         status = row["ms"].get(variant, row["errors"].get(variant))
         print(f"  {name:16s} {variant:14s} {status}", flush=True)
+    if row_out:
+        Path(row_out).write_text(json.dumps(row))
     return row
 
 
@@ -278,6 +320,9 @@ def main(argv=None) -> int:
                     help="Adams2019's beam (1: greedy; the default 32 takes many minutes on the pyramids here)")
     ap.add_argument("--variants", help=f"comma-separated, the first the baseline of the ratios "
                                         f"(default: {','.join(CPU_VARIANTS)})")
+    ap.add_argument("--row-out", help=argparse.SUPPRESS)  # (a child of an isolated run)
+    ap.add_argument("--in-process", action="store_true",
+                    help="run every app in this process (a crashing variant ends the run)")
     ap.add_argument("--overhead", action="store_true",
                     help="per-call cost of tcstage against Halide's realize, same schedule")
     ap.add_argument("--no-write", action="store_true", help="print only, write no results file")
@@ -305,7 +350,12 @@ def main(argv=None) -> int:
           f"target {hl.get_jit_target_from_environment()}", flush=True)
     rows = []
     for name in apps:
-        rows.append(bench_app(name, variants, opts.runs))
+        if opts.row_out:
+            bench_app(name, variants, opts.runs, opts.row_out)
+            return 0
+        isolated = not (opts.in_process or opts.gpu)
+        rows.append(bench_app_isolated(name, variants, opts.runs) if isolated
+                    else bench_app(name, variants, opts.runs))
     print(table(rows, variants))
     if not opts.no_write:
         kind = "gpu" if opts.gpu else "cpu"

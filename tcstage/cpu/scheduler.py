@@ -149,13 +149,14 @@ class StencilPlan:
     roots: tuple[str, ...]
     members: Mapping[str, tuple[str, int]]
     once: tuple[str, ...]
+    deep: tuple[str, ...] = ()  # the roots that would have joined a group but for its depth
 
 
 def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
     """The stencil family's plan (see `_stencil_schedule`), from the pipeline's structure."""
     info = {f.name: f for f in structure.funcs}
     group: dict[str, tuple[str, int]] = {}  # member or inlined Func -> (strip root, depth)
-    inlined, roots, once = [], [], []
+    inlined, roots, once, deep = [], [], [], []
     for f in reversed(structure.funcs):  # consumers first
         readers = structure.readers.get(f.name, frozenset())
         owner = _stencil_owner(f, readers, info, group, set(roots))
@@ -171,10 +172,12 @@ def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
             group[f.name] = (owner[0], owner[1] + 1)
         elif len(f.args) >= 2:
             roots.append(f.name)
+            if f.name not in outputs and owner is not None:
+                deep.append(f.name)
         else:
             once.append(f.name)
     members = {n: g for n, g in group.items() if n not in inlined}
-    return StencilPlan(tuple(inlined), tuple(roots), members, tuple(once))
+    return StencilPlan(tuple(inlined), tuple(roots), members, tuple(once), tuple(deep))
 
 
 def _stencil_schedule(structure, funcs: Mapping[str, hl.Func], outputs: set[str],

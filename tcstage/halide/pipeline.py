@@ -466,12 +466,14 @@ class HalideFunction:
             return False
         families = {f.family for f in structure.funcs}
         if families == {"pointwise"}:
-            # the stencil family where the whole pipeline is one line-buffered strip group per
-            # output (blur, erode, harris); where it breaks into several (channels read from a
-            # 2-D Func, x/2 subscripts) Mullapudi2016's tiling and fusion did better here
+            # the stencil family where the pipeline is line-buffered strip groups, one per
+            # output and one per STENCIL_DEPTH stages of a longer chain (blur, erode, harris,
+            # stencil_chain); where other reads break it up (a channel read from a 2-D Func,
+            # x/2 subscripts) Mullapudi2016's tiling and fusion did better here
             outputs = {f.name() for f in self.outputs}
             plan = plan_stencils(structure, outputs)
-            return bool(plan.members) and set(plan.roots) <= outputs and not plan.once
+            return bool(plan.members) and set(plan.roots) <= outputs | set(plan.deep) and \
+                not plan.once
         return "other" not in families and any(_contraction(f) for f in structure.funcs)
 
     def _cpu_kernel(self, applied: str, b: Binding, shapes, failed: str = "") -> "CpuPipeline":
