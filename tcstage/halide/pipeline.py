@@ -467,13 +467,14 @@ class HalideFunction:
         families = {f.family for f in structure.funcs}
         if families == {"pointwise"}:
             # the stencil family where the pipeline is line-buffered strip groups, one per
-            # output and one per STENCIL_DEPTH stages of a longer chain (blur, erode, harris,
-            # stencil_chain); where other reads break it up (a channel read from a 2-D Func,
-            # x/2 subscripts) Mullapudi2016's tiling and fusion did better here
+            # output and one per STENCIL_DEPTH stages of a longer chain (blur, erode,
+            # stencil_chain). Mullapudi2016's tiling and fusion did better here where other
+            # reads break it up (a channel read from a 2-D Func, x/2 subscripts) and where it
+            # inlines a Func into several readers (harris's derivatives, recomputed)
             outputs = {f.name() for f in self.outputs}
             plan = plan_stencils(structure, outputs)
             return bool(plan.members) and set(plan.roots) <= outputs | set(plan.deep) and \
-                not plan.once
+                not plan.once and not plan.recomputed
         return "other" not in families and any(_contraction(f) for f in structure.funcs)
 
     def _cpu_kernel(self, applied: str, b: Binding, shapes, failed: str = "") -> "CpuPipeline":
