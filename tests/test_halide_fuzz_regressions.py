@@ -199,3 +199,45 @@ def test_an_output_halide_bounds_past_its_box_is_refused_in_numpy_terms():
         warnings.simplefilter("ignore", tc.TCWarning)
         kernel = tc.compile(f, a, output_shape=(33, 2), target="cuda-emulated")
     np.testing.assert_array_equal(kernel(a), expected)
+
+
+def test_no_barrier_where_one_thread_runs_a_histogram():
+    """Seed 950078 (issue 26): the histogram f1, in no band mapped to threads, runs on thread 0
+    of block 0 only; sharedDepth(3) promoted its tile to shared memory there, with barriers the
+    other thread never reached (a divergent __syncthreads, undefined on a GPU). Shared memory
+    is declined where one thread runs a scope's statements."""
+    y, z = hl.Var("y"), hl.Var("z")
+
+    def build():
+        in0 = hl.ImageParam(hl.Int(32), 3, "in0")
+        in1 = hl.ImageParam(hl.Int(16), 3, "in1")
+        in0_b = hl.BoundaryConditions.constant_exterior(in0, hl.i32(2))
+        in1_b = hl.BoundaryConditions.constant_exterior(in1, hl.i16(2))
+        f1, f3, f4 = hl.Func("f1"), hl.Func("f3"), hl.Func("f4")
+        r = hl.RDom([(0, 7)])
+        f1[x, y, z] = hl.f32(0.0)
+        f1[hl.clamp(hl.cast(hl.Int(32), in1_b[r.x - 1, y + 1, z + 2]) * 2, 0, 3), y, z] += \
+            hl.f32(1.0)
+        f3[x, y, z] = hl.clamp(in0_b[hl.clamp(x - 1, 0, 6), y, z // 2], -100, 100)
+        u8 = hl.UInt(8)
+        f4[x, y, z] = (hl.clamp(hl.u8(hl.clamp(f1[x, y // 2, z // 2], 0.0, 255.0)),
+                                hl.u8(0), hl.u8(15))
+                       * hl.clamp(hl.cast(u8, f3[x + 1, y, z - 2]), hl.u8(0), hl.u8(15)))
+        return [f4], {"in0": in0, "in1": in1}
+
+    g = np.random.default_rng(950078)
+    args = {"in0": g.integers(-8, 9, (2, 33, 33)).astype(np.int32),
+            "in1": g.integers(-3, 4, (13, 3, 17)).astype(np.int16)}
+    shape = (1, 2, 5)
+    expected = realized(build, args, shape)
+    outs, _ = build()
+    f = tc.from_halide(outs)
+    options = tc.MappingOptions.parse(
+        "MappingOptions().tile(2, 1, 1, 3).mapToThreads(33).mapToBlocks(2, 3, 4).unroll(4)"
+        ".useSharedMemory(True).usePrivateMemory(True).sharedDepth(3)")
+    values = [args[a.name] for a in f.arguments]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        kernel = tc.compile(f, *values, output_shape=shape, target="cuda-emulated",
+                            options=options)
+    np.testing.assert_array_equal(kernel(*values), expected)

@@ -405,6 +405,14 @@ class _State:
     # -- shared memory -----------------------------------------------------------------------------
     def _shared(self, node) -> "_Plan":
         domain = node.get_domain()
+        if math.prod(self.mapped.block) > 1 and all(
+                loop.intersect_domain(domain).is_empty() for loop in self.mapped.thread_loops):
+            # one thread runs the scope's statements (no band of theirs is mapped to threads,
+            # so the others skip them): nothing is shared, and a barrier there would wait for
+            # threads that never come (Halide fuzz seed 950078: a histogram under sharedDepth)
+            for label, *_ in self._candidates(node, domain, "shared"):
+                self.declined.append(f"{label}: one thread runs its statements here")
+            return _Plan(path_of(node), [], [], [], None)
         leaves = _leaves(node)
         chosen = []
         candidates = self._candidates(node, domain, "shared")  # (lazily: see _candidates)
