@@ -283,3 +283,26 @@ def test_stencil_family_with_a_tuple_producer():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     lines = f.explain(a, output_shape=a.shape, schedule="tcstage").splitlines()
     assert "  pair: a line buffer of out's strips, 1 deep" in lines
+
+
+@pytest.mark.parametrize("shape", [(40, 50), (7, 3), (33, 17)])
+def test_stencil_family_schedules_in_place_updates_too(shape):
+    """A strip root and a line buffer with in-place updates: the updates get the same loops,
+    guarded at the edges, where an update may not recompute (left unscheduled, Halide warned
+    on stderr about each), and the values stay right at sizes that end strips and vectors
+    early."""
+    inp = hl.ImageParam(hl.Float(32), 2, "inp")
+    c = hl.BoundaryConditions.repeat_edge(inp)
+    a, b = hl.Func("a"), hl.Func("b")
+    a[x, y] = c[x, y - 1] + c[x, y + 1]
+    a[x, y] = a[x, y] * 2
+    b[x, y] = a[x, y - 1] + a[x, y + 1]
+    b[x, y] = hl.max(b[x, y], 0)
+    f = tc.from_halide(b, name="updates")
+    arr = rng.standard_normal(shape).astype(np.float32)
+    got = f(arr, output_shape=shape)
+    p = np.pad(arr.astype(np.float64), 2, mode="edge")[:, 2:-2]
+    doubled = (p[:-2] + p[2:]) * 2
+    np.testing.assert_allclose(got, np.maximum(doubled[:-2] + doubled[2:], 0), rtol=1e-5,
+                               atol=1e-5)
+    assert f.last_cpu_kernel.schedule == "tcstage"

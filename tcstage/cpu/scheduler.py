@@ -209,12 +209,17 @@ def _stencil_schedule(structure, funcs: Mapping[str, hl.Func], outputs: set[str]
         report.append(f"{name}: strip root, {info[name].args[1]} in parallel strips "
                       f"({_strip_rows(rows, plan)} rows), {info[name].args[0]} in vectors")
     for name, (root, depth) in stencils.members.items():
-        f = funcs[name]
+        f, args = funcs[name], info[name].args
         f.store_at(funcs[root], strips[root]).compute_at(
             funcs[root], hl.Var(info[root].args[1] + "_row"))
         lanes = plan.lanes(f.types()[0])
-        if plan.extents.get(name, (0,))[0] >= lanes:
-            f.vectorize(hl.Var(info[name].args[0]), lanes)
+        vectorize = plan.extents.get(name, (0,))[0] >= lanes
+        if vectorize:
+            f.vectorize(hl.Var(args[0]), lanes)
+        for j in range(info[name].epilogue):  # (in-place updates: the same loops, guarded)
+            update = f.update(j).reorder(*_vars(args))
+            if vectorize:
+                update.vectorize(hl.Var(args[0]), lanes, hl.TailStrategy.GuardWithIf)
         report.append(f"{name}: a line buffer of {root}'s strips, {depth} deep")
     return report
 
@@ -264,12 +269,19 @@ def _strips(f: hl.Func, info: FuncInfo, plan: _Plan) -> hl.Var:
     strip, row = hl.Var(info.args[1] + "_strip"), hl.Var(info.args[1] + "_row")
     f.compute_root()
     rows = _strip_rows(extents[1] if len(extents) > 1 else 1, plan)
-    f.split(y, strip, row, rows)
-    if plan.schedule.parallel_outer:
-        f.parallel(strip)
     lanes = plan.lanes(f.types()[0])
-    if extents and extents[0] >= lanes:
-        f.vectorize(x, lanes)
+    vectorize = bool(extents) and extents[0] >= lanes
+    # the pure definition may recompute rows and columns at the edges (ShiftInwards); its
+    # in-place updates may not, so theirs are guarded
+    for k, stage in enumerate([f] + [f.update(j) for j in range(info.epilogue)]):
+        tail = hl.TailStrategy.ShiftInwards if k == 0 else hl.TailStrategy.GuardWithIf
+        if k:
+            stage.reorder(*_vars(info.args))
+        stage.split(y, strip, row, rows, tail)
+        if plan.schedule.parallel_outer:
+            stage.parallel(strip)
+        if vectorize:
+            stage.vectorize(x, lanes, tail)
     return strip
 
 
