@@ -160,7 +160,7 @@ def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
     inlined, roots, once, deep, recomputed = [], [], [], [], []
     for f in reversed(structure.funcs):  # consumers first
         readers = structure.readers.get(f.name, frozenset())
-        owner = _stencil_owner(f, readers, info, group, set(roots))
+        owner = _stencil_owner(f, readers, info, group, roots)
         if f.name not in outputs and (f.view or readers and not f.epilogue and all(
                 read.args == tuple(("var", v) for v in info[r].args)
                 for r in readers for read in info[r].reads if read.func == f.name)):
@@ -204,10 +204,9 @@ def _stencil_schedule(structure, funcs: Mapping[str, hl.Func], outputs: set[str]
     report += [f"{n}: pointwise, {_pointwise(funcs[n], info[n], plan)}" for n in stencils.once]
     strips: dict[str, hl.Var] = {}
     for name in stencils.roots:
-        strips[name] = _strips(funcs[name], info[name], plan)
-        rows = plan.extents.get(name, (0, 0))[1]
+        strips[name], rows = _strips(funcs[name], info[name], plan)
         report.append(f"{name}: strip root, {info[name].args[1]} in parallel strips "
-                      f"({_strip_rows(rows, plan)} rows), {info[name].args[0]} in vectors")
+                      f"({rows} rows), {info[name].args[0]} in vectors")
     for name, (root, depth) in stencils.members.items():
         f, args = funcs[name], info[name].args
         f.store_at(funcs[root], strips[root]).compute_at(
@@ -257,18 +256,14 @@ STRIP_ROWS = 32  # as Halide's own blur and harris schedules: measured best here
 #                 rows and "four strips per thread" (blur 0.86 ms against 1.2 and 2.2)
 
 
-def _strip_rows(rows: int, plan: _Plan) -> int:
-    """Rows per strip: STRIP_ROWS, or all of them in a shorter Func."""
-    return max(1, min(rows, STRIP_ROWS))
-
-
-def _strips(f: hl.Func, info: FuncInfo, plan: _Plan) -> hl.Var:
-    """Schedules a strip root; returns the loop over its strips."""
+def _strips(f: hl.Func, info: FuncInfo, plan: _Plan) -> tuple[hl.Var, int]:
+    """Schedules a strip root; returns the loop over its strips and the rows per strip
+    (STRIP_ROWS, or all of them in a shorter Func)."""
     extents = plan.extents.get(info.name, ())
     x, y = hl.Var(info.args[0]), hl.Var(info.args[1])
     strip, row = hl.Var(info.args[1] + "_strip"), hl.Var(info.args[1] + "_row")
     f.compute_root()
-    rows = _strip_rows(extents[1] if len(extents) > 1 else 1, plan)
+    rows = max(1, min(extents[1] if len(extents) > 1 else 1, STRIP_ROWS))
     lanes = plan.lanes(f.types()[0])
     vectorize = bool(extents) and extents[0] >= lanes
     # the pure definition may recompute rows and columns at the edges (ShiftInwards); its
@@ -282,7 +277,7 @@ def _strips(f: hl.Func, info: FuncInfo, plan: _Plan) -> hl.Var:
             stage.parallel(strip)
         if vectorize:
             stage.vectorize(x, lanes, tail)
-    return strip
+    return strip, rows
 
 
 def _tile(extent: int, lanes: int, vectors: int) -> tuple[int, int]:
