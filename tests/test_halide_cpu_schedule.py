@@ -62,7 +62,7 @@ def test_unscheduled_stencil_pipeline_gets_line_buffers_on_a_copy():
     lines = f.explain(a, output_shape=a.shape).splitlines()
     assert lines[0] == "CPU schedule: tcstage (planned for inp.0=61, inp.1=83, by.0=61, by.1=83)"
     assert "  by: strip root, y in parallel strips (32 rows), x in vectors" in lines
-    assert "  bx: a line buffer of by's strips, 1 deep" in lines
+    assert "  bx: pointwise, a line buffer of by's strips, 1 deep, x in vectors" in lines
     # The caller's Funcs are still unscheduled: bx inlined, no split or loop type anywhere.
     assert _native.scheduled_functions([by]) == []
     assert bx.name() in _native.inlined_functions([by])
@@ -175,7 +175,7 @@ def test_stencil_family_plans_line_buffers_within_a_depth():
     lines = f.explain(a, output_shape=a.shape, schedule="tcstage").splitlines()
     last, first_root = f"s{STENCIL_DEPTH + 1}", f"s{0}"
     assert f"  {last}: strip root, y in parallel strips (32 rows), x in vectors" in lines
-    assert f"  s1: a line buffer of {last}'s strips, {STENCIL_DEPTH} deep" in lines
+    assert f"  s1: pointwise, a line buffer of {last}'s strips, {STENCIL_DEPTH} deep, x in vectors" in lines
     assert f"  {first_root}: strip root, y in parallel strips (32 rows), x in vectors" in lines
     assert f.explain(a, output_shape=a.shape).startswith("CPU schedule: tcstage")
 
@@ -282,7 +282,7 @@ def test_stencil_family_with_a_tuple_producer():
     got = f(a, output_shape=a.shape, schedule="tcstage")
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     lines = f.explain(a, output_shape=a.shape, schedule="tcstage").splitlines()
-    assert "  pair: a line buffer of out's strips, 1 deep" in lines
+    assert "  pair: pointwise, a line buffer of out's strips, 1 deep, x in vectors" in lines
 
 
 @pytest.mark.parametrize("shape", [(40, 50), (7, 3), (33, 17)])
@@ -306,3 +306,158 @@ def test_stencil_family_schedules_in_place_updates_too(shape):
     np.testing.assert_allclose(got, np.maximum(doubled[:-2] + doubled[2:], 0), rtol=1e-5,
                                atol=1e-5)
     assert f.last_cpu_kernel.schedule == "tcstage"
+
+
+def separable_window_sum(taps: hl.Param):
+    """A separable box of `taps` taps (an RDom extent known only at run time) written with
+    hl.sum, whose anonymous Funcs list their variables in the order the expression mentions
+    them: the vertical pass's Func is (y, x), not (x, y)."""
+    inp = hl.ImageParam(hl.Float(32), 2, "inp")
+    c = hl.BoundaryConditions.repeat_edge(inp)
+    r = hl.RDom([(0, taps)])
+    weights = hl.Func("weights")
+    weights[x] = hl.f32(1.0) / hl.f32(x + 1)
+    down = hl.Func("down")
+    down[x, y] = hl.sum(weights[r.x] * c[x, y + r.x], "down_sum")  # the sum lists (x, y)...
+    across = hl.Func("across")
+    across[x, y] = hl.sum(down[x + r.x, y] * weights[r.x], "across_sum")
+    col = hl.Func("col")
+    col[x, y] = hl.sum(weights[r.x] * across[x, y - r.x], "col_sum")
+    return inp, col
+
+
+def separable_window_summed(a, taps):
+    h, w = a.shape
+    weights = 1.0 / (np.arange(taps) + 1)
+    p = a.astype(np.float64)
+
+    def at(rows, cols):
+        return p[np.clip(rows, 0, h - 1)][:, np.clip(cols, 0, w - 1)]
+
+    ext_rows = np.arange(-taps + 1, h + taps)  # every row any pass reads, unclamped
+    ext_cols = np.arange(0, w + taps)
+    down = sum(weights[k] * at(ext_rows + k, ext_cols) for k in range(taps))
+    across = sum(weights[k] * down[:, k:k + w] for k in range(taps))
+    first = taps - 1  # across's row i is ext_rows[i] = i - (taps - 1)
+    return sum(weights[k] * across[first - k:first - k + h] for k in range(taps))
+
+
+@pytest.mark.parametrize("shape", [(61, 83), (5, 3), (37, 131)])
+def test_window_reductions_get_the_stencil_family(shape):
+    """Sums over a tap window (an RDom of a run-time extent) join line buffers as pointwise
+    stencils do: each is computed a row at a time, its vector of sums accumulated over the
+    taps; the weights, a table read at the tap alone, are computed once."""
+    taps = hl.Param(hl.Int(32), "taps")
+    _, col = separable_window_sum(taps)
+    f = tc.from_halide(col, name="windows")
+    a = rng.standard_normal(shape).astype(np.float32)
+    got = f(a, 3, output_shape=shape)
+    np.testing.assert_allclose(got, separable_window_summed(a, 3), rtol=1e-5, atol=1e-5)
+    lines = f.explain(a, 3, output_shape=shape).splitlines()
+    assert lines[0].startswith("CPU schedule: tcstage (planned for")
+    assert "  weights: pointwise, computed once" in lines[1:] or \
+        any(line.startswith("  weights: pointwise, computed once") for line in lines)
+    windows = [line for line in lines if "a window reduction, a line buffer of" in line]
+    assert len(windows) == 3, lines
+    if shape[1] >= 16:
+        assert all(line.endswith("x in vectors") for line in windows), windows
+    # another tap count, the same kernel
+    np.testing.assert_allclose(f(a, 5, output_shape=shape), separable_window_summed(a, 5),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_window_reduction_of_a_permuted_sum_is_vectorised_along_the_readers_columns():
+    """hl.sum over `weights[r] * c[x, y + r]` makes a Func of (x, y); over `w[r] * c[y + r, x]`
+    (a transposed read) one whose first variable is the reader's row: the family vectorises
+    the dimension its reader reads along its columns, and stores it innermost."""
+    inp = hl.ImageParam(hl.Float(32), 2, "inp")
+    c = hl.BoundaryConditions.repeat_edge(inp)
+    r = hl.RDom([(0, 3)])
+    w = hl.Func("w")
+    w[x] = hl.f32(x + 1)
+    rows = hl.Func("rows")
+    rows[x, y] = hl.sum(w[r.x] * c[x, y + r.x], "rows_sum")
+    out = hl.Func("out")
+    # (y, x) order: the anonymous Func of this sum is (y, x)
+    out[x, y] = hl.sum(w[r.x] * rows[x, y - r.x] + hl.f32(0) * hl.f32(y), "out_sum") + \
+        hl.sum(hl.f32(y) * 0 + rows[x + r.x, y] * w[r.x], "out_sum2")
+    f = tc.from_halide(out, name="permuted")
+    a = rng.standard_normal((40, 70)).astype(np.float32)
+    h, wd = a.shape
+    p = a.astype(np.float64)
+    wts = np.arange(3) + 1.0
+
+    def rows_at(i, j):
+        return sum(wts[k] * p[np.clip(i + k, 0, h - 1)][:, np.clip(j, 0, wd - 1)] for k in range(3))
+
+    ii, jj = np.arange(h), np.arange(wd)
+    want = sum(wts[k] * rows_at(ii - k, jj) for k in range(3)) + \
+        sum(wts[k] * rows_at(ii, jj + k) for k in range(3))
+    np.testing.assert_allclose(f(a, output_shape=a.shape), want, rtol=1e-5, atol=1e-4)
+    assert f.last_cpu_kernel.schedule == "tcstage"
+
+
+def test_a_row_of_channels_shares_a_line_buffer_without_channels():
+    """unsharp's shape: a 2-D ratio read by a 3-D output at (x, y) is a line buffer of the
+    output's strips, computed once per row for all channels (the channels run inside the
+    row)."""
+    inp = hl.ImageParam(hl.Float(32), 3, "rgb")
+    c = hl.BoundaryConditions.repeat_edge(inp)
+    gray, blurred, out = hl.Func("gray"), hl.Func("blurred"), hl.Func("out")
+    ch = hl.Var("ch")
+    gray[x, y] = c[x, y, 0] + c[x, y, 1] + c[x, y, 2]
+    blurred[x, y] = gray[x, y - 1] + gray[x, y] + gray[x, y + 1]
+    out[x, y, ch] = blurred[x, y] * inp[x, y, ch]
+    f = tc.from_halide(out, name="shade")
+    a = rng.standard_normal((3, 45, 70)).astype(np.float32)
+    g = a.astype(np.float64).sum(axis=0)
+    gp = np.pad(g, ((1, 1), (0, 0)), mode="edge")
+    want = (gp[:-2] + gp[1:-1] + gp[2:])[None] * a
+    np.testing.assert_allclose(f(a, output_shape=a.shape), want, rtol=1e-5, atol=1e-4)
+    lines = f.explain(a, output_shape=a.shape).splitlines()
+    assert lines[0].startswith("CPU schedule: tcstage")
+    assert "  blurred: pointwise, a line buffer of out's strips, 1 deep, x in vectors" in lines
+    assert "  gray: pointwise, a line buffer of out's strips, 2 deep, x in vectors" in lines
+
+
+@pytest.mark.parametrize("subscript, joins", [
+    (lambda v: v, True), (lambda v: v + 2, True), (lambda v: v - 1, True),
+    (lambda v: v / 2, True), (lambda v: hl.clamp(v, 0, 9), True),
+    (lambda v: 2 * v, False), (lambda v: v * v, False), (lambda v: 9 - v, False)])
+def test_line_buffers_take_producers_whose_rows_follow_their_readers(subscript, joins):
+    """A producer joins its reader's strips where the rows it is read at advance with the
+    reader's (a shift, an upsampling y / 2, a clamp); a downsampling 2 y, or rows that go back,
+    start strips of their own."""
+    from tcstage.cpu.scheduler import plan_stencils
+    from tcstage.cpu.structure import analyse
+    inp = hl.ImageParam(hl.Float(32), 2, "inp")
+    c = hl.BoundaryConditions.repeat_edge(inp)
+    prod, out = hl.Func("prod"), hl.Func("out")
+    prod[x, y] = c[x, y] * 2 + c[x + 1, y]
+    out[x, y] = prod[x, subscript(y)] + prod[x + 1, subscript(y)]
+    plan = plan_stencils(analyse([out], {prod.name(), out.name()}), {out.name()})
+    assert (prod.name() in plan.members) is joins, plan
+
+
+def test_halide_pipeline_writes_into_out_arrays():
+    """out= as numpy's: the call writes the arrays given (their shapes give the output's, so
+    output_shape= is not needed) and returns them; wrong ones are clear errors; an array not
+    aligned for Halide's vector loads is written through a copy."""
+    from tcstage.errors import TCArgumentError
+    _, _, by = box_blur()
+    f = tc.from_halide(by, name="blur")
+    a = rng.standard_normal((40, 50)).astype(np.float32)
+    out = np.full((40, 50), np.nan, np.float32)
+    got = f(a, out=out)
+    assert got is out
+    np.testing.assert_allclose(out, box_blurred(a), rtol=1e-5, atol=1e-5)
+    raw = np.zeros(40 * 50 + 1, np.float32)
+    unaligned = raw[1:].reshape(40, 50)
+    assert f(a, out=unaligned) is unaligned
+    np.testing.assert_allclose(unaligned, box_blurred(a), rtol=1e-5, atol=1e-5)
+    for bad, message in [(np.zeros((40, 50), np.float64), r"out\[0\] .* must be a float32 array "
+                                                           r"of shape \(40, 50\); got float64"),
+                         (np.zeros((50, 40), np.float32).T, "writeable C-order"),
+                         ([out, out], r"needs 1 array\(s\)")]:
+        with pytest.raises(TCArgumentError, match=message):
+            f(a, out=bad, output_shape=(40, 50))

@@ -26,6 +26,9 @@ A reduction along rows (a row sum: its input contiguous in the reduction, no sec
 dimension to reuse a packed panel) vectorises its reduction loop instead (`_row_reduction`).
 Pointwise Funcs that are outputs, or that reductions read, are computed once (vectorised,
 parallel); the others are inlined into their readers.
+
+A Halide pipeline of pointwise Funcs and window reductions (no contraction) gets the stencil
+family instead (`_stencil_schedule`): line buffers in parallel strips of rows.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import attrs
 import halide as hl
 
 from tcstage.cpu.options import CpuSchedule
-from tcstage.cpu.structure import FuncInfo, analyse
+from tcstage.cpu.structure import FuncInfo, analyse, variables
 from tcstage.errors import TCError
 
 
@@ -68,7 +71,7 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
     output_names = [f.name() for f in outputs]
     realized = list(outputs)
     plan = _Plan(schedule, target, extents, threads, no_row_vectors)
-    if stencils and all(f.family == "pointwise" for f in structure.funcs):
+    if stencils and all(f.family == "pointwise" or f.window for f in structure.funcs):
         return realized, _stencil_schedule(structure, funcs, set(output_names), plan)
     report = []
     for info in structure.funcs:
@@ -116,20 +119,18 @@ def _vars(names) -> list[hl.Var]:
 
 
 def _pointwise(f: hl.Func, info: FuncInfo, plan: _Plan) -> str:
-    """Computed once, the innermost dimension vectorised, the outermost in parallel."""
+    """Computed once, the innermost dimension vectorised, the outermost in parallel (a window
+    reduction's taps inside its outer dimensions: see `_stages`)."""
     extents = plan.extents.get(info.name, ())
     f.compute_root()
     if not info.args:
+        _stages(f, info)  # (an explicit loop order: Halide warns about unscheduled updates)
         return "computed once"
     lanes = plan.lanes(f.types()[0])
     vectorize = bool(extents) and extents[0] >= lanes
     parallel = plan.schedule.parallel_outer and len(info.args) > 1
-    for k, stage in enumerate([f] + [f.update(j) for j in range(info.epilogue)]):
-        if k:  # (an explicit loop order: Halide warns about updates left unscheduled)
-            stage.reorder(*_vars(info.args))
-        if vectorize:  # (an update may not recompute points: it guards its last vector)
-            stage.vectorize(hl.Var(info.args[0]), lanes, hl.TailStrategy.ShiftInwards if k == 0
-                            else hl.TailStrategy.GuardWithIf)
+    for stage in _stages(f, info, 0, None, lanes if vectorize else 0,
+                         hl.TailStrategy.ShiftInwards):
         if parallel:
             stage.parallel(hl.Var(info.args[-1]))
     return ("computed once" + (f", {info.args[0]} in vectors of {lanes}" if vectorize else "")
@@ -141,9 +142,9 @@ STENCIL_DEPTH = 8  # producers chained under one strip root (each adds its halo 
 
 @attrs.frozen
 class StencilPlan:
-    """Which Funcs of a pointwise pipeline the stencil family inlines, computes in strips (the
-    roots), keeps as line buffers of a root's strips (member -> (root, depth)), or computes once
-    (1-D Funcs a strip root cannot hold)."""
+    """Which Funcs of a pipeline of pointwise Funcs and window reductions the stencil family
+    inlines, computes in strips (the roots), keeps as line buffers of a root's strips (member
+    -> (root, depth)), or computes once (1-D Funcs a strip root cannot hold)."""
 
     inlined: tuple[str, ...]
     roots: tuple[str, ...]
@@ -151,17 +152,24 @@ class StencilPlan:
     once: tuple[str, ...]
     deep: tuple[str, ...] = ()  # the roots that would have joined a group but for its depth
     recomputed: tuple[str, ...] = ()  # inlined (not views) into several readers
+    axes: Mapping[str, tuple[int, int]] = {}  # member -> (its row, its column): the dimensions
+    #   its readers read along their rows and columns (a sum's Func may list them in any order)
+    tables: tuple[str, ...] = ()  # read by tables only, or at subscripts that depend on the
+    #   row or the column of each reader, not both (a filter's weights, a resampling kernel's
+    #   per column), or at values read (a lookup table): small beside its readers
 
 
 def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
     """The stencil family's plan (see `_stencil_schedule`), from the pipeline's structure."""
     info = {f.name: f for f in structure.funcs}
-    group: dict[str, tuple[str, int]] = {}  # member or inlined Func -> (strip root, depth)
+    # member or inlined Func -> (strip root, depth, its row dimension, its column dimension)
+    group: dict[str, tuple[str, int, int, int]] = {}
     inlined, roots, once, deep, recomputed = [], [], [], [], []
     for f in reversed(structure.funcs):  # consumers first
         readers = structure.readers.get(f.name, frozenset())
         owner = _stencil_owner(f, readers, info, group, roots)
-        if f.name not in outputs and (f.view or readers and not f.epilogue and all(
+        if f.name not in outputs and f.family == "pointwise" and (
+                f.view or readers and not f.epilogue and all(
                 read.args == tuple(("var", v) for v in info[r].args)
                 for r in readers for read in info[r].reads if read.func == f.name)):
             # a view, or read only where it is computed: cheaper recomputed than stored (its
@@ -172,36 +180,49 @@ def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
             if owner is not None:
                 group[f.name] = owner
         elif f.name not in outputs and owner is not None and owner[1] < STENCIL_DEPTH:
-            group[f.name] = (owner[0], owner[1] + 1)
+            group[f.name] = (owner[0], owner[1] + 1, *owner[2:])
         elif len(f.args) >= 2:
             roots.append(f.name)
             if f.name not in outputs and owner is not None:
                 deep.append(f.name)
         else:
             once.append(f.name)
-    members = {n: g for n, g in group.items() if n not in inlined}
+    members = {n: g[:2] for n, g in group.items() if n not in inlined}
+    axes = {n: g[2:] for n, g in group.items() if n not in inlined}
+    tables: list[str] = []
+    for f in reversed(structure.funcs):
+        readers = structure.readers.get(f.name, frozenset())
+        if f.name not in outputs and readers and all(
+                r in tables or all(len(read.variables() & set(info[r].args[:2])) < 2
+                                   or read.gathers()
+                                   for read in info[r].reads if read.func == f.name)
+                for r in readers):
+            tables.append(f.name)
     return StencilPlan(tuple(inlined), tuple(roots), members, tuple(once), tuple(deep),
-                       tuple(recomputed))
+                       tuple(recomputed), axes, tuple(tables))
 
 
 def _stencil_schedule(structure, funcs: Mapping[str, hl.Func], outputs: set[str],
                       plan: _Plan) -> list[str]:
-    """The stencil family, for pipelines of pointwise Funcs (blurs, derivatives, morphology):
-    line buffers, as Halide's own CPU schedules for such apps are written.
+    """The stencil family, for pipelines of pointwise Funcs and window reductions (blurs,
+    derivatives, morphology, filter taps, resampling): line buffers, as Halide's own CPU
+    schedules for such apps are written.
 
     A *strip root* (an output, or a Func that cannot join one) is computed once, in strips of
-    rows run in parallel, x vectorised. A producer whose every reader is in the same strip
-    root's group, and reads it at constant offsets along each of its dimensions (a stencil),
-    joins that group, up to STENCIL_DEPTH producers deep: it is stored per strip and computed
-    per row of the root, so Halide slides a window of its rows down the strip and computes
-    each row once, but for the halo at the top of each strip. Views (boundary conditions,
-    wrappers: values that only read) and Funcs read only at their own point are inlined;
-    1-D Funcs are computed once."""
+    rows run in parallel, x vectorised, its channels inside each row. A producer whose every
+    reader is in the same strip root's group, and reads it at rows that follow its own (see
+    `_follows`), joins that group, up to STENCIL_DEPTH producers deep: it is stored per strip
+    and computed per row of the root, so Halide slides a window of its rows down the strip
+    and computes each row once, but for the halo at the top of each strip. A window
+    reduction's taps run between a vector and the next (`_stages`). Views (boundary
+    conditions, wrappers: values that only read) and Funcs read only at their own point are
+    inlined; 1-D Funcs are computed once."""
     info = {f.name: f for f in structure.funcs}
     stencils = plan_stencils(structure, outputs)
     report = [f"{n}: {'a view' if info[n].view else 'read at its own point only'}, inlined into "
               "its readers" for n in stencils.inlined]
-    report += [f"{n}: pointwise, {_pointwise(funcs[n], info[n], plan)}" for n in stencils.once]
+    report += [f"{n}: {'a window reduction' if info[n].window else 'pointwise'}, "
+               f"{_pointwise(funcs[n], info[n], plan)}" for n in stencils.once]
     strips: dict[str, hl.Var] = {}
     for name in stencils.roots:
         strips[name], rows = _strips(funcs[name], info[name], plan)
@@ -209,46 +230,122 @@ def _stencil_schedule(structure, funcs: Mapping[str, hl.Func], outputs: set[str]
                       f"({rows} rows), {info[name].args[0]} in vectors")
     for name, (root, depth) in stencils.members.items():
         f, args = funcs[name], info[name].args
+        row, column = stencils.axes[name]
         f.store_at(funcs[root], strips[root]).compute_at(
             funcs[root], hl.Var(info[root].args[1] + "_row"))
+        if column:  # (rows stored contiguously, as they are computed)
+            f.reorder_storage(*_vars(_column_first(args, column)))
         lanes = plan.lanes(f.types()[0])
-        vectorize = plan.extents.get(name, (0,))[0] >= lanes
-        if vectorize:
-            f.vectorize(hl.Var(args[0]), lanes)
-        for j in range(info[name].epilogue):  # (in-place updates: the same loops, guarded)
-            update = f.update(j).reorder(*_vars(args))
-            if vectorize:
-                update.vectorize(hl.Var(args[0]), lanes, hl.TailStrategy.GuardWithIf)
-        report.append(f"{name}: a line buffer of {root}'s strips, {depth} deep")
+        vectorize = plan.extents.get(name, (0,) * len(args))[column] >= lanes
+        _stages(f, info[name], column, row, lanes if vectorize else 0)
+        report.append(f"{name}: {'a window reduction' if info[name].window else 'pointwise'}, "
+                      f"a line buffer of {root}'s strips, {depth} deep"
+                      + (f", {args[column]} in vectors" if vectorize else ""))
     return report
 
 
-def _stencil_owner(f: FuncInfo, readers, info, group, roots) -> tuple[str, int] | None:
-    """(strip root, depth) of the group `f` may join: that of its readers, if they all belong
-    to one (or are that root) and each reads `f` at constant offsets along its dimensions."""
-    owners = set()
+def _column_first(args: tuple[str, ...], column: int) -> tuple[str, ...]:
+    return (args[column], *args[:column], *args[column + 1:])
+
+
+def _stages(f: hl.Func, info: FuncInfo, column: int = 0, row: int | None = None,
+            lanes: int = 0, tail=hl.TailStrategy.Auto) -> list:
+    """Gives the Func's definition and its updates their loops, and returns them: the column
+    innermost, in vectors of `lanes` (0: not vectorised; `tail` for the definition, updates
+    may not recompute points and guard theirs), then the other pure variables innermost
+    first, but the row (if given) outermost: a row's channels are computed together, so a
+    Func without channels can be computed a row at a time for all of them. A reduction's taps
+    run between a vector and the next: each vector of sums is accumulated in a register."""
+    if not info.args:  # (a scalar: its updates' loops are its taps)
+        inner, outer, lanes = None, [], 0
+    else:
+        inner, *outer = _vars(_column_first(info.args, column))
+        if row is not None and row != column:
+            outer = [v for v in outer if v.name() != info.args[row]] + [hl.Var(info.args[row])]
+    if column or row is not None:
+        f.reorder(inner, *outer)
+    if lanes:
+        f.vectorize(inner, lanes, tail)
+    stages = [f]
+    for j in range(info.epilogue + (info.family == "reduction")):
+        stage = f.update(j)
+        taps = [hl.RVar(r) for r in info.rvars] if j == 0 and info.family == "reduction" else []
+        if inner is None:
+            if taps:
+                stage.reorder(*taps)
+        elif lanes and taps:
+            lane = hl.Var(f"{info.args[column]}_lane")
+            stage.split(inner, inner, lane, lanes, hl.TailStrategy.GuardWithIf) \
+                .reorder(lane, *taps, inner, *outer).vectorize(lane)
+        else:
+            stage.reorder(inner, *taps, *outer)
+            if lanes:
+                stage.vectorize(inner, lanes, hl.TailStrategy.GuardWithIf)
+        stages.append(stage)
+    return stages
+
+
+def _stencil_owner(f: FuncInfo, readers, info, group, roots
+                   ) -> tuple[str, int, int, int] | None:
+    """(strip root, depth, row, column) of the group `f` may join: that of its readers, if
+    they all belong to one (or are that root) and each reads `f` at its own row plus a constant
+    or a tap (a stencil, a filter window; any column, channel or batch: a row of `f` is
+    computed whole). `f`'s row is the dimension read along the readers' rows, its column the
+    one read along their columns."""
+    owners, axes = set(), set()
     depth = 0
     for r in readers:
         reader = info.get(r)
         if reader is None or (r not in group and r not in roots) or \
-                len(reader.args) != len(f.args) or not all(
-                _shifted(a, v) for read in reader.reads if read.func == f.name
-                for a, v in zip(read.args, reader.args)):
+                not 2 <= len(f.args) <= len(reader.args):
+            # (a Func with more dimensions than its reader, nl_means' weights per patch
+            # offset, would hold all of them in each row of the line buffer)
             return None
-        root, d = group.get(r, (r, 0))
+        root, d, row, column = group.get(r, (r, 0, 1, 0))
+        for read in reader.reads:
+            if read.func != f.name:
+                continue
+            rows = [k for k, a in enumerate(read.args)
+                    if _follows(a, reader.args[row], reader.args)]
+            if len(rows) != 1 or any(reader.args[row] in variables(a)
+                                     for k, a in enumerate(read.args) if k != rows[0]):
+                # (`f[x, y / 8, y % 8]`: Halide bounds y % 8 by all its values, so each row
+                # would compute all of them)
+                return None
+            columns = [k for k, a in enumerate(read.args)
+                       if k != rows[0] and reader.args[column] in variables(a)]
+            axes.add((rows[0], columns[0] if columns else int(rows[0] == 0)))
         owners.add(root)
         depth = max(depth, d)
-    return (owners.pop(), depth) if len(owners) == 1 else None
+    return (owners.pop(), depth, *axes.pop()) if len(owners) == 1 and len(axes) == 1 else None
 
 
-def _shifted(tree, var: str) -> bool:
-    """Whether a subscript is `var` plus or minus a constant."""
+def _follows(tree, var: str, pure: tuple[str, ...]) -> bool:
+    """Whether a subscript follows the reader's row `var` without going back: the row plus or
+    minus an offset no other pure variable of the reader's changes (a constant, a tap, a
+    parameter), divided by a constant (a coarser Func, upsampled), clamped to bounds. As the
+    reader's rows advance, the rows it reads slide along with them, and each is computed once
+    in a strip. (Not a multiple of the row: a finer Func, downsampled, reads rows no reader's
+    row needs twice, and is better computed once.)"""
+    def free(t):
+        return not variables(t) & set(pure)
+
     if tree == ("var", var):
         return True
-    if isinstance(tree, tuple) and len(tree) == 3 and tree[0] in ("add", "sub"):
-        a, b = tree[1], tree[2]
-        return (a == ("var", var) and b[0] == "int") or \
-            (tree[0] == "add" and b == ("var", var) and a[0] == "int")
+    if not isinstance(tree, tuple) or not tree:
+        return False
+    op, *args = tree
+    if op == "call" and args[0] == "likely" and len(args[1]) == 1:
+        return _follows(args[1][0], var, pure)
+    if len(args) != 2:
+        return False
+    a, b = args
+    if op in ("add", "min", "max"):
+        return (_follows(a, var, pure) and free(b)) or (_follows(b, var, pure) and free(a))
+    if op == "sub":
+        return _follows(a, var, pure) and free(b)
+    if op == "div":
+        return _follows(a, var, pure) and b[0] == "int" and b[1] > 0
     return False
 
 
@@ -267,16 +364,13 @@ def _strips(f: hl.Func, info: FuncInfo, plan: _Plan) -> tuple[hl.Var, int]:
     lanes = plan.lanes(f.types()[0])
     vectorize = bool(extents) and extents[0] >= lanes
     # the pure definition may recompute rows and columns at the edges (ShiftInwards); its
-    # in-place updates may not, so theirs are guarded
-    for k, stage in enumerate([f] + [f.update(j) for j in range(info.epilogue)]):
-        tail = hl.TailStrategy.ShiftInwards if k == 0 else hl.TailStrategy.GuardWithIf
-        if k:
-            stage.reorder(*_vars(info.args))
-        stage.split(y, strip, row, rows, tail)
+    # updates may not, so theirs are guarded
+    for k, stage in enumerate(_stages(f, info, 0, 1, lanes if vectorize else 0,
+                                      hl.TailStrategy.ShiftInwards)):
+        stage.split(y, strip, row, rows, hl.TailStrategy.GuardWithIf if k
+                    else hl.TailStrategy.ShiftInwards)
         if plan.schedule.parallel_outer:
             stage.parallel(strip)
-        if vectorize:
-            stage.vectorize(x, lanes, tail)
     return strip, rows
 
 

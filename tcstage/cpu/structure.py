@@ -22,7 +22,7 @@ from collections.abc import Mapping
 import attrs
 
 from tcstage.halide import _native
-from tcstage.halide.solver import evaluate
+from tcstage.halide.solver import evaluate, inline_lets
 
 
 @attrs.frozen
@@ -35,11 +35,15 @@ class Read:
 
     def variables(self) -> set[str]:
         """The variables its subscripts mention."""
-        return _variables(self.args)
+        return variables(self.args)
+
+    def gathers(self) -> bool:
+        """Whether a subscript reads a value (a lookup table's index, a histogram's bin)."""
+        return bool(_reads({"values": self.args, "args": ()}))
 
     def dims_using(self, var: str) -> tuple[int, ...]:
         """The subscripts (innermost first) that mention variable `var`."""
-        return tuple(k for k, a in enumerate(self.args) if var in _variables(a))
+        return tuple(k for k, a in enumerate(self.args) if var in variables(a))
 
 
 @attrs.frozen
@@ -57,6 +61,35 @@ class FuncInfo:
     #                     else the top node of the update's value ('sub', ...)
     view: bool = False  # pointwise, and its value only reads (perhaps under a select or a
     #                     cast): a boundary condition or a wrapper, cheaper inlined than stored
+
+    @property
+    def contraction(self) -> bool:
+        """Whether this is a reduction that register tiles pay for: an outer product summed, as
+        in a matrix product or a convolution over channels. One read does not depend on its
+        innermost output dimension and another read not on the next (so each value read
+        serves a row or a column of a tile), over at least CONTRACTION_MIN_TERMS terms, or a
+        count known only at run time. Not a filter window: a table of weights indexed by the
+        tap alone is one read independent of both."""
+        if self.family != "reduction" or len(self.args) < 2:
+            return False
+        terms = 1
+        for extent in self.rvar_extents:
+            terms = None if extent is None or terms is None else terms * extent
+        if terms is not None and terms < CONTRACTION_MIN_TERMS:
+            return False
+        used = [read.variables() for read in self.reads]
+        p0, p1 = self.args[0], self.args[1]
+        return any(p0 not in a and p1 not in b and p0 in b and p1 in a
+                   for a in used for b in used)
+
+    @property
+    def window(self) -> bool:
+        """A reduction over a window (filter taps, resampling weights, a box): not a
+        contraction, so it is computed as stencils are, not in register tiles."""
+        return self.family == "reduction" and not self.contraction
+
+
+CONTRACTION_MIN_TERMS = 32  # below this many terms a reduction is a small window
 
 
 @attrs.frozen
@@ -153,7 +186,7 @@ def _reads_of(tree) -> set[str]:
 def _constant(tree) -> int | None:
     """The value of a tree without variables (an RDom's extent written as 1 - 0 + 1), else
     None."""
-    if _variables(tree):
+    if variables(tree):
         return None
     try:
         return int(evaluate(tree, {}))
@@ -162,11 +195,15 @@ def _constant(tree) -> int | None:
 
 
 def _reads(definition: dict) -> list[Read]:
+    """The reads of a definition, with Halide's lets (a clamped row bound to `t0` and used in
+    two subscripts) written out, so that each subscript says what it reads."""
     found: list[Read] = []
+    seen: set[int] = set()  # (lets written out share their value: a DAG, walked once)
 
     def walk(t):
-        if not isinstance(t, tuple) or not t:
+        if not isinstance(t, tuple) or not t or id(t) in seen:
             return
+        seen.add(id(t))
         if t[0] == "read":  # (a Tuple element, `f#k`, is a read of its Func here)
             found.append(Read(t[1].partition("#")[0], tuple(t[2])))
             for a in t[2]:
@@ -176,11 +213,11 @@ def _reads(definition: dict) -> list[Read]:
             walk(x)
 
     for t in (*definition["values"], *definition["args"]):
-        walk(t)
+        walk(inline_lets(t))
     return found
 
 
-def _variables(t) -> set[str]:
+def variables(t) -> set[str]:
     """The variables a tree (or a tuple of trees) mentions."""
     if not isinstance(t, tuple) or not t:
         return set()
@@ -189,5 +226,5 @@ def _variables(t) -> set[str]:
     out: set[str] = set()
     for x in (t[1:] if isinstance(t[0], str) else t):
         if isinstance(x, tuple):
-            out |= _variables(x)
+            out |= variables(x)
     return out

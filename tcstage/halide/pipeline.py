@@ -260,9 +260,6 @@ class HalideFunction:
         """args (positional) and named (by parameter name) checked against the pipeline's
         ImageParams and Params; with `constants`, the embedded Buffers' values too (inputs of
         the CUDA kernel; the CPU's Halide callable holds its own)."""
-        if out is not None:
-            raise TCArgumentError(f"'{self.name}' is a Halide pipeline: it has no in/out "
-                                  "outputs, so out= is not taken")
         sizes, scalars, arrays = {}, {}, {}
         for a, value in zip(self.arguments, self._positional(args, named or {})):
             if a.is_buffer:
@@ -290,7 +287,13 @@ class HalideFunction:
         compile time, so a kernel serves one value of each."""
         return frozenset(a.name for a in self.arguments if not a.is_buffer)
 
-    def _output_boxes(self, output_shape) -> tuple:
+    def _output_boxes(self, output_shape, out=None) -> tuple:
+        if output_shape is None and self.fixed_output_shapes is None and out is not None:
+            # the arrays to write give the shapes (a Tuple's elements share their Func's)
+            arrays = [out] if isinstance(out, np.ndarray) else list(out)
+            if len(arrays) == 1 or len(arrays) == len(self.outputs):
+                output_shape = arrays[0].shape if len(arrays) == 1 else \
+                    [getattr(a, "shape", None) for a in arrays]
         if output_shape is None:
             shapes = self.fixed_output_shapes
         else:
@@ -305,7 +308,7 @@ class HalideFunction:
         if shapes is None:
             raise TCArgumentError(
                 f"'{self.name}' is a Halide pipeline: give the size of its output with "
-                f"output_shape=(...)" + (" (one shape per output, in a list)"
+                f"output_shape=(...) or out=" + (" (one shape per output, in a list)"
                                          if len(self.outputs) > 1 else ""))
         return shapes
 
@@ -322,21 +325,22 @@ class HalideFunction:
     def __call__(self, *args, output_shape=None, out=None, schedule="auto", **named):
         """Runs the pipeline on the CPU with Halide's JIT. Arguments: numpy arrays and Python
         numbers, in `infer_arguments` order or by name. Returns an array, or a tuple for
-        several outputs (a Tuple-valued output gives one array per element, in place).
+        several outputs (a Tuple-valued output gives one array per element, in place). `out`:
+        the arrays to write instead (as numpy's out=; their shapes give the output shapes).
 
         schedule (see `CPU_SCHEDULES`): "auto" (the default) runs a pipeline you scheduled as
         you scheduled it, and schedules one you did not (no split, loop type or compute level
         anywhere), planned for the first call's sizes: with tcstage's structure-aware
-        scheduler where the pipeline has reductions and nothing it lacks a family for
-        (contractions, convolutions), else with Halide's Mullapudi2016 autoscheduler.
+        scheduler where the pipeline is a contraction or a stencil pipeline (docs/halide.md),
+        else with Halide's Mullapudi2016 autoscheduler.
         "as_written" always runs your schedule (Halide's defaults where there is none:
         everything inlined); "root" computes every intermediate Func at the root and nothing
         more; "tcstage" or an autoscheduler's name applies that one. Every schedule tcstage
         applies goes to a copy of the pipeline: your Funcs and Params are left as they
         were (docs/halide.md, CPU schedules)."""
         applied = self._resolve_schedule(schedule)
-        shapes = self._output_boxes(output_shape)
-        b = self.bind(args, out, named=named, constants=False)
+        shapes = self._output_boxes(output_shape, out)
+        b = self.bind(args, named=named, constants=False)
         call = (tuple(b.sizes.items()), tuple(b.scalars.items()), tuple(shapes))
         if call not in self._checked_calls:
             regions = self.required_regions(b, shapes)
@@ -353,10 +357,11 @@ class HalideFunction:
             else:
                 values.append(b.scalars[a.name])
         outs = []
+        given = iter(self._given_outputs(out, shapes)) if out is not None else None
         for dtypes, shape in zip(self._output_dtypes, shapes):
             for dtype in dtypes:  # (a Tuple output: an array per element, in order)
                 # (aligned: vectorised code may read an output back with aligned loads)
-                outs.append(aligned_empty(shape, dtype))
+                outs.append(next(given) if given else aligned_empty(shape, dtype))
                 values.append(halide_buffer(outs[-1]))
         sizes = (applied, tuple(sorted(b.sizes.items())), tuple(shapes))
         kernel = self._cpu_serving.get(sizes) or self._cpu_kernel(applied, b, shapes)
@@ -370,7 +375,37 @@ class HalideFunction:
                 self._cpu_serving.clear()
             self._cpu_serving[sizes] = kernel
         self.last_cpu_kernel = kernel
+        if out is not None:  # (an unaligned array the caller gave was written through a copy)
+            for mine, theirs in zip(outs, [out] if isinstance(out, np.ndarray) else out):
+                if mine is not theirs:
+                    theirs[...] = mine
+            outs = [out] if isinstance(out, np.ndarray) else list(out)
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _given_outputs(self, out, shapes) -> list[np.ndarray]:
+        """The arrays a call writes its outputs into (out=, as numpy's: one per output, one per
+        element of a Tuple output), checked; an array Halide's aligned vector loads could
+        fault on is replaced by an aligned one, copied back after the call."""
+        arrays = [out] if isinstance(out, np.ndarray) else list(out)
+        wanted = [(shape, dtype) for dtypes, shape in zip(self._output_dtypes, shapes)
+                  for dtype in dtypes]
+        if len(arrays) != len(wanted):
+            raise TCArgumentError(f"out= of '{self.name}' needs {len(wanted)} array(s), one per "
+                                  f"output (and per element of a Tuple output); got "
+                                  f"{len(arrays)}")
+        given = []
+        for k, (a, (shape, dtype)) in enumerate(zip(arrays, wanted)):
+            if not isinstance(a, np.ndarray):
+                raise TCArgumentError(f"out[{k}] of '{self.name}' must be a numpy array; got "
+                                      f"{type(a).__name__}")
+            if a.shape != tuple(shape) or a.dtype != dtype:
+                raise TCArgumentError(f"out[{k}] of '{self.name}' must be a {dtype} array of "
+                                      f"shape {tuple(shape)}; got {a.dtype} {a.shape}")
+            if not (a.flags.c_contiguous and a.flags.writeable):
+                raise TCArgumentError(f"out[{k}] of '{self.name}' must be a writeable C-order "
+                                      "array (np.ascontiguousarray makes one)")
+            given.append(a if a.ctypes.data % 128 == 0 else aligned_empty(shape, dtype))
+        return given
 
     @functools.cached_property
     def _output_dtypes(self) -> tuple[tuple[np.dtype, ...], ...]:
@@ -464,18 +499,23 @@ class HalideFunction:
                                                if d["name"] not in self._input_wrappers})
         except HALIDE_FAILURES:
             return False
-        families = {f.family for f in structure.funcs}
-        if families == {"pointwise"}:
+        if all(f.family == "pointwise" or f.window for f in structure.funcs):
             # the stencil family where the pipeline is line-buffered strip groups, one per
-            # output and one per STENCIL_DEPTH stages of a longer chain (blur, erode,
-            # stencil_chain). Mullapudi2016's tiling and fusion did better here where other
-            # reads break it up (a channel read from a 2-D Func, x/2 subscripts) and where it
-            # inlines a Func into several readers (harris's derivatives, recomputed)
+            # output and one per STENCIL_DEPTH stages of a longer chain, with tables of weights
+            # beside them (blur, erode, stencil_chain, resize, a separable Gaussian).
+            # Mullapudi2016's tiling and fusion did better here where other reads break it up
+            # (a channel read from a 2-D Func, x/2 subscripts) and where it inlines a Func into
+            # several readers (harris's derivatives, recomputed)
             outputs = {f.name() for f in self.outputs}
             plan = plan_stencils(structure, outputs)
-            return bool(plan.members) and set(plan.roots) <= outputs | set(plan.deep) and \
-                not plan.once and not plan.recomputed
-        return "other" not in families and any(_contraction(f) for f in structure.funcs)
+            # (a window reduction whose readers' rows it does not follow, resize's first
+            # pass when upsampling, is best computed once in strips of its own)
+            windows = {f.name for f in structure.funcs if f.window}
+            return bool(plan.members) and \
+                set(plan.roots) <= outputs | set(plan.deep) | set(plan.tables) | windows and \
+                set(plan.once) <= set(plan.tables) and not plan.recomputed
+        return "other" not in {f.family for f in structure.funcs} and \
+            any(f.contraction for f in structure.funcs)
 
     def _cpu_kernel(self, applied: str, b: Binding, shapes, failed: str = "") -> "CpuPipeline":
         """The pipeline compiled for the CPU with schedule `applied`: the main one, which serves
@@ -799,29 +839,6 @@ def _scalar(fn: str, a: Argument, value):
         raise TCArgumentError(f"argument '{a.name}' of '{fn}' is {a.type}; got "
                               f"{type(value).__name__}")
     return value
-
-
-CONTRACTION_MIN_TERMS = 32  # below this many terms a reduction is a small window
-
-
-def _contraction(f) -> bool:
-    """Whether a Func is a reduction that register tiles pay for: an outer product summed, as
-    in a matrix product or a convolution over channels. One read does not depend on its
-    innermost output dimension and another read not on the next (so each value read serves a
-    row or a column of a tile), over at least CONTRACTION_MIN_TERMS terms, or a count known
-    only at run time. Not a filter window: a table of weights indexed by the tap alone is
-    one read independent of both."""
-    if f.family != "reduction" or len(f.args) < 2:
-        return False
-    terms = 1
-    for extent in f.rvar_extents:
-        terms = None if extent is None or terms is None else terms * extent
-    if terms is not None and terms < CONTRACTION_MIN_TERMS:
-        return False
-    used = [read.variables() for read in f.reads]
-    p0, p1 = f.args[0], f.args[1]
-    return any(p0 not in a and p1 not in b and p0 in b and p1 in a
-               for a in used for b in used)
 
 
 @functools.lru_cache(maxsize=None)
