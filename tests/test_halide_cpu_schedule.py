@@ -461,3 +461,84 @@ def test_halide_pipeline_writes_into_out_arrays():
                          ([out, out], r"needs 1 array\(s\)")]:
         with pytest.raises(TCArgumentError, match=message):
             f(a, out=bad, output_shape=(40, 50))
+
+
+def test_scatters_and_scans_are_computed_once_beside_line_buffers():
+    """hist's shape: a histogram per row (a scatter, its update in parallel along the rows it
+    writes at their own point), summed over rows, a cumulative sum (a scan, serial), read
+    through a lookup by an output in strips."""
+    inp = hl.ImageParam(hl.UInt(8), 2, "img")
+    edge = hl.BoundaryConditions.repeat_edge(inp)
+    level = hl.Func("level")
+    level[x, y] = hl.i32(edge[x, y]) // 4  # 64 bins
+    rows = hl.Func("rows")
+    rows[x, y] = 0
+    rx = hl.RDom([(0, inp.width())], "rx")
+    rows[hl.clamp(level[rx.x, y], 0, 63), y] += 1
+    counts = hl.Func("counts")
+    counts[x] = 0
+    ry = hl.RDom([(0, inp.height())], "ry")
+    counts[x] += rows[x, ry.x]
+    cdf = hl.Func("cdf")
+    cdf[x] = counts[0]
+    b = hl.RDom([(1, 63)], "b")
+    cdf[b.x] = cdf[b.x - 1] + counts[b.x]
+    smooth = hl.Func("smooth")
+    smooth[x, y] = level[x, y] * level[x, y]
+    out = hl.Func("out")
+    out[x, y] = cdf[hl.clamp(level[x, y], 0, 63)] + smooth[x, y - 1] + 2 * smooth[x, y + 1]
+    f = tc.from_halide(out, name="equalise")
+    for shape in [(37, 83), (64, 130)]:
+        a = rng.integers(0, 256, shape, dtype=np.uint8)
+        levels = a.astype(np.int64) // 4
+        cumulative = np.cumsum(np.bincount(levels.ravel(), minlength=64))
+        padded = np.pad(levels, ((1, 1), (0, 0)), mode="edge")
+        want = cumulative[levels] + padded[:-2] ** 2 + 2 * padded[2:] ** 2
+        got = f(a, output_shape=shape)
+        np.testing.assert_array_equal(got, want)
+    lines = f.explain(a, output_shape=a.shape).splitlines()
+    assert lines[0].startswith("CPU schedule: tcstage")
+    assert "  rows: a scatter or scan, computed once, its update in parallel along y" in lines
+    assert "  cdf: a scatter or scan, computed once" in lines
+    assert "  smooth: pointwise, a line buffer of out's strips, 1 deep, x in vectors" in lines
+
+
+def test_sizes_that_shape_the_computation_are_compiled_in_and_replanned_when_they_change():
+    """A filter's extent (an RDom over it) and a channel multiplier (a subscript divided by an
+    input's extent) are compiled into the structured schedule as constants, so Halide sees
+    dense vectors and fixed trip counts; a call with other values gets code of its own (and
+    the first code is used again for the first values)."""
+    image = hl.ImageParam(hl.Float(32), 2, "image")
+    weights = hl.ImageParam(hl.Float(32), 2, "weights")  # (taps, multiplier) in numpy order
+    c = hl.Var("c")
+    edge = hl.BoundaryConditions.repeat_edge(image)
+    r = hl.RDom([(0, weights.dim(1).extent())], "tap")
+    out = hl.Func("out")
+    out[c, x] = 0.0
+    out[c, x] += weights[c % weights.dim(0).extent(), r.x] * edge[c / weights.dim(0).extent(), x + r.x]
+    f = tc.from_halide(out, name="depthwise")
+
+    def reference(img, w):
+        m, taps = w.shape[1], w.shape[0]
+        n, ch = img.shape
+        want = np.zeros((n, ch * m))
+        for xx in range(n):
+            for cc in range(ch * m):
+                for t in range(taps):
+                    want[xx, cc] += w[t, cc % m] * img[min(xx + t, n - 1), cc // m]
+        return want
+
+    img = rng.standard_normal((40, 16)).astype(np.float32)
+    for w in [rng.standard_normal((3, 1)).astype(np.float32),
+              rng.standard_normal((5, 2)).astype(np.float32),
+              rng.standard_normal((3, 1)).astype(np.float32)]:
+        shape = (40, 16 * w.shape[1])
+        np.testing.assert_allclose(f(img, w, output_shape=shape, schedule="tcstage"),
+                                   reference(img, w), rtol=1e-5, atol=1e-5)
+        text = f.explain(img, w, output_shape=shape, schedule="tcstage")
+        assert text.startswith("CPU schedule: tcstage"), text
+        assert f"sizes compiled in as constants: weights.0={w.shape[0]}, " \
+               f"weights.1={w.shape[1]}" in text, text
+    assert "holds weights.0=3, weights.1=1 as constants" in f.explain(
+        img, rng.standard_normal((5, 2)).astype(np.float32), output_shape=(40, 32),
+        schedule="tcstage")

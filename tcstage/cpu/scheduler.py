@@ -63,16 +63,16 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
     prove associative. `stencils`: a pipeline of pointwise Funcs only gets the stencil family
     (`_stencil_schedule`) instead of every Func computed once."""
     structure = analyse(outputs, set(funcs))
+    output_names = [f.name() for f in outputs]
+    realized = list(outputs)
+    plan = _Plan(schedule, target, extents, threads, no_row_vectors)
+    if stencils and all(f.family in ("pointwise", "other") or f.window for f in structure.funcs):
+        return realized, _stencil_schedule(structure, funcs, set(output_names), plan)
     others = [f.name for f in structure.funcs if f.family == "other"]
     if others:
         raise NotScheduled(f"no CPU schedule family for {', '.join(others)} (partial writes, "
                            "scatters and several reductions into one tensor have none)")
     inputs = {f: images[n] for f, n in structure.inputs.items() if n in images}
-    output_names = [f.name() for f in outputs]
-    realized = list(outputs)
-    plan = _Plan(schedule, target, extents, threads, no_row_vectors)
-    if stencils and all(f.family == "pointwise" or f.window for f in structure.funcs):
-        return realized, _stencil_schedule(structure, funcs, set(output_names), plan)
     report = []
     for info in structure.funcs:
         f = funcs[info.name]
@@ -137,6 +137,30 @@ def _pointwise(f: hl.Func, info: FuncInfo, plan: _Plan) -> str:
             + (f", {info.args[-1]} in parallel" if parallel else ""))
 
 
+def _computed_once(f: hl.Func, info: FuncInfo, plan: _Plan) -> str:
+    """What the stencil family computes once: tables, 1-D Funcs, scatters and scans. A scatter
+    or scan's updates run in parallel along the pure variable each writes at its own point,
+    where there is one (a histogram per row), else serially."""
+    if info.family != "other":
+        kind = "a window reduction" if info.window else "pointwise"
+        return f"{kind}, {_pointwise(f, info, plan)}"
+    f.compute_root()
+    lanes = plan.lanes(f.types()[0])
+    extents = plan.extents.get(info.name, ())
+    if extents and extents[0] >= lanes:
+        f.vectorize(hl.Var(info.args[0]), lanes, hl.TailStrategy.ShiftInwards)
+    if len(info.args) > 1 and plan.schedule.parallel_outer:
+        f.parallel(hl.Var(info.args[-1]))
+    along = info.parallel[-1] if info.parallel and plan.schedule.parallel_outer else None
+    for j in range(info.epilogue):
+        if along:
+            f.update(j).parallel(hl.Var(along))
+        else:
+            f.update(j).unscheduled()
+    return "a scatter or scan, computed once" + (
+        f", its update{'s' * (info.epilogue > 1)} in parallel along {along}" if along else "")
+
+
 STENCIL_DEPTH = 8  # producers chained under one strip root (each adds its halo to a strip)
 
 
@@ -168,7 +192,9 @@ def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
     for f in reversed(structure.funcs):  # consumers first
         readers = structure.readers.get(f.name, frozenset())
         owner = _stencil_owner(f, readers, info, group, roots)
-        if f.name not in outputs and f.family == "pointwise" and (
+        if f.family == "other":  # (a scatter, a scan: computed once, see `_computed_once`)
+            once.append(f.name)
+        elif f.name not in outputs and f.family == "pointwise" and (
                 f.view or readers and not f.epilogue and all(
                 read.args == tuple(("var", v) for v in info[r].args)
                 for r in readers for read in info[r].reads if read.func == f.name)):
@@ -193,8 +219,7 @@ def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
     for f in reversed(structure.funcs):
         readers = structure.readers.get(f.name, frozenset())
         if f.name not in outputs and readers and all(
-                r in tables or all(len(read.variables() & set(info[r].args[:2])) < 2
-                                   or read.gathers()
+                r in tables or all(len(read.direct_variables() & set(info[r].args[:2])) < 2
                                    for read in info[r].reads if read.func == f.name)
                 for r in readers):
             tables.append(f.name)
@@ -221,8 +246,7 @@ def _stencil_schedule(structure, funcs: Mapping[str, hl.Func], outputs: set[str]
     stencils = plan_stencils(structure, outputs)
     report = [f"{n}: {'a view' if info[n].view else 'read at its own point only'}, inlined into "
               "its readers" for n in stencils.inlined]
-    report += [f"{n}: {'a window reduction' if info[n].window else 'pointwise'}, "
-               f"{_pointwise(funcs[n], info[n], plan)}" for n in stencils.once]
+    report += [f"{n}: {_computed_once(funcs[n], info[n], plan)}" for n in stencils.once]
     strips: dict[str, hl.Var] = {}
     for name in stencils.roots:
         strips[name], rows = _strips(funcs[name], info[name], plan)
@@ -296,7 +320,7 @@ def _stencil_owner(f: FuncInfo, readers, info, group, roots
     depth = 0
     for r in readers:
         reader = info.get(r)
-        if reader is None or (r not in group and r not in roots) or \
+        if reader is None or (r not in group and r not in roots) or f.family == "other" or \
                 not 2 <= len(f.args) <= len(reader.args):
             # (a Func with more dimensions than its reader, nl_means' weights per patch
             # offset, would hold all of them in each row of the line buffer)

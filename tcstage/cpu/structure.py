@@ -37,9 +37,10 @@ class Read:
         """The variables its subscripts mention."""
         return variables(self.args)
 
-    def gathers(self) -> bool:
-        """Whether a subscript reads a value (a lookup table's index, a histogram's bin)."""
-        return bool(_reads({"values": self.args, "args": ()}))
+    def direct_variables(self) -> set[str]:
+        """The variables its subscripts mention outside the values they read (a lookup
+        table's `curve[image[x, y]]` mentions none)."""
+        return variables(_without_reads(self.args))
 
     def dims_using(self, var: str) -> tuple[int, ...]:
         """The subscripts (innermost first) that mention variable `var`."""
@@ -55,12 +56,14 @@ class FuncInfo:
     rvar_extents: tuple = ()  # their extents where constant (a pooling window), else None
     reads: tuple[Read, ...] = ()  # what it reads, the Func itself excluded (a reduction: what
     #                               its update reads; pointwise: what any definition reads)
-    epilogue: int = 0  # pointwise updates after the reduction
+    epilogue: int = 0  # pointwise updates after the reduction ("other": all its updates)
     operator: str = ""  # 'add', 'mul', 'max' or 'min' where the update is `R = R op value`
     #                     with a value that does not read R (Halide can then reassociate it);
     #                     else the top node of the update's value ('sub', ...)
     view: bool = False  # pointwise, and its value only reads (perhaps under a select or a
     #                     cast): a boundary condition or a wrapper, cheaper inlined than stored
+    parallel: tuple[str, ...] = ()  # "other": the pure variables each of its updates writes
+    #                                 at its own point, along which they may run in parallel
 
     @property
     def contraction(self) -> bool:
@@ -147,7 +150,13 @@ def _classify(d: dict) -> FuncInfo:
         extents = tuple(_constant(rv[2]) for rv in first["rvars"])
         return FuncInfo(name, args, "reduction", tuple(rv[0] for rv in first["rvars"]),
                         extents, reads, len(rest), operator)
-    return FuncInfo(name, args, "other")
+    # A scatter or a scan: its updates may still write each point of some pure variables at
+    # that point alone (a histogram per row: `h(bin(r, y), y) += 1` along y)
+    own = [k for k, a in enumerate(pure_args)
+           if all(len(u["args"]) == len(args) and u["args"][k] == a for u in updates)]
+    reads = tuple(r for u in defs for r in _reads(u) if r.func != name)
+    return FuncInfo(name, args, "other", reads=reads, epilogue=len(updates),
+                    parallel=tuple(args[k] for k in own))
 
 
 def _combining(value, self_read) -> str:
@@ -215,6 +224,15 @@ def _reads(definition: dict) -> list[Read]:
     for t in (*definition["values"], *definition["args"]):
         walk(inline_lets(t))
     return found
+
+
+def _without_reads(t):
+    """A tree (or a tuple of them) with every read replaced by a constant."""
+    if not isinstance(t, tuple) or not t:
+        return t
+    if t[0] == "read":
+        return ("int", 0)
+    return tuple(_without_reads(x) if isinstance(x, tuple) else x for x in t)
 
 
 def variables(t) -> set[str]:

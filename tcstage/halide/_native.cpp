@@ -738,11 +738,36 @@ py::list py_scheduled_functions(const py::sequence &outputs) {
     });
 }
 
+// Replaces the named variables (an input's extent, `A.extent.0`) by constants.
+class ConstantSubstituter : public HI::IRMutator {
+public:
+    explicit ConstantSubstituter(std::map<std::string, int64_t> values) : values(std::move(values)) {}
+
+protected:
+    using HI::IRMutator::visit;
+    Expr visit(const HI::Variable *op) override {
+        auto it = values.find(op->name);
+        if (it == values.end() || !op->type.is_int()) {
+            return op;
+        }
+        return HI::make_const(op->type, it->second);
+    }
+
+private:
+    std::map<std::string, int64_t> values;
+};
+
 // Copies the whole pipeline (definitions and schedules; Params and ImageParams stay shared)
 // and writes the copies of the Funcs `into` names (name -> a placeholder halide.Func) into
 // those placeholders, so that a schedule can be applied to the copy without touching the
-// caller's Funcs.
-void py_deep_copy(const py::sequence &outputs, const py::dict &into) {
+// caller's Funcs. `constants` (name -> int) replaces those variables in every definition and
+// reduction domain of the copy: a copy compiled for some sizes, which only calls with those
+// sizes may run.
+void py_deep_copy(const py::sequence &outputs, const py::dict &into, const py::dict &constants) {
+    std::map<std::string, int64_t> values;
+    for (auto item : constants) {
+        values[py::str(item.first)] = item.second.cast<int64_t>();
+    }
     std::vector<HI::Function> outs = functions_of(outputs, "deep_copy");
     std::map<std::string, Halide::Func *> targets;
     for (auto item : into) {
@@ -757,6 +782,12 @@ void py_deep_copy(const py::sequence &outputs, const py::dict &into) {
     guarded([&] {
         std::map<std::string, HI::Function> env = HI::build_environment(outs);
         std::map<std::string, HI::Function> copies = HI::deep_copy(outs, env).second;
+        if (!values.empty()) {
+            ConstantSubstituter substitute(values);
+            for (auto &c : copies) {
+                c.second.mutate(&substitute);
+            }
+        }
         for (const auto &t : targets) {
             auto it = copies.find(t.first);
             if (it == copies.end()) {
@@ -976,7 +1007,9 @@ Other Halide node types raise ValueError naming the node type.
           "Names of the pipeline's Funcs that carry a schedule (splits, loop types, or an "
           "intermediate not computed inline).");
     m.def("deep_copy", &py_deep_copy, py::arg("outputs"), py::arg("into"),
-          "Copy the pipeline's Funcs (with their schedules) into placeholder Funcs, by name.");
+          py::arg("constants") = py::dict(),
+          "Copy the pipeline's Funcs (with their schedules) into placeholder Funcs, by name, "
+          "with the variables named in constants replaced by their values.");
     m.def("with_estimates", &py_with_estimates, py::arg("outputs"), py::arg("buffers"),
           py::arg("scalars"), py::arg("body"),
           "Call body() with the inputs' estimates set, then restore the previous ones.");

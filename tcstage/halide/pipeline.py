@@ -83,6 +83,11 @@ class CpuPipeline:
     planned_for: tuple = ()  # ((size name, value), ...)
     note: str = ""
     report: tuple = ()  # tcstage's structured scheduler: one line per Func
+    compiled_in: tuple = ()  # ((size name, value), ...): sizes the code holds as constants
+
+    def serves(self, sizes: Mapping[str, int]) -> bool:
+        """Whether a call with these sizes may run this code (its constants agree)."""
+        return all(sizes.get(n) == v for n, v in self.compiled_in)
 
 
 @attrs.frozen
@@ -432,6 +437,8 @@ class HalideFunction:
         schedule where that fails too). Returns the kernel that ran."""
         rescheduled = self._cpu_rescheduled.setdefault(applied, [])
         for kernel in rescheduled:
+            if not kernel.serves(b.sizes):
+                continue
             try:
                 kernel.call(*values)
                 return kernel
@@ -499,7 +506,7 @@ class HalideFunction:
                                                if d["name"] not in self._input_wrappers})
         except HALIDE_FAILURES:
             return False
-        if all(f.family == "pointwise" or f.window for f in structure.funcs):
+        if all(f.family in ("pointwise", "other") or f.window for f in structure.funcs):
             # the stencil family where the pipeline is line-buffered strip groups, one per
             # output and one per STENCIL_DEPTH stages of a longer chain, with tables of weights
             # beside them (blur, erode, stencil_chain, resize, a separable Gaussian).
@@ -511,8 +518,13 @@ class HalideFunction:
             # (a window reduction whose readers' rows it does not follow, resize's first
             # pass when upsampling, is best computed once in strips of its own)
             windows = {f.name for f in structure.funcs if f.window}
-            return bool(plan.members) and \
-                set(plan.roots) <= outputs | set(plan.deep) | set(plan.tables) | windows and \
+            # (scatters and scans must be tables, a histogram, a cumulative sum: the Funcs
+            # they read are computed once, as roots, in parallel strips)
+            others = {f.name for f in structure.funcs if f.family == "other"}
+            read_by_others = {r.func for f in structure.funcs if f.name in others
+                              for r in f.reads}
+            return bool(plan.members) and set(plan.roots) <= \
+                outputs | set(plan.deep) | set(plan.tables) | windows | read_by_others and \
                 set(plan.once) <= set(plan.tables) and not plan.recomputed
         return "other" not in {f.family for f in structure.funcs} and \
             any(f.contraction for f in structure.funcs)
@@ -523,13 +535,21 @@ class HalideFunction:
         sizes."""
         requested = applied
         main = self._cpu_kernels.get(requested)
+        other_constants = ""
         if main is not None and not failed:
-            return main
+            if main.serves(b.sizes):
+                return main
+            for kernel in self._cpu_rescheduled.get(requested, ()):
+                if kernel.compiled_in and kernel.serves(b.sizes):
+                    return kernel
+            other_constants = ", ".join(f"{n}={v}" for n, v in main.compiled_in)
         planned = tuple(sorted(b.sizes.items())) + tuple(
             (f"{display_name(f.name())}.{k}", e) for f, shape in zip(self.outputs, shapes)
             for k, e in enumerate(shape))
         note = f"the schedule planned for other sizes failed at these ({failed}); " \
-               f"{applied} planned for these" if failed else ""
+               f"{applied} planned for these" if failed else \
+            f"the schedule planned first holds {other_constants} as constants; {applied} " \
+            "planned for these" if other_constants else ""
         target = hl.get_jit_target_from_environment()
         if applied == "as_written":
             kernel = CpuPipeline(self._jit_or_error(self.outputs, target), applied)
@@ -540,9 +560,9 @@ class HalideFunction:
             kernel = None
             if applied == STRUCTURED:
                 try:
-                    realized, report = self._structured_copy(b, shapes, target)
+                    realized, report, constants = self._structured_copy(b, shapes, target)
                     kernel = CpuPipeline(self._jit(realized, target), applied, planned, note,
-                                         tuple(report))
+                                         tuple(report), constants)
                 except (NotScheduled, *HALIDE_FAILURES) as e:
                     why = e.message if isinstance(e, NotScheduled) else \
                         f"the structured schedule failed ({str(e).strip()}; a bug in tcstage)"
@@ -560,18 +580,55 @@ class HalideFunction:
                          f"root, unscheduled otherwise, on the CPU: {why}")
                     kernel = CpuPipeline(self._jit_or_error(self._root_copy(), target), "root",
                                          (), why)
-        if not failed:
+        if other_constants:
+            self._cpu_rescheduled.setdefault(requested, []).append(kernel)
+        elif not failed:
             self._cpu_kernels[requested] = kernel
         return kernel
 
-    def _copy(self) -> tuple[list[hl.Func], dict[str, hl.Func]]:
+    def _copy(self, constants: Mapping[str, int] | None = None
+              ) -> tuple[list[hl.Func], dict[str, hl.Func]]:
         """A deep copy of the pipeline: its outputs, and every Func by name (the outputs only
-        where the dump could not read the pipeline)."""
+        where the dump could not read the pipeline); `constants`: Halide's names of sizes
+        (`A.extent.0`) the copy holds as these values."""
         names = [f.name() for f in self.outputs]
         names += [d["name"] for d in self._dump or () if d["name"] not in names]
         funcs = {n: hl.Func(f"{display_name(n)}_copy") for n in names}
-        _native.deep_copy(self.outputs, funcs)
+        _native.deep_copy(self.outputs, funcs, dict(constants or {}))
         return [funcs[f.name()] for f in self.outputs], funcs
+
+    @functools.cached_property
+    def _shaping_sizes(self) -> tuple[tuple[str, str], ...]:
+        """The input sizes that shape the computation rather than bound it: an extent a
+        subscript is divided by or taken modulo (a channel multiplier), or one a reduction
+        domain spans (a filter's taps). Halide's name (`A.extent.0`) and tcstage's (`A.3`) of
+        each. Compiled in as constants, they let Halide see dense vectors (`d / 1`) and
+        fixed trip counts; a call with other values gets code of its own."""
+        ranks = {a.name: a.rank for a in self.arguments if a.is_buffer}
+        found: set[str] = set()
+
+        def walk(t):
+            if isinstance(t, tuple) and t and isinstance(t[0], str):
+                if t[0] in ("div", "mod") and len(t) == 3:
+                    found.update(tree_vars(t[2]))
+                for child in t[1:]:
+                    walk(child)
+            elif isinstance(t, (tuple, list)):
+                for child in t:
+                    walk(child)
+
+        for d in self._dump or ():
+            for definition in d["definitions"]:
+                walk(tuple(definition["values"]))
+                walk(tuple(definition["args"]))
+                for rvar in definition["rvars"]:
+                    found.update(tree_vars(rvar[2]))
+        shaping = []
+        for name in sorted(found):
+            buffer, _, k = name.rpartition(".extent.")
+            if buffer in ranks and k.isdigit() and int(k) < ranks[buffer]:
+                shaping.append((name, f"{buffer}.{ranks[buffer] - 1 - int(k)}"))
+        return tuple(sorted(shaping, key=lambda names: names[1]))
 
     def _root_copy(self) -> list[hl.Func]:
         """A copy with every intermediate Func that is a tensor (not a view, `_split`) computed
@@ -588,10 +645,12 @@ class HalideFunction:
             _native.compute_root(copies, tensors)
         return copies
 
-    def _structured_copy(self, b: Binding, shapes, target) -> tuple[list[hl.Func], list[str]]:
+    def _structured_copy(self, b: Binding, shapes, target
+                         ) -> tuple[list[hl.Func], list[str], tuple]:
         """A copy scheduled by tcstage's structure-aware scheduler for these sizes: the Funcs to
-        realize and its report."""
-        copies, funcs = self._copy()
+        realize, its report, and the sizes it holds as constants (`_shaping_sizes`)."""
+        compiled_in = tuple((ours, b.sizes[ours]) for _, ours in self._shaping_sizes)
+        copies, funcs = self._copy({theirs: b.sizes[ours] for theirs, ours in self._shaping_sizes})
         # Halide reads an ImageParam through a wrapper Func, NAME_im: the scheduler takes those
         # as the inputs (it packs them; unscheduled, they stay inlined).
         wrappers = self._input_wrappers
@@ -600,8 +659,12 @@ class HalideFunction:
         regions = self.required_regions(b, shapes)
         extents = {name: tuple(hi - lo + 1 for lo, hi in reversed(region))
                    for name, region in regions.items() if name in funcs}
-        return schedule_pipeline(copies, funcs, images, PIPELINE_STRUCTURED, target, extents,
-                                 os.cpu_count() or 1, stencils=True)
+        realized, report = schedule_pipeline(copies, funcs, images, PIPELINE_STRUCTURED, target,
+                                             extents, os.cpu_count() or 1, stencils=True)
+        if compiled_in:
+            report = [*report, "sizes compiled in as constants: "
+                      + ", ".join(f"{n}={v}" for n, v in compiled_in)]
+        return realized, report, compiled_in
 
     def _autoscheduled_copy(self, applied: str, b: Binding, shapes, target) -> list[hl.Func]:
         """A copy scheduled by Halide's autoscheduler `applied`, planned for these sizes."""
