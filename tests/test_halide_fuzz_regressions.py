@@ -241,3 +241,17 @@ def test_no_barrier_where_one_thread_runs_a_histogram():
         kernel = tc.compile(f, *values, output_shape=shape, target="cuda-emulated",
                             options=options)
     np.testing.assert_array_equal(kernel(*values), expected)
+
+
+def test_clamped_row_read_is_not_a_line_buffer_seed_952095():
+    """Seed 952095: f3 reads f2 at the clamped row clamp(y + 2, 0, 6). With f2, f1 and f0 as
+    line buffers of f3's strips, Halide 21's sliding window computed one new row of f0 per row
+    of f3 after a warm-up too short for f1's five rows, and read rows never computed (3 of 5
+    outputs wrong under schedule="tcstage"). A clamped row read now starts strips of its
+    own."""
+    from fuzz import halide_pipelines as H
+
+    case = H.case(952095)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert H.check(case, (), schedules=("tcstage", "auto")) == []

@@ -347,10 +347,11 @@ def _stencil_owner(f: FuncInfo, readers, info, group, roots
 def _follows(tree, var: str, pure: tuple[str, ...]) -> bool:
     """Whether a subscript follows the reader's row `var` without going back: the row plus or
     minus an offset no other pure variable of the reader's changes (a constant, a tap, a
-    parameter), divided by a constant (a coarser Func, upsampled), clamped to bounds. As the
-    reader's rows advance, the rows it reads slide along with them, and each is computed once
-    in a strip. (Not a multiple of the row: a finer Func, downsampled, reads rows no reader's
-    row needs twice, and is better computed once.)"""
+    parameter), or divided by a constant (a coarser Func, upsampled). As the reader's rows
+    advance, the rows it reads slide along with them, and each is computed once in a strip.
+    (Not a multiple of the row: a finer Func, downsampled, reads rows no reader's row needs
+    twice, and is better computed once. Not clamped: Halide 21's sliding window then skipped
+    rows of the producer, Halide fuzz seed 952095's `f2[x, clamp(y + 2, 0, 6)]`.)"""
     def free(t):
         return not variables(t) & set(pure)
 
@@ -364,7 +365,7 @@ def _follows(tree, var: str, pure: tuple[str, ...]) -> bool:
     if len(args) != 2:
         return False
     a, b = args
-    if op in ("add", "min", "max"):
+    if op == "add":
         return (_follows(a, var, pure) and free(b)) or (_follows(b, var, pure) and free(a))
     if op == "sub":
         return _follows(a, var, pure) and free(b)

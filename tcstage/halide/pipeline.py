@@ -72,6 +72,9 @@ PIPELINE_STRUCTURED = CpuSchedule().inlinePointwise(False)
 _VIEW_WRAPPERS = ("likely", "likely_if_innermost", "promise_clamped", "unsafe_promise_clamped")
 
 
+SHAPING_SIZE_MAX = 16  # the largest shaping size (`_shaping_sizes`) compiled in as a constant
+
+
 @attrs.frozen(eq=False)
 class CpuPipeline:
     """A pipeline JIT-compiled for the CPU: the Callable, the schedule applied ("as_written",
@@ -649,8 +652,12 @@ class HalideFunction:
                          ) -> tuple[list[hl.Func], list[str], tuple]:
         """A copy scheduled by tcstage's structure-aware scheduler for these sizes: the Funcs to
         realize, its report, and the sizes it holds as constants (`_shaping_sizes`)."""
-        compiled_in = tuple((ours, b.sizes[ours]) for _, ours in self._shaping_sizes)
-        copies, funcs = self._copy({theirs: b.sizes[ours] for theirs, ours in self._shaping_sizes})
+        # (only small ones, a filter's taps, a channel multiplier: a histogram's RDom over an
+        # image's width gains nothing from a constant, and each new width would compile anew)
+        shaping = [(theirs, ours) for theirs, ours in self._shaping_sizes
+                   if b.sizes[ours] <= SHAPING_SIZE_MAX]
+        compiled_in = tuple((ours, b.sizes[ours]) for _, ours in shaping)
+        copies, funcs = self._copy({theirs: b.sizes[ours] for theirs, ours in shaping})
         # Halide reads an ImageParam through a wrapper Func, NAME_im: the scheduler takes those
         # as the inputs (it packs them; unscheduled, they stay inlined).
         wrappers = self._input_wrappers
