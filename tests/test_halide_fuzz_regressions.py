@@ -255,3 +255,30 @@ def test_clamped_row_read_is_not_a_line_buffer_seed_952095():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert H.check(case, (), schedules=("tcstage", "auto")) == []
+
+
+def test_overlapped_tiles_refuse_tuple_elements_updated_together_seed_952054():
+    """Seed 952054, minimized: argmin over a 4x2 window read at two columns. Its Tuple's
+    elements are updated together in one reduction loop (the index from the value's previous
+    iteration); overlapped tiles run one statement's instances after another's in a tile, so
+    the value element's update was left out and 115 of 143 outputs were wrong. Overlapped
+    tiles now decline such a group and say why; the kernel equals Halide's realize."""
+    y = hl.Var("y")
+
+    def build():
+        in0 = hl.ImageParam(hl.Int(32), 2, "in0")
+        e = hl.BoundaryConditions.repeat_edge(in0)
+        f1, f2 = hl.Func("f1"), hl.Func("f2")
+        r = hl.RDom([(-1, 4), (0, 2)], "r")
+        f1[x, y] = hl.argmin(r, e[x + r.x, y + r.y])[1]
+        f2[x, y] = f1[x + 1, y] * 3 + f1[x - 1, y]
+        return [f2], {"in0": in0}
+
+    a = np.random.default_rng(0).integers(-5, 5, (13, 11)).astype(np.int32)
+    expected = realized(build, {"in0": a}, (13, 11))
+    outs, _ = build()
+    f = tc.from_halide(outs)
+    k = tc.compile(f, a, output_shape=(13, 11), target="cuda-emulated",
+                   options=tc.MappingOptions().tile(8, 4).overlappedTiles(True))
+    np.testing.assert_array_equal(k(a), expected)
+    assert "updates after it in the same loop (the elements of a Tuple)" in k.explain()

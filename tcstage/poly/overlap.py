@@ -135,9 +135,19 @@ def plan(scop: Scop, outputs: Collection[str], temps: Collection[str],
     tiled = [k for k in range(min(rank, len(tile_sizes))) if tile_sizes[k] > 0]
     if not tiled:
         return "no dimension of the outputs is tiled (tile sizes of 0 or none)"
-    for s in statements:
+    for k, s in enumerate(statements):
         if not s.write.exact:
             return f"{s.name} writes {s.write.text} at a subscript that is not affine"
+        # A tile runs each statement's instances after the last statement's: a read of a
+        # tensor that a later statement updates in the same loop (a Tuple's elements, argmin's
+        # index from its value's previous iteration) would see none of those updates (Halide
+        # fuzz seed 952054)
+        later = {t.write.tensor: t.name for t in statements[k + 1:]}
+        for a in s.reads:
+            if a.tensor in later and a.tensor in scratch:
+                return (f"{s.name} reads {a.tensor}, which {later[a.tensor]} updates after it "
+                        "in the same loop (the elements of a Tuple), and a tile computes one "
+                        "statement after another")
         for a in s.reads:
             own = a.tensor == s.write.tensor and a.relation.is_equal(s.write.relation)
             if a.tensor in kept and a.tensor in written and not own:
