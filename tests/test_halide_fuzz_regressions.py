@@ -282,3 +282,18 @@ def test_overlapped_tiles_refuse_tuple_elements_updated_together_seed_952054():
                    options=tc.MappingOptions().tile(8, 4).overlappedTiles(True))
     np.testing.assert_array_equal(k(a), expected)
     assert "updates after it in the same loop (the elements of a Tuple)" in k.explain()
+
+
+def test_isl_coalescing_failure_in_code_generation_is_retried_seed_952043():
+    """Seed 952043: under these options isl's code generation failed an internal check of its
+    coalescing ("original tableau does not correspond to original basic map", an isl bug)
+    and the compile ended with an internal error. Code generation now retries without the
+    bounded wrapping that coalescing step tries; the kernel equals Halide's realize."""
+    from fuzz import halide_pipelines as H
+
+    options = (tc.MappingOptions().tile(3, 1, 3).mapToThreads(48, 3).mapToBlocks(1, 8, 4)
+               .unroll(4).useSharedMemory(True).useReadOnlyCache(True)
+               .intraTileSchedulePositiveOrthant(False).useTensorCores(True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert H.check(H.case(952043), [options], schedules=()) == []

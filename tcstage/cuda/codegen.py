@@ -300,16 +300,33 @@ def _ast(schedule: isl.Schedule, context: isl.Set, function: str) -> isl.AstNode
     ctx = isl.DEFAULT_CONTEXT
     try:
         with bounded(budget.AST, "isl's code generation"):
-            return isl.AstBuild.from_context(context).node_from_schedule(schedule)
+            return _ast_node(schedule, context)
     except WorkLimitExceeded as exceeded:
         warn(f"in '{function}', {exceeded.message}: it groups statement instances that run at "
              "the same point of the schedule instead")
     ctx.set_ast_build_group_coscheduled(1)
     try:
         with bounded(budget.GROUPED_AST, "isl's code generation"):
-            return isl.AstBuild.from_context(context).node_from_schedule(schedule)
+            return _ast_node(schedule, context)
     finally:
         ctx.set_ast_build_group_coscheduled(0)
+
+
+def _ast_node(schedule: isl.Schedule, context: isl.Set) -> isl.AstNode:
+    """isl's AST; where isl's coalescing fails an internal check ("original tableau does not
+    correspond to original basic map", Halide fuzz seed 952043), again without the bounded
+    wrapping that coalescing step tries (the code may test a few more conditions)."""
+    try:
+        return isl.AstBuild.from_context(context).node_from_schedule(schedule)
+    except isl.Error as e:
+        if "tableau" not in str(e):
+            raise
+    ctx = isl.DEFAULT_CONTEXT
+    ctx.set_coalesce_bounded_wrapping(0)
+    try:
+        return isl.AstBuild.from_context(context).node_from_schedule(schedule)
+    finally:
+        ctx.set_coalesce_bounded_wrapping(1)
 
 
 def index_type(scop: Scop) -> str:
