@@ -399,6 +399,8 @@ def main(argv=None) -> int:
                   "Each time: the median of at least that many calls after a warm-up, in ms per call; "
                   f"ratios: time / {variants[0]} time, same run (below 1 is faster).  Sizes: the apps' "
                   "`inputs(rng, 'bench')`.  Every output checked against the manual schedule's.  "
+                  "Every variant writes into the same preallocated outputs each call (tcstage's "
+                  "through `out=`).  "
                   f"Adams2019 beam size: {beam_note}.\n\n")
         stem.with_suffix(".md").write_text(header + text + "\n")
         stem.with_suffix(".json").write_text(json.dumps(
