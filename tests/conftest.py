@@ -7,9 +7,11 @@ to one nvcc call (nvcc_batches.py: one at a time cost most of the suite's time);
 rejects is reported as an error of that last test, naming the tests that generated it.
 """
 
+import os
+
 import pytest
 
-from tcstage.cuda import runtime
+from tcstage.cuda import emulate, runtime
 
 import nvcc_batches  # tests/
 import real_gpu  # tests/
@@ -168,10 +170,19 @@ def _nvcc_checks_every_kernel(monkeypatch, request, _generated_kernels):
     monkeypatch.setattr(runtime.Kernel, "__init__", recorded)
 
 
+# The emulator's kernel cache as the session found it: tests share it (each compiling every
+# kernel afresh would take the suite many times as long).
+_SHARED_EMULATOR_CACHE = emulate.cache_dir()
+
+
 @pytest.fixture(autouse=True)
 def _private_tuning_cache(monkeypatch, tmp_path_factory):
-    """Tests never read or write the user's tuning cache (options="auto", tc.autotune)."""
-    monkeypatch.setenv("TCSTAGE_CACHE_DIR", str(tmp_path_factory.mktemp("tcstage-cache")))
+    """Tests never read or write the user's tuning cache (options="auto", tc.autotune); the
+    emulator's kernels, which live beside it, come from the session's shared cache."""
+    own = tmp_path_factory.mktemp("tcstage-cache")
+    os.makedirs(_SHARED_EMULATOR_CACHE, exist_ok=True)
+    (own / "emu").symlink_to(_SHARED_EMULATOR_CACHE, target_is_directory=True)
+    monkeypatch.setenv("TCSTAGE_CACHE_DIR", str(own))
 
 
 @pytest.fixture(autouse=True)

@@ -1,10 +1,14 @@
 """The CPU emulator for CUDA kernels: semantics, race and divergence detection, argument checks."""
 
 import os
+import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
+
+import tcstage as tc
 
 from tcstage.cuda import emulate as emu
 from tcstage.cuda.emulate import (EmulationError, EmulationRaceError, compile_kernels, emulate,
@@ -15,16 +19,16 @@ from tcstage.errors import TCError
 import nvcc_batches  # tests/
 
 
-@pytest.fixture(scope="module", autouse=True)
-def private_cache(tmp_path_factory):
-    """Compiled kernels go to a fresh cache, so the tests exercise compiling and caching."""
-    old = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
-    yield
-    if old is None:
-        del os.environ["XDG_CACHE_HOME"]
-    else:
-        os.environ["XDG_CACHE_HOME"] = old
+@pytest.fixture(scope="module")
+def module_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("tcstage-cache")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(_private_tuning_cache, module_cache, monkeypatch):
+    """Compiled kernels go to a fresh cache of this module's (not the session's shared one),
+    so the tests exercise compiling and caching."""
+    monkeypatch.setenv("TCSTAGE_CACHE_DIR", str(module_cache))
 
 
 RNG = np.random.default_rng(0)
@@ -461,7 +465,7 @@ def test_runtime_header_is_precompiled_once_and_a_damaged_one_is_done_without(mo
                                                                              tmp_path):
     if "clang" in emu._compiler_version(emu._compiler()):
         pytest.skip("the precompiled header is GCC's")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("TCSTAGE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(emu, "_libraries", {})
     monkeypatch.setattr(emu, "_pch_ready", {})
     compile_kernels(VADD)
@@ -596,3 +600,70 @@ def test_nvcc_reports_errors():
 def test_compile_check_without_nvcc(monkeypatch):
     monkeypatch.setattr("shutil.which", lambda name: None)
     assert compile_check(VADD + "// not checked") is False
+
+
+def test_the_kernel_cache_lives_under_tcstage_cache_dir(monkeypatch, tmp_path):
+    """$TCSTAGE_CACHE_DIR/emu, beside the tuning cache (XDG_CACHE_HOME is the fallback)."""
+    monkeypatch.setenv("TCSTAGE_CACHE_DIR", str(tmp_path / "mine"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert emu.cache_dir() == str(tmp_path / "mine" / "emu")
+    monkeypatch.delenv("TCSTAGE_CACHE_DIR")
+    assert emu.cache_dir() == str(tmp_path / "xdg" / "tcstage" / "emu")
+
+
+def _cached_library(source: str) -> str:
+    """The cache's library for `source`, built by another process (this one must not map a
+    file the test then damages: truncating a mapped library is a SIGBUS here)."""
+    before = set(os.listdir(emu.cache_dir())) if os.path.isdir(emu.cache_dir()) else set()
+    subprocess.run([sys.executable, "-c", "import sys; from tcstage.cuda.emulate import "
+                    "compile_kernels; compile_kernels(sys.stdin.read())"],
+                   input=source, text=True, check=True, env=dict(os.environ))
+    (name,) = [f for f in set(os.listdir(emu.cache_dir())) - before if f.endswith(".so")]
+    return os.path.join(emu.cache_dir(), name)
+
+
+@pytest.mark.parametrize("damage", ["empty", "half", "planted", "no digest"])
+def test_a_damaged_or_foreign_cached_kernel_is_rebuilt_with_a_warning(monkeypatch, tmp_path,
+                                                                      damage):
+    """A cached library is loaded only where its bytes match the digest recorded when it was
+    built: a zero-byte or half-written file (a full disk, a killed copy: loading it gave a
+    raw OSError or SIGBUS) or another library under its name (whose constructor would run) is
+    removed, with a TCWarning, and the kernel is built again."""
+    monkeypatch.setenv("TCSTAGE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(emu, "_libraries", {})
+    source = VADD.replace("c[i] = a[i] + b[i]", f"c[i] = a[i] + b[i] + 0 * {len(damage)}")
+    path = _cached_library(source)
+    size = os.path.getsize(path)
+    if damage == "empty":
+        open(path, "wb").close()
+    elif damage == "half":
+        with open(path, "r+b") as f:
+            f.truncate(size // 2)
+    elif damage == "planted":
+        other = _cached_library(VADD.replace("a[i] + b[i]", "b[i] + a[i] + 0"))
+        shutil.copy(other, path)  # (another kernel's library under this one's name)
+    else:
+        os.remove(path[:-3] + ".sha256")
+    emu._libraries.clear()  # as in a new process
+    c, a, b = np.zeros(10, np.float32), rand(10), rand(10)
+    with pytest.warns(tc.TCWarning, match="not the one it built"):
+        emulate(source, "vadd", 1, 16, [c, a, b, 10])
+    np.testing.assert_array_equal(c, a + b)
+    assert os.path.getsize(path) == size
+
+
+def test_an_unwritable_kernel_cache_warns_and_compiles_elsewhere(monkeypatch, tmp_path):
+    """A cache directory that cannot be written (read-only, or a file in the way) is left
+    alone: a TCWarning says so once, and kernels are compiled into a directory of the
+    process's own."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("TCSTAGE_CACHE_DIR", str(blocker))
+    monkeypatch.setattr(emu, "_libraries", {})
+    monkeypatch.setattr(emu, "_unwritable", set())
+    c, a, b = np.zeros(10, np.float32), rand(10), rand(10)
+    with pytest.warns(tc.TCWarning, match="cannot write its kernel cache"):
+        emulate(VADD.replace("c[i] = a[i] + b[i]", "c[i] = a[i] + b[i] + 0"), "vadd", 1, 16,
+                [c, a, b, 10])
+    np.testing.assert_array_equal(c, a + b)
+    assert blocker.read_text() == "not a directory"

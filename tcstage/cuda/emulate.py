@@ -49,9 +49,11 @@ order, so after them floating-point results are compared with a tolerance.
 and the runtime's `__nv_bfloat16` has the conversions and operators of CUDA's, so the mixed
 expressions nvcc finds ambiguous (`bf16 + float`) fail here too.
 
-Compiled kernels are cached in `cache_dir()` ($XDG_CACHE_HOME/tcstage/emu or ~/.cache/tcstage/emu),
-keyed by the source, the runtime header, the compiler and its flags. Linux only (x86-64 uses a
-hand-written context switch, other architectures ucontext).
+Compiled kernels are cached in `cache_dir()` ($TCSTAGE_CACHE_DIR/emu, else
+$XDG_CACHE_HOME/tcstage/emu or ~/.cache/tcstage/emu), keyed by the source, the runtime header,
+the compiler and its flags, each written atomically with the digest of its bytes beside it and
+loaded only where they match (`_cached`); an unwritable cache is left alone, with a warning.
+Linux only (x86-64 uses a hand-written context switch, other architectures ucontext).
 
     emulate(source, "vadd", grid=(4, 1, 1), block=(128, 1, 1), args=[c, a, b, n])
 """
@@ -75,7 +77,7 @@ import attrs
 import numpy as np
 
 from tcstage.cuda.tool import run_tool
-from tcstage.errors import TCError
+from tcstage.errors import TCError, warn
 
 __all__ = [
     "EmulationError", "EmulationRaceError", "EmulatedKernel", "KernelSignature", "Param",
@@ -295,9 +297,41 @@ _PROVIDED_HEADERS = re.compile(
 
 
 def cache_dir() -> str:
-    """Where compiled kernels live: $XDG_CACHE_HOME/tcstage/emu, else ~/.cache/tcstage/emu."""
+    """Where compiled kernels live: $TCSTAGE_CACHE_DIR/emu (beside the tuning cache), else
+    $XDG_CACHE_HOME/tcstage/emu, else ~/.cache/tcstage/emu."""
+    own = os.environ.get("TCSTAGE_CACHE_DIR")
+    if own:
+        return os.path.join(own, "emu")
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(root, "tcstage", "emu")
+
+
+def _digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _cached(path: str, digest_path: str) -> bool:
+    """Whether the cached library at `path` is whole and the one built here: its bytes match
+    the digest recorded beside it when it was built. Anything else there (a zero-byte or half
+    copied file, a library planted under the name, a file without its digest) is removed, with
+    a warning, to be built again: loading it could crash the process or run foreign code."""
+    if not os.path.exists(path):
+        return False
+    try:
+        with open(digest_path) as f:
+            recorded = f.read().strip()
+        if recorded and _digest(path) == recorded:
+            return True
+        why = "its bytes do not match the digest recorded when it was built"
+    except OSError:
+        why = "it has no digest recorded beside it"
+    warn(f"the CUDA emulator's cached kernel {path} is not the one it built ({why}); building it "
+         "again")
+    for stale in (path, digest_path):
+        with contextlib.suppress(OSError):
+            os.remove(stale)
+    return False
 
 
 def _compiler() -> str:
@@ -393,15 +427,16 @@ def _compile(tu: str, defines: Sequence[str]) -> tuple[ctypes.CDLL, int]:
         header = f.read()
     key = hashlib.sha256(b"\0".join([
         tu.encode(), header, " ".join([cxx, *flags]).encode(), _compiler_version(cxx).encode(),
+        b"digest-checked",  # (libraries of earlier versions, without digests, are not looked up)
     ])).hexdigest()[:32]
     with _lock:
         if key in _libraries:
             return _libraries[key]
-        directory = cache_dir()
+        directory = _writable_cache() or _private_cache()
         path = os.path.join(directory, f"{key}.so")
         stack_path = os.path.join(directory, f"{key}.stack")
-        if not os.path.exists(path):
-            os.makedirs(directory, exist_ok=True)
+        digest_path = os.path.join(directory, f"{key}.sha256")
+        if not _cached(path, digest_path):
             # Build under temporary names and rename: concurrent processes never load half a file.
             with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as tmp:
                 src = os.path.join(tmp, "kernel.cpp")
@@ -421,8 +456,11 @@ def _compile(tu: str, defines: Sequence[str]) -> tuple[ctypes.CDLL, int]:
                                   + (r.stderr or r.stdout).replace(src, "<emulator>").strip())
                 with open(os.path.join(tmp, "stack"), "w") as f:
                     f.write(str(_stack_estimate(tmp)))
-                # The .stack goes first, so that every cached .so has one.
+                with open(os.path.join(tmp, "digest"), "w") as f:
+                    f.write(_digest(out))
+                # The .stack and the digest go first, so that every cached .so has them.
                 os.replace(os.path.join(tmp, "stack"), stack_path)
+                os.replace(os.path.join(tmp, "digest"), digest_path)
                 os.replace(out, path)
         try:
             with open(stack_path) as f:
@@ -431,6 +469,36 @@ def _compile(tu: str, defines: Sequence[str]) -> tuple[ctypes.CDLL, int]:
             stack = DEFAULT_STACK_SIZE
         _libraries[key] = (ctypes.CDLL(path), stack)
         return _libraries[key]
+
+
+_private: list[str] = []  # a directory of this process's own, where the cache is not writable
+
+
+def _writable_cache() -> str | None:
+    """cache_dir(), created, if kernels can be written there; else None, with a warning (once
+    per directory)."""
+    directory = cache_dir()
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+        return directory
+    except OSError as e:
+        if directory not in _unwritable:
+            _unwritable.add(directory)
+            warn(f"the CUDA emulator cannot write its kernel cache {directory} ({e.strerror or e}); "
+                 "it compiles kernels into a directory of this process's own instead (set "
+                 "TCSTAGE_CACHE_DIR to a writable directory to keep them)")
+        return None
+
+
+_unwritable: set[str] = set()
+
+
+def _private_cache() -> str:
+    if not _private:
+        _private.append(tempfile.mkdtemp(prefix="tcstage-emu-"))
+    return _private[0]
 
 
 def _run_compiler(cmd: list[str], cwd: str):
