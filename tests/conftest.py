@@ -170,9 +170,26 @@ def _nvcc_checks_every_kernel(monkeypatch, request, _generated_kernels):
     monkeypatch.setattr(runtime.Kernel, "__init__", recorded)
 
 
-# The emulator's kernel cache as the session found it: tests share it (each compiling every
-# kernel afresh would take the suite many times as long).
+# The emulator's kernel cache as the session found it: tests share it, whatever tuning cache
+# they point TCSTAGE_CACHE_DIR at (each compiling every kernel afresh would take the suite
+# many times as long). tests/test_emulation.py tests the real `cache_dir` (`.original`).
 _SHARED_EMULATOR_CACHE = emulate.cache_dir()
+
+
+def _shared_emulator_cache() -> str:
+    return _SHARED_EMULATOR_CACHE
+
+
+_shared_emulator_cache.original = emulate.cache_dir
+
+
+def share_emulator_cache(directory) -> None:
+    """Makes `directory` (a TCSTAGE_CACHE_DIR a subprocess will get) use the shared kernels."""
+    os.makedirs(_SHARED_EMULATOR_CACHE, exist_ok=True)
+    link = os.path.join(directory, "emu")
+    if not os.path.lexists(link):
+        os.makedirs(directory, exist_ok=True)
+        os.symlink(_SHARED_EMULATOR_CACHE, link, target_is_directory=True)
 
 
 @pytest.fixture(autouse=True)
@@ -180,9 +197,9 @@ def _private_tuning_cache(monkeypatch, tmp_path_factory):
     """Tests never read or write the user's tuning cache (options="auto", tc.autotune); the
     emulator's kernels, which live beside it, come from the session's shared cache."""
     own = tmp_path_factory.mktemp("tcstage-cache")
-    os.makedirs(_SHARED_EMULATOR_CACHE, exist_ok=True)
-    (own / "emu").symlink_to(_SHARED_EMULATOR_CACHE, target_is_directory=True)
+    share_emulator_cache(own)
     monkeypatch.setenv("TCSTAGE_CACHE_DIR", str(own))
+    monkeypatch.setattr(emulate, "cache_dir", _shared_emulator_cache)
 
 
 @pytest.fixture(autouse=True)

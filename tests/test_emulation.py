@@ -28,6 +28,7 @@ def module_cache(tmp_path_factory):
 def private_cache(_private_tuning_cache, module_cache, monkeypatch):
     """Compiled kernels go to a fresh cache of this module's (not the session's shared one),
     so the tests exercise compiling and caching."""
+    monkeypatch.setattr(emu, "cache_dir", getattr(emu.cache_dir, "original", emu.cache_dir))
     monkeypatch.setenv("TCSTAGE_CACHE_DIR", str(module_cache))
 
 
