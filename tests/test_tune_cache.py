@@ -319,6 +319,29 @@ def test_garbage_options_text_is_skipped_never_evaluated(cache_dir, tmp_path):
     assert not marker.exists()
 
 
+def test_an_entry_that_is_not_utf8_is_skipped_not_fatal(cache_dir):
+    """Issue 28: one entry whose text held an invalid UTF-8 byte made sqlite3 fail the whole
+    query, so every later tune of that kernel failed. It is skipped with a TCWarning, and the
+    other entries are read as before."""
+    with Cache() as cache:
+        cache.put(entry(key(1), 1.0))
+        cache.put(entry(key(2), 2.0))
+    with sqlite3.connect(cache_dir / "tune.sqlite") as conn:
+        conn.execute("UPDATE entries SET options = CAST(X'80FF' AS TEXT) "
+                     "WHERE sizes = '[[\"N\",2]]'")
+    conn.close()
+    with Cache() as cache:
+        with pytest.warns(tc.TCWarning, match="skipped an entry for 'f'.*options is not UTF-8"):
+            assert cache.get(key(2)) is None
+        assert cache.get(key(1)).time == 1.0
+        with pytest.warns(tc.TCWarning):
+            assert [e.time for e in cache.entries()] == [1.0]
+        # a valid entry replaces it
+        with pytest.warns(tc.TCWarning):
+            assert cache.put(entry(key(2), 3.0))
+        assert cache.get(key(2)).time == 3.0
+
+
 def test_sqlite_errors_in_use_are_cache_errors(tmp_path):
     path = tmp_path / "tune.sqlite"
     cache = Cache(path)

@@ -301,6 +301,9 @@ class Cache:
         conn = sqlite3.connect(target, timeout=BUSY_TIMEOUT, isolation_level=None,
                                check_same_thread=False)
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT * 1000)}")
+        # (text that is not UTF-8 is read, not refused: sqlite3's strict decoding failed the
+        # whole query, so one such row broke every later tune of its kernel; `_entry` skips it)
+        conn.text_factory = lambda raw: raw.decode("utf-8", "surrogateescape")
         return conn
 
     def _open(self) -> sqlite3.Connection:
@@ -446,6 +449,12 @@ class Cache:
 
         values = dict(zip(_COLUMNS, row))
         try:
+            for column, value in values.items():
+                if isinstance(value, str) and not value.isascii():
+                    try:  # (the bytes text_factory kept as they were do not encode)
+                        value.encode("utf-8")
+                    except UnicodeEncodeError:
+                        raise ValueError(f"its {column} is not UTF-8 text") from None
             key = Key(values["tc_hash"], values["function"], json.loads(values["dtypes"]),
                       json.loads(values["sizes"]), values["target"], values["device"])
             entry = Entry(key, values["options"], float(values["time"]), values["measured"],
