@@ -183,21 +183,13 @@ def _shared_emulator_cache() -> str:
 _shared_emulator_cache.original = emulate.cache_dir
 
 
-def share_emulator_cache(directory) -> None:
-    """Makes `directory` (a TCSTAGE_CACHE_DIR a subprocess will get) use the shared kernels."""
-    os.makedirs(_SHARED_EMULATOR_CACHE, exist_ok=True)
-    link = os.path.join(directory, "emu")
-    if not os.path.lexists(link):
-        os.makedirs(directory, exist_ok=True)
-        os.symlink(_SHARED_EMULATOR_CACHE, link, target_is_directory=True)
-
-
 @pytest.fixture(autouse=True)
 def _private_tuning_cache(monkeypatch, tmp_path_factory):
     """Tests never read or write the user's tuning cache (options="auto", tc.autotune); the
     emulator's kernels, which live beside it, come from the session's shared cache."""
     own = tmp_path_factory.mktemp("tcstage-cache")
-    share_emulator_cache(own)
+    os.makedirs(_SHARED_EMULATOR_CACHE, exist_ok=True)  # (subprocesses find it through emu/)
+    (own / "emu").symlink_to(_SHARED_EMULATOR_CACHE, target_is_directory=True)
     monkeypatch.setenv("TCSTAGE_CACHE_DIR", str(own))
     monkeypatch.setattr(emulate, "cache_dir", _shared_emulator_cache)
 

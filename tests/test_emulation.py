@@ -661,7 +661,7 @@ def test_an_unwritable_kernel_cache_warns_and_compiles_elsewhere(monkeypatch, tm
     blocker.write_text("not a directory")
     monkeypatch.setenv("TCSTAGE_CACHE_DIR", str(blocker))
     monkeypatch.setattr(emu, "_libraries", {})
-    monkeypatch.setattr(emu, "_unwritable", set())
+    monkeypatch.setattr(emu, "_writable", {})
     c, a, b = np.zeros(10, np.float32), rand(10), rand(10)
     with pytest.warns(tc.TCWarning, match="cannot write its kernel cache"):
         emulate(VADD.replace("c[i] = a[i] + b[i]", "c[i] = a[i] + b[i] + 0"), "vadd", 1, 16,

@@ -312,9 +312,9 @@ def _stages(f: hl.Func, info: FuncInfo, column: int = 0, row: int | None = None,
 def _stencil_owner(f: FuncInfo, readers, info, group, roots
                    ) -> tuple[str, int, int, int] | None:
     """(strip root, depth, row, column) of the group `f` may join: that of its readers, if
-    they all belong to one (or are that root) and each reads `f` at its own row plus a constant
-    or a tap (a stencil, a filter window; any column, channel or batch: a row of `f` is
-    computed whole). `f`'s row is the dimension read along the readers' rows, its column the
+    they all belong to one (or are that root) and each reads `f` at rows that follow its own
+    (`_follows`: a stencil, a filter window, an upsampling; any column, channel or batch: a row
+    of `f` is computed whole). `f`'s row is the dimension read along the readers' rows, its column the
     one read along their columns."""
     owners, axes = set(), set()
     depth = 0

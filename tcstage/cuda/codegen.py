@@ -322,11 +322,12 @@ def _ast_node(schedule: isl.Schedule, context: isl.Set) -> isl.AstNode:
         if "tableau" not in str(e):
             raise
     ctx = isl.DEFAULT_CONTEXT
+    before = ctx.get_coalesce_bounded_wrapping()
     ctx.set_coalesce_bounded_wrapping(0)
     try:
         return isl.AstBuild.from_context(context).node_from_schedule(schedule)
     finally:
-        ctx.set_coalesce_bounded_wrapping(1)
+        ctx.set_coalesce_bounded_wrapping(before)
 
 
 def index_type(scop: Scop) -> str:

@@ -432,7 +432,7 @@ def _compile(tu: str, defines: Sequence[str]) -> tuple[ctypes.CDLL, int]:
     with _lock:
         if key in _libraries:
             return _libraries[key]
-        directory = _writable_cache() or _private_cache()
+        directory = _kernel_directory()
         path = os.path.join(directory, f"{key}.so")
         stack_path = os.path.join(directory, f"{key}.stack")
         digest_path = os.path.join(directory, f"{key}.sha256")
@@ -471,31 +471,28 @@ def _compile(tu: str, defines: Sequence[str]) -> tuple[ctypes.CDLL, int]:
         return _libraries[key]
 
 
+# directory -> whether kernels can be written there (checked once per directory and process)
+_writable: dict[str, bool] = {}
 _private: list[str] = []  # a directory of this process's own, where the cache is not writable
 
 
-def _writable_cache() -> str | None:
-    """cache_dir(), created, if kernels can be written there; else None, with a warning (once
-    per directory)."""
+def _kernel_directory() -> str:
+    """cache_dir(), created, where kernels can be written there; else, with a warning (once
+    per directory), a directory of this process's own."""
     directory = cache_dir()
-    try:
-        os.makedirs(directory, exist_ok=True)
-        with tempfile.TemporaryFile(dir=directory):
-            pass
-        return directory
-    except OSError as e:
-        if directory not in _unwritable:
-            _unwritable.add(directory)
+    if directory not in _writable:
+        try:
+            os.makedirs(directory, exist_ok=True)
+            with tempfile.TemporaryFile(dir=directory):
+                pass
+            _writable[directory] = True
+        except OSError as e:
+            _writable[directory] = False
             warn(f"the CUDA emulator cannot write its kernel cache {directory} ({e.strerror or e}); "
                  "it compiles kernels into a directory of this process's own instead (set "
                  "TCSTAGE_CACHE_DIR to a writable directory to keep them)")
-        return None
-
-
-_unwritable: set[str] = set()
-
-
-def _private_cache() -> str:
+    if _writable[directory]:
+        return directory
     if not _private:
         _private.append(tempfile.mkdtemp(prefix="tcstage-emu-"))
     return _private[0]

@@ -295,10 +295,9 @@ class HalideFunction:
         compile time, so a kernel serves one value of each."""
         return frozenset(a.name for a in self.arguments if not a.is_buffer)
 
-    def _output_boxes(self, output_shape, out=None) -> tuple:
-        if output_shape is None and self.fixed_output_shapes is None and out is not None:
+    def _output_boxes(self, output_shape, arrays=None) -> tuple:
+        if output_shape is None and self.fixed_output_shapes is None and arrays:
             # the arrays to write give the shapes (a Tuple's elements share their Func's)
-            arrays = [out] if isinstance(out, np.ndarray) else list(out)
             if len(arrays) == 1 or len(arrays) == len(self.outputs):
                 output_shape = arrays[0].shape if len(arrays) == 1 else \
                     [getattr(a, "shape", None) for a in arrays]
@@ -347,7 +346,8 @@ class HalideFunction:
         applies goes to a copy of the pipeline: your Funcs and Params are left as they
         were (docs/halide.md, CPU schedules)."""
         applied = self._resolve_schedule(schedule)
-        shapes = self._output_boxes(output_shape, out)
+        given = None if out is None else [out] if isinstance(out, np.ndarray) else list(out)
+        shapes = self._output_boxes(output_shape, given)
         b = self.bind(args, named=named, constants=False)
         call = (tuple(b.sizes.items()), tuple(b.scalars.items()), tuple(shapes))
         if call not in self._checked_calls:
@@ -365,11 +365,11 @@ class HalideFunction:
             else:
                 values.append(b.scalars[a.name])
         outs = []
-        given = iter(self._given_outputs(out, shapes)) if out is not None else None
+        written = None if given is None else iter(self._given_outputs(given, shapes))
         for dtypes, shape in zip(self._output_dtypes, shapes):
             for dtype in dtypes:  # (a Tuple output: an array per element, in order)
                 # (aligned: vectorised code may read an output back with aligned loads)
-                outs.append(next(given) if given else aligned_empty(shape, dtype))
+                outs.append(next(written) if written else aligned_empty(shape, dtype))
                 values.append(halide_buffer(outs[-1]))
         sizes = (applied, tuple(sorted(b.sizes.items())), tuple(shapes))
         kernel = self._cpu_serving.get(sizes) or self._cpu_kernel(applied, b, shapes)
@@ -383,18 +383,17 @@ class HalideFunction:
                 self._cpu_serving.clear()
             self._cpu_serving[sizes] = kernel
         self.last_cpu_kernel = kernel
-        if out is not None:  # (an unaligned array the caller gave was written through a copy)
-            for mine, theirs in zip(outs, [out] if isinstance(out, np.ndarray) else out):
+        if given is not None:  # (an unaligned array the caller gave was written through a copy)
+            for mine, theirs in zip(outs, given):
                 if mine is not theirs:
                     theirs[...] = mine
-            outs = [out] if isinstance(out, np.ndarray) else list(out)
+            outs = given
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def _given_outputs(self, out, shapes) -> list[np.ndarray]:
+    def _given_outputs(self, arrays: list, shapes) -> list[np.ndarray]:
         """The arrays a call writes its outputs into (out=, as numpy's: one per output, one per
         element of a Tuple output), checked; an array Halide's aligned vector loads could
         fault on is replaced by an aligned one, copied back after the call."""
-        arrays = [out] if isinstance(out, np.ndarray) else list(out)
         wanted = [(shape, dtype) for dtypes, shape in zip(self._output_dtypes, shapes)
                   for dtype in dtypes]
         if len(arrays) != len(wanted):
