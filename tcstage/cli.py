@@ -6,9 +6,12 @@ made of it, tune its MappingOptions, or compare its schedules.
     tcstage show examples/tmm.tc --ranges --halide
     tcstage show examples/tmm.tc --schedule --cuda --options "MappingOptions().tile(16, 16)
         .mapToThreads(16, 8).mapToBlocks(8, 8)" --sizes M=64,K=32,N=64
+    tcstage tune examples/tmm.tc --sizes M=128,K=64,N=256 --effort quick --log tune.jsonl
+    tcstage cache export --out records.jsonl
 
 Exit status: 0 on success, 2 for a mistake on the command line, 1 for an error in the TC file
-or while compiling and running it. Errors are one line (`tcstage: error: ...`), or the compiler's
+or while compiling and running it, 130 when Ctrl-C interrupted it (a tuning run prints the best
+so far first; 143 and 129 for SIGTERM and SIGHUP). Errors are one line (`tcstage: error: ...`), or the compiler's
 located message with a caret under the TC source.
 """
 
@@ -30,6 +33,7 @@ from tcstage.errors import TCError
 from tcstage.halide.jit import AUTOSCHEDULERS, DEFAULT_SCHEDULE, schedule_name
 from tcstage.halide.pipeline import PIPELINE_SCHEDULES
 from tcstage.inputs import as_out, call_shapes, random_inputs
+from tcstage.tune.tuner import EFFORTS
 from tcstage.lang import checked as C
 
 DEFAULT_SIZE = 32
@@ -52,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         warnings.showwarning = _show_warning
         _check_flags(args)
+        if args.command == "cache":
+            return _cache(args)
         if args.file.endswith(".py"):
             return _halide_command(args)
         return {"run": _run, "show": _show, "tune": _tune, "compare": _compare}[args.command](args)
@@ -90,6 +96,15 @@ def _parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="print ranges, Halide Funcs, schedules and CUDA source")
     tune = sub.add_parser("tune", help="search CUDA MappingOptions (tc.autotune)")
     compare = sub.add_parser("compare", help="compare the schedules of a function (tc.compare)")
+    cache = sub.add_parser("cache", help="the tuning cache: where it is, its entries, export "
+                                         "its records")
+    cache.add_argument("action", choices=("path", "list", "export"),
+                       help="path: the cache file; list: the best options per kernel; export: "
+                            "every evaluated candidate, one JSON object per line")
+    cache.add_argument("--file", dest="cache_file", metavar="PATH",
+                       help="a cache file other than the default one")
+    cache.add_argument("--out", metavar="FILE.jsonl", help="write the export there (default: "
+                                                           "standard output)")
     for p in (run, show, tune, compare):
         p.add_argument("file", help="a .tc source file, or a Python module with a Halide "
                                     "pipeline: build(), inputs(rng, size), output_shapes(args) "
@@ -136,14 +151,27 @@ def _parser() -> argparse.ArgumentParser:
                        help="time on the GPU, or predict with the cost model (default: the GPU "
                             "if one works here)")
         p.add_argument("--budget", type=_positive if p is tune else _natural, metavar="N",
-                       help="candidates to evaluate" + (" (default: TC's 100 x 25)"
+                       help="candidates to evaluate" + (" (default: as --effort says)"
                                                          if p is tune else
                                                          " if the cache has no tuned options "
                                                          "(default: 30; 0: no tuning run)"))
         p.add_argument("--no-progress", dest="progress", action="store_false",
                        help="no progress bar")
+    tune.add_argument("--time", dest="time_budget", type=_seconds, metavar="SECONDS",
+                      help="stop the search after this much wall time")
+    tune.add_argument("--effort", choices=tuple(EFFORTS),
+                      help="how long to search: " + ", ".join(
+                          f"{k} (about {e.seconds:g} s, at most {e.candidates} candidates)"
+                          for k, e in EFFORTS.items()) + "; default: default, unless --budget "
+                      "or --time is given")
+    tune.add_argument("--jobs", type=_positive, metavar="N",
+                      help="candidates evaluated at a time (default: the CPU count)")
+    tune.add_argument("--log", metavar="FILE.jsonl",
+                      help="append every candidate's record to this file, one JSON object "
+                           "per line")
     tune.add_argument("--target", default="cuda", choices=("cuda", "cpu"),
-                      help="what to tune (only cuda can be tuned yet)")
+                      help="cuda: MappingOptions, timed on the GPU or predicted by the cost model; "
+                           "cpu: the CPU schedule (CpuSchedule), each candidate timed here")
     tune.add_argument("--strategy", choices=("genetic", "tpe"), default="tpe",
                       help="tpe (model-guided, default) or genetic (TC's)")
     tune.add_argument("--seed", type=_natural, default=0,
@@ -158,6 +186,16 @@ def _parser() -> argparse.ArgumentParser:
                               "function and sizes are compared (default: schedules)")
     compare.add_argument("--plot", metavar="OUT.png", help="write a PNG of the comparison")
     return parser
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -226,6 +264,13 @@ def _check_flags(args) -> None:
                              f"--target {args.target}")
     elif args.command == "show" and args.options is not None and not (args.schedule or args.cuda):
         raise UsageError("--options maps the CUDA kernel, which only --schedule and --cuda show")
+    elif args.command == "tune" and args.target == "cpu":
+        given = [f for f, v in (("--time", args.time_budget), ("--effort", args.effort),
+                                ("--jobs", args.jobs), ("--log", args.log)) if v is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for "
+                             "--target cuda; a CPU tune takes --budget (candidates, each timed "
+                             "here)")
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
@@ -570,10 +615,7 @@ def _halide_command(args) -> int:
     shape = shapes[0] if len(shapes) == 1 else shapes
     print(f"{f!r}")
     if args.command == "tune":
-        print(tc.autotune(f, *inputs, output_shape=shape, target=args.target,
-                          measure=args.measure, budget=args.budget, strategy=args.strategy,
-                          seed=args.seed, progress=args.progress))
-        return 0
+        return _tuned(tc.autotune(f, *inputs, output_shape=shape, **_tune_arguments(args)))
     if args.command == "compare":
         result = tc.compare(f, *inputs, output_shape=shape, options=args.options,
                             schedules_dir=args.schedules,
@@ -640,13 +682,55 @@ def _tune(args) -> int:
         raise UsageError("--save stores MappingOptions for the CUDA path in schedules/; a tuned "
                          "CpuSchedule is printed: pass its text to `tcstage run --schedule`")
     f, sizes, inputs, out = _call_shapes(args)
-    result = tc.autotune(args.program, f.name, *inputs,
-                         out=out, target=args.target, measure=args.measure, budget=args.budget,
-                         strategy=args.strategy, seed=args.seed, progress=args.progress)
-    print(result)
+    result = tc.autotune(args.program, f.name, *inputs, out=out, **_tune_arguments(args))
     if args.save:
         _save(args, f, sizes, result)
-        print(f"saved to {args.save}")
+    return _tuned(result, f"saved to {args.save}" if args.save else "")
+
+
+def _tune_arguments(args) -> dict:
+    extra = {} if args.target == "cpu" else dict(
+        time_budget=args.time_budget, effort=args.effort, jobs=args.jobs, log=args.log)
+    return dict(target=args.target, measure=args.measure, budget=args.budget,
+                strategy=args.strategy, seed=args.seed, progress=args.progress, **extra)
+
+
+def _tuned(result, saved: str = "") -> int:
+    """Prints a tuning result; the exit status says whether the run was interrupted (130 for
+    Ctrl-C, 128 + the signal's number for SIGTERM and SIGHUP), as a shell expects."""
+    print(result)
+    if saved:
+        print(saved)
+    if not result.interrupted:
+        return 0
+    import signal
+    name = result.stopped.partition("(")[2].rstrip(")")
+    return 128 + (getattr(signal, name) if name else signal.SIGINT)
+
+
+def _cache(args) -> int:
+    import json
+
+    from tcstage.tune.cache import Cache
+    with Cache(args.cache_file) as cache:
+        if args.action == "path":
+            print(cache.path)
+            return 0
+        if args.action == "list":
+            for e in cache.entries():
+                sizes = ",".join(f"{k}={v}" for k, v in e.key.sizes)
+                print(f"{e.key.function} {sizes} {e.key.device} {e.measured} "
+                      f"{e.time * 1e6:.2f} us {e.checked or 'UNCHECKED'}: {e.options}")
+            return 0
+        records = cache.records()
+    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout
+    try:
+        for r in records:
+            out.write(json.dumps(r) + "\n")
+    finally:
+        if args.out:
+            out.close()
+            print(f"{len(records)} records written to {args.out}")
     return 0
 
 

@@ -30,6 +30,7 @@ import contextlib
 import difflib
 import functools
 import math
+import re
 import threading
 import time
 import warnings
@@ -72,7 +73,7 @@ class Compiled:
     tiled: Tiled
     mapped: Mapped
     promoted: Promoted
-    cuda: CudaKernel
+    cuda: CudaKernel | None  # None where compiled with codegen=False
     timings: dict  # stage -> seconds
     notes: tuple[OptionNote, ...] = ()  # options that could not take effect, and why
     dynamic: tuple[str, ...] = ()  # size variables left symbolic: any value at launch
@@ -116,13 +117,15 @@ def as_options(options) -> MappingOptions:
 
 
 def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
-                 dynamic: Sequence[str] = (), launch_options=None) -> Compiled:
+                 dynamic: Sequence[str] = (), launch_options=None,
+                 codegen: bool = True) -> Compiled:
     """Compiles fn for the shapes of `args` (arrays or shape tuples, scalars as values); the
     size variables in `dynamic` stay symbolic (their values in `args` only pick a sample).
     `launch_options`: where the statements run as several launches, a function from a
     launch's position and the TC statement indices it runs to that launch's options
     (options="auto"'s heuristic, or a list of options given one per launch); `options`
-    still decide the launches."""
+    still decide the launches. `codegen=False` stops before the CUDA source (`cuda` is None):
+    what the cost model and the tuner's first phase need, at under half the cost."""
     options = as_options(options)
     dynamic = check_dynamic(fn, dynamic)
     timings: dict[str, float] = {}
@@ -190,15 +193,16 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
             specs.append((own, launched(launch, own), None, None))
     if len(specs) == 1:
         part = _launch(fn, options, binding, lowered, specs[0][1], kernel_name(fn.name), stage,
-                       overlap=specs[0][2], promoted=specs[0][3])
+                       overlap=specs[0][2], promoted=specs[0][3], codegen=codegen)
         compiled = attrs.evolve(part, timings=timings, dynamic=dynamic)
     else:
         parts = tuple(_launch(fn, own, binding, lowered, m, f"{kernel_name(fn.name)}_{k}",
-                              stage, launch=k, overlap=o, promoted=pr)
+                              stage, launch=k, overlap=o, promoted=pr, codegen=codegen)
                       for k, (own, m, o, pr) in enumerate(specs))
         first = parts[0]
         cuda = CudaKernel(kernel_name(fn.name), module_source([p.cuda for p in parts]),
-                          first.cuda.parameters, first.cuda.grid, first.cuda.block)
+                          first.cuda.parameters, first.cuda.grid, first.cuda.block) \
+            if codegen else None
         compiled = Compiled(fn, options, binding, lowered, scop, first.schedule, first.tiled,
                             first.mapped, first.promoted, cuda, timings,
                             tuple(dict.fromkeys(n for p in parts for n in p.notes)), dynamic,
@@ -324,7 +328,7 @@ def _overlapped(lowered, options, scop: Scop, found, dependences, stage):
 
 def _launch(fn, options, binding, lowered, mapping: _Mapping, name: str, stage,
             launch: int | None = None, overlap: Overlap | None = None,
-            promoted: Promoted | None = None) -> Compiled:
+            promoted: Promoted | None = None, codegen: bool = True) -> Compiled:
     """One kernel: mapped statements promoted and printed as the CUDA kernel `name`
     (`launch`: its place in a kernel sequence, None for the only one; `overlap`: what its
     overlapped tiles recompute, whose promotion `_overlapped` made)."""
@@ -348,10 +352,12 @@ def _launch(fn, options, binding, lowered, mapping: _Mapping, name: str, stage,
     pool = ({p.buffer: overlap.pool[p.tensor] for p in promoted.promotions
              if p.memory == "shared" and p.tensor in overlap.pool}, overlap.pool_bytes) \
         if overlap is not None else ({}, 0)
-    with stage("codegen"):
-        cuda = generate(lowered, scop, mapped, promoted, str(options),
-                        options.use_read_only_cache, tensor_tiles, name=name,
-                        scratch_prefix="" if launch is None else f"_l{launch}", pool=pool)
+    cuda = None
+    if codegen:
+        with stage("codegen"):
+            cuda = generate(lowered, scop, mapped, promoted, str(options),
+                            options.use_read_only_cache, tensor_tiles, name=name,
+                            scratch_prefix="" if launch is None else f"_l{launch}", pool=pool)
     notes = mapping.tiled.notes + mapped.notes + promoted.notes + tc_notes
     return Compiled(fn, options, binding, lowered, scop, mapping.schedule, mapping.tiled,
                     mapped, promoted, cuda, {}, notes, (), tensor_tiles, (), overlap)
@@ -499,6 +505,14 @@ def compile(source, name: str | None = None, *inputs, options=None, target: str 
             return kernel
     if compiled is not None and not dynamic:  # (auto compiled it to weigh it)
         _say_again(said)
+    elif auto and per_launch is None:
+        # Tuned options from the cache: what in them had no effect is the tuner's affair, not
+        # the caller's (a warm start is kept as written); kernel.explain() still lists it.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", f"in '{re.escape(name)}', option", TCWarning)
+            warnings.filterwarnings("ignore", f"in '{re.escape(name)}', options that never "
+                                    "act", TCWarning)
+            compiled = compile_cuda(fn, inputs, out, options, dynamic, per_launch)
     else:
         compiled = compile_cuda(fn, inputs, out, options, dynamic, per_launch)
     if listed is not None and len(listed) != len(compiled.parts):
@@ -618,7 +632,7 @@ def _predicted_best(fn, inputs, out, candidates, per_launch=None) -> tuple:
     return best
 
 
-def auto_options(fn: TCFunction, inputs, out, target: str):
+def auto_options(fn: TCFunction, inputs, out, target: str, cached: bool = True):
     """options="auto": the cached best for this call on this device (a GPU's measurement
     first, then the cost model's), else the structural default with a TCWarning; with the
     latter, the function giving each launch of a kernel sequence its own (None with the
@@ -630,7 +644,7 @@ def auto_options(fn: TCFunction, inputs, out, target: str):
     from tcstage.tune.tuner import _detect_gpu, tuned_options
     binding = fn.bind(inputs, out, shapes_only=True)
     devices = ([_detect_gpu()] if target == "cuda" else []) + [f"model:{H100.name}"]
-    for device in filter(None, devices):
+    for device in filter(None, devices) if cached else ():  # (cached=False: the default)
         try:
             found = tuned_options(fn, binding, device)
         except CacheError as e:
@@ -640,7 +654,7 @@ def auto_options(fn: TCFunction, inputs, out, target: str):
             return found, None, None, []
     from tcstage.inputs import call_shapes
     values = {**binding.sizes, **{k: v for k, v in binding.scalars.items()
-                                  if not hasattr(v, "shape")}}
+                                  if not isinstance(v, np.ndarray)}}  # (numpy scalars count)
     shapes, outs = call_shapes(fn.checked, values)
     reports = fn.ranges(*shapes, out=tuple(outs) or None)
     options = heuristic_options(fn, reports)

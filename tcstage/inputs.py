@@ -8,6 +8,11 @@ import numpy as np
 from tcstage.lang import checked as C
 
 
+def is_shape(a) -> bool:
+    """Whether a call argument is a shape tuple standing in for an array."""
+    return isinstance(a, tuple) and all(isinstance(d, (int, np.integer)) for d in a)
+
+
 def call_shapes(fn: C.Function, sizes: dict) -> tuple[list, list]:
     """Arguments for shape-only calls (output_shapes, ranges, compile): input shapes and scalar
     values, and the shapes of the in/out outputs."""

@@ -302,7 +302,7 @@ def test_garbage_options_text_is_skipped_never_evaluated(cache_dir, tmp_path):
                      (f"__import__('pathlib').Path({str(marker)!r}).touch()",))
         conn.execute("UPDATE entries SET sizes = 'not json' WHERE sizes = '[[\"N\",1]]'")
         conn.execute("INSERT INTO entries VALUES ('0', 'f', '[]', '[]', 'cuda', 'd', 'gpu', "
-                     "'MappingOptions().tile(', 1, 'v', 'd', 0)")
+                     "'MappingOptions().tile(', 1, 'v', 'd', 0, '')")
     conn.close()
     with Cache() as cache:
         with pytest.warns(tc.TCWarning, match="skipped an entry for 'f'.*unknown starting point"):

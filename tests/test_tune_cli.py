@@ -59,7 +59,7 @@ def test_tune_save_then_compare_picks_it_up_and_plots(tmp_path, capsys):
         assert row in rows, (row, out)
     for row in ("single thread", "preset mlp", "manual 1", "tmm-tuned", "tuned", baseline):
         assert "  yes  " in rows[row], rows[row]
-    assert "cost model (H100); checked emulated" in rows["tmm-tuned"]
+    assert "emulated  cost model (H100)" in rows["tmm-tuned"]
     assert "1x" in rows[baseline]
     assert "from the tuning cache" in out  # the tuned row is the cached best of the first run
     data = png.read_bytes()
@@ -73,7 +73,11 @@ def test_compare_plot_has_the_tuning_curve(tmp_path):
     assert result.tune is not None and result.tune.curve()
     tuned = result.row("tuned")
     assert tuned.correct is True and tuned.time == result.tune.time
-    assert tuned.ratio == tuned.time / result.row(result.baseline).time
+    # a prediction's ratio is to the auto row's prediction, never to a measured baseline
+    assert not tuned.measured and result.row(result.baseline).measured
+    assert tuned.ratio == tuned.time / result.row("auto (structural default)").time
+    assert tuned not in result.measured and tuned in result.predicted
+    assert result.tune.curve()[-1][0] <= result.tune.counts()["evaluated"] <= 8
     data = (tmp_path / "c.png").read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 

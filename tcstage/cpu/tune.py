@@ -22,10 +22,10 @@ import halide as hl
 
 from tcstage.cpu.options import CpuSchedule
 from tcstage.errors import TCError
-from tcstage.inputs import as_out, random_inputs
-from tcstage.tune.compare import _outputs
-from tcstage.tune.evaluate import compare, fresh
-from tcstage.tune.tuner import Candidate, TuneResult, _is_shape, _Progress
+from tcstage.inputs import as_out, is_shape, random_inputs
+from tcstage.tune.evaluate import as_tuple, compare, fresh
+from tcstage.tune.progress import Progress
+from tcstage.tune.result import Candidate, TuneResult
 
 DEFAULT_BUDGET = 40
 SECONDS_PER_CANDIDATE = 0.25  # timing budget per candidate (at least 3 calls)
@@ -86,7 +86,7 @@ def autotune_cpu(program, fn, inputs, *, budget=None, seed=0, start_from=None,
     if budget < 1:
         raise TCError(f"budget must be at least 1 candidate, got {budget}")
     starts = [CpuSchedule()] + ([_start(start_from)] if start_from is not None else [])
-    reference = _outputs(f(*args, schedule=None, out=fresh(out)))
+    reference = as_tuple(f(*args, schedule=None, out=fresh(out)))
     lanes = hl.get_jit_target_from_environment().natural_vector_size(hl.Float(32))
     choices = space(lanes)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -98,7 +98,7 @@ def autotune_cpu(program, fn, inputs, *, budget=None, seed=0, start_from=None,
     history, seen, best = [], {}, None
     t0 = time.perf_counter()
     interrupted = False
-    with _Progress(progress, budget, f.name, measured_on) as bar:
+    with Progress(progress, f"{f.name} ({measured_on})", budget, None) as bar:
         try:
             for index in range(budget):
                 trial = study.ask({k: optuna.distributions.CategoricalDistribution(v)
@@ -107,7 +107,7 @@ def autotune_cpu(program, fn, inputs, *, budget=None, seed=0, start_from=None,
                 if schedule in seen:  # the same schedule again: its time, not a new run
                     study.tell(trial, seen[schedule])
                     bar.update(Candidate(index, str(schedule), "pruned", None, 0,
-                                         "a repeat"), best)
+                                         "a repeat", compiled=False), best)
                     continue
                 candidate = _evaluate(f, args, out, schedule, reference, index)
                 history.append(candidate)
@@ -125,7 +125,8 @@ def autotune_cpu(program, fn, inputs, *, budget=None, seed=0, start_from=None,
                                                 for c in history[:5]))
     return TuneResult(CpuSchedule.parse(best.options), best.time, measured_on, tuple(history),
                       f.name, dict(f.bind(args).sizes), "tpe", time.perf_counter() - t0, True,
-                      interrupted, measured_on)
+                      interrupted, measured_on, "cpu",
+                      "interrupted" if interrupted else "budget")
 
 
 def _start(start_from) -> CpuSchedule:
@@ -140,7 +141,7 @@ def _start(start_from) -> CpuSchedule:
 def _arguments(f, inputs, out) -> tuple:
     """The call's arrays and out= values, or random ones drawn as `tcstage run` draws them
     (index tensors within the extents they index) where shapes stand in for arrays."""
-    if not any(_is_shape(a) for a in inputs):
+    if not any(is_shape(a) for a in inputs):
         return tuple(inputs), out
     values = {**f.bind(inputs, None, shapes_only=True).sizes,
               **{t.name: a for t, a in zip(f.checked.inputs, inputs) if not t.rank}}
@@ -150,7 +151,7 @@ def _arguments(f, inputs, out) -> tuple:
 
 def _evaluate(f, args, out, schedule, reference, index):
     try:
-        got = _outputs(f(*args, schedule=schedule, out=fresh(out)))
+        got = as_tuple(f(*args, schedule=schedule, out=fresh(out)))
     except TCError as e:
         return Candidate(index, str(schedule), "compile_error", None, 0, e.message)
     wrong = compare(got, reference, f.checked.outputs)

@@ -1418,12 +1418,13 @@ static inline void mma_m16n8k16(int kind, float* d, const unsigned* a, const uns
     warp_collective(kind, site, call, FULL_MASK, 0, 32, 0, &ops, d);
 }
 
-// Runs a whole grid. `block_order`/`thread_order` pick FORWARD, REVERSE or SHUFFLE.
-// `time_limit`: seconds (0: none).
+// Runs a whole grid, or where `selected` > 0 only the blocks `only` lists (linear indices, x
+// fastest): a sample of a grid too large to emulate whole. `block_order`/`thread_order` pick
+// FORWARD, REVERSE or SHUFFLE. `time_limit`: seconds (0: none).
 static int run_grid(Invoker invoke, void** args, const long long* grid, const long long* block,
-                    int block_order, int thread_order, unsigned long long seed,
-                    long long stack_size, double time_limit, char* message,
-                    long long message_len, int* flags) {
+                    const long long* only, long long selected, int block_order,
+                    int thread_order, unsigned long long seed, long long stack_size,
+                    double time_limit, char* message, long long message_len, int* flags) {
     sched.invoke = invoke;
     sched.args = args;
     sched.status = OK;
@@ -1437,7 +1438,7 @@ static int run_grid(Invoker invoke, void** args, const long long* grid, const lo
     FaultGuard guard;
     Watchdog watchdog(time_limit);  // declared after the guard: gone before its handler
     size_t nthreads = (size_t)block[0] * block[1] * block[2];
-    size_t nblocks = (size_t)grid[0] * grid[1] * grid[2];
+    size_t nblocks = selected > 0 ? (size_t)selected : (size_t)grid[0] * grid[1] * grid[2];
     if (!ensure_fibers(nthreads, (size_t)stack_size)) {
         fail(BAD_LAUNCH, "cannot allocate %zu fiber stacks of %lld bytes", nthreads, stack_size);
         return sched.status;
@@ -1462,7 +1463,7 @@ static int run_grid(Invoker invoke, void** args, const long long* grid, const lo
             time_is_up();
             break;
         }
-        size_t b = border[k];
+        size_t b = selected > 0 ? (size_t)only[border[k]] : border[k];
         blockIdx = uint3{unsigned(b % grid[0]), unsigned(b / grid[0] % grid[1]),
                          unsigned(b / (size_t(grid[0]) * grid[1]))};
         if (!run_block(nthreads, order, rank, thread_order, rng)) break;
@@ -1476,10 +1477,11 @@ static int run_grid(Invoker invoke, void** args, const long long* grid, const lo
 
 // run_grid, then the fiber stacks given back (once its fault guard and watchdog are gone).
 static int launch(Invoker invoke, void** args, const long long* grid, const long long* block,
-                  int block_order, int thread_order, unsigned long long seed, long long stack_size,
-                  double time_limit, char* message, long long message_len, int* flags) {
-    int status = run_grid(invoke, args, grid, block, block_order, thread_order, seed, stack_size,
-                          time_limit, message, message_len, flags);
+                  const long long* only, long long selected, int block_order, int thread_order,
+                  unsigned long long seed, long long stack_size, double time_limit,
+                  char* message, long long message_len, int* flags) {
+    int status = run_grid(invoke, args, grid, block, only, selected, block_order, thread_order,
+                          seed, stack_size, time_limit, message, message_len, flags);
     release_fibers();
     return status;
 }

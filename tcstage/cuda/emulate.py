@@ -380,11 +380,13 @@ def _translation_unit(source: str, kernels: dict[str, KernelSignature]) -> str:
             f"  (void)a; {k.name}({', '.join(args)});",
             "}",
             f'extern "C" __attribute__((visibility("default"))) int {_launcher_symbol(k.name)}('
-            "void** a, const long long* grid, const long long* block, int block_order, "
-            "int thread_order, unsigned long long seed, long long stack_size, double time_limit, "
-            "char* message, long long message_len, int* flags) {",
-            f"  return ::tcemu::launch(tcemu_invoke_{k.name}, a, grid, block, block_order, "
-            "thread_order, seed, stack_size, time_limit, message, message_len, flags);",
+            "void** a, const long long* grid, const long long* block, const long long* only, "
+            "long long selected, int block_order, int thread_order, unsigned long long seed, "
+            "long long stack_size, double time_limit, char* message, long long message_len, "
+            "int* flags) {",
+            f"  return ::tcemu::launch(tcemu_invoke_{k.name}, a, grid, block, only, selected, "
+            "block_order, thread_order, seed, stack_size, time_limit, message, message_len, "
+            "flags);",
             "}",
         ]
     # numpy's dtype and the C type must agree on size for the pointer casts above to be right.
@@ -625,7 +627,7 @@ class EmulatedKernel:
         return _Bound(tuple(arrays), tuple(scalars))
 
     def _launch(self, grid, block, bound: _Bound, arrays: dict[int, np.ndarray], schedule: str,
-                seed: int, stack_size: int, time_limit: float) -> bool:
+                seed: int, stack_size: int, time_limit: float, only: np.ndarray | None) -> bool:
         """One run; True when it used floating-point atomics."""
         n = len(self.signature.params)
         ptrs = (ctypes.c_void_p * max(n, 1))()
@@ -640,7 +642,10 @@ class EmulatedKernel:
         message = ctypes.create_string_buffer(2048)
         flags = ctypes.c_int(0)
         order = SCHEDULES[schedule]
-        status = fn(ptrs, g, b, ctypes.c_int(order), ctypes.c_int(order), ctypes.c_ulonglong(seed),
+        selected = np.zeros(1, np.int64) if only is None else only
+        status = fn(ptrs, g, b, selected.ctypes.data_as(ctypes.POINTER(ctypes.c_longlong)),
+                    ctypes.c_longlong(0 if only is None else len(only)),
+                    ctypes.c_int(order), ctypes.c_int(order), ctypes.c_ulonglong(seed),
                     ctypes.c_longlong(stack_size), ctypes.c_double(time_limit), message,
                     ctypes.c_longlong(len(message)), ctypes.byref(flags))
         if status != 0:
@@ -653,13 +658,15 @@ class EmulatedKernel:
 
     def __call__(self, grid, block, args: Sequence, *, check_races: bool = True,
                  schedules: Sequence[str] = ("forward", "reverse"), seed: int = 0,
-                 stack_size: int | None = None, time_limit: float | None = None) -> None:
+                 stack_size: int | None = None, time_limit: float | None = None,
+                 blocks: Sequence | None = None) -> None:
         """Runs the kernel; see `emulate`."""
         stack_size = max(stack_size or 0, self.stack_size)
         time_limit = _seconds(TIME_LIMIT if time_limit is None else time_limit)
         grid, block = _dim(grid, "grid"), _dim(block, "block")
         _check_launch(grid, block)
-        if math.prod(grid) > MAX_BLOCKS:
+        only = None if blocks is None else _block_indices(blocks, grid, self.name)
+        if only is None and math.prod(grid) > MAX_BLOCKS:
             raise EmulationError(f"kernel '{self.name}': grid {grid} has {math.prod(grid)} blocks; "
                                  f"the emulator runs at most {MAX_BLOCKS} (MAX_BLOCKS)")
         bound = self._bind(args)
@@ -670,7 +677,7 @@ class EmulatedKernel:
             raise TCError("emulate needs at least one schedule")
         if not check_races:
             self._launch(grid, block, bound, dict(bound.arrays), schedules[0], seed, stack_size,
-                         time_limit)
+                         time_limit, only)
             return
         runs, atomics = [], False
         for s in schedules:
@@ -679,7 +686,7 @@ class EmulatedKernel:
                 alias = next((j for j, b in bound.arrays if j < i and _same_buffer(a, b)), None)
                 copies[i] = copies[alias] if alias is not None else _Guarded.of(a, len(copies))
             atomics |= self._launch(grid, block, bound, {i: g.array for i, g in copies.items()},
-                                    s, seed, stack_size, time_limit)
+                                    s, seed, stack_size, time_limit, only)
             for i, g in copies.items():
                 g.check(self.name, self.signature.params[i].name)
             runs.append({i: g.array for i, g in copies.items()})
@@ -703,6 +710,26 @@ class EmulatedKernel:
         for i, a in bound.arrays:
             if not params[i].const:
                 np.copyto(a, runs[0][i])
+
+
+def _block_indices(blocks: Sequence, grid: tuple[int, int, int], kernel: str) -> np.ndarray:
+    """The linear indices (x fastest) of `blocks`, each a linear index or an (x, y, z) tuple
+    (missing coordinates are 0); each block once, in the order given."""
+    out = []
+    for b in blocks:
+        if isinstance(b, (int, np.integer)):
+            linear = int(b)
+        else:
+            xyz = tuple(int(c) for c in b) + (0,) * (3 - len(b))
+            if len(xyz) != 3 or not all(0 <= c < g for c, g in zip(xyz, grid)):
+                raise TCError(f"kernel '{kernel}': block {tuple(b)} is outside the grid {grid}")
+            linear = xyz[0] + grid[0] * (xyz[1] + grid[1] * xyz[2])
+        if not 0 <= linear < math.prod(grid):
+            raise TCError(f"kernel '{kernel}': block {b} is outside the grid {grid}")
+        out.append(linear)
+    if not out:
+        raise TCError(f"kernel '{kernel}': blocks= names no block")
+    return np.array(list(dict.fromkeys(out)), dtype=np.int64)
 
 
 class _Guarded:
@@ -800,7 +827,8 @@ def compile_kernels(source: str, *, defines: Sequence[str] = ()) -> dict[str, Em
 
 def emulate(source: str, kernel: str, grid, block, args: Sequence, *, check_races: bool = True,
             schedules: Sequence[str] = ("forward", "reverse"), seed: int = 0,
-            stack_size: int | None = None, time_limit: float | None = None) -> None:
+            stack_size: int | None = None, time_limit: float | None = None,
+            blocks: Sequence | None = None) -> None:
     """Runs `kernel` from CUDA `source` on the CPU as `kernel<<<grid, block>>>(*args)` would.
 
     `args` follow the kernel's parameters: C-contiguous numpy arrays of the pointee type for
@@ -810,6 +838,9 @@ def emulate(source: str, kernel: str, grid, block, args: Sequence, *, check_race
     on the arrays themselves. Each CUDA thread gets a stack of at least `stack_size` bytes, at
     least 64 KiB, and at least what the compiler's frame sizes say the kernel needs. Each
     launch ends with an EmulationError after `time_limit` seconds (default TIME_LIMIT).
+    `blocks` (block indices, (x, y, z) tuples or linear ones): run only these blocks of the
+    grid, in that order (a sample of a launch too large to emulate whole; what the other
+    blocks would write stays as it was).
     """
     kernels = parse_kernels(source)
     if kernel not in kernels:
@@ -820,4 +851,4 @@ def emulate(source: str, kernel: str, grid, block, args: Sequence, *, check_race
         raise TCError(sig.unsupported)
     compiled = compile_kernels(source)[kernel]
     compiled(grid, block, args, check_races=check_races, schedules=schedules, seed=seed,
-             stack_size=stack_size, time_limit=time_limit)
+             stack_size=stack_size, time_limit=time_limit, blocks=blocks)

@@ -172,21 +172,33 @@ class Kernel:
         """Runs the kernel. Returns an array, or a tuple for several outputs."""
         return self.prepare(*inputs, out=out)()
 
-    def prepare(self, *inputs, out=None) -> "PreparedCall":
+    def prepare(self, *inputs, out=None, blocks=None, fill=None) -> "PreparedCall":
         """Checks the arguments and allocates the outputs once; the returned call launches the
-        kernel on those same arrays as often as wanted, with no Python-side checking."""
+        kernel on those same arrays as often as wanted, with no Python-side checking.
+
+        Under emulation only: `blocks`, one list of block indices per launch (None: all of
+        that launch's blocks), runs a sample of a kernel too large to emulate whole; `fill`
+        (a function of a numpy dtype) starts the outputs and temporaries that are not in/out at
+        its value for their dtype instead of 0, so that what the sampled blocks wrote can be
+        told from what they did not."""
         binding = self.compiled.fn.bind(inputs, out)
         self._check_shapes(binding)
         parts = self.compiled.parts
         grids = [self._part_grid(p, binding.sizes) for p in parts]
         if self.target == "cuda-emulated":
-            runs, finish = self._stage_emulated(binding)
+            runs, finish = self._stage_emulated(binding, fill)
             source = self.cuda_source
+            only = list(blocks) if blocks is not None else [None] * len(parts)
+            if len(only) != len(parts):
+                raise TCError(f"blocks= gives {len(only)} lists for {len(parts)} launches")
 
             def emulated():
-                for part, grid, args in zip(parts, grids, runs):
-                    emulate(source, part.cuda.name, grid, part.cuda.block, args)
+                for part, grid, args, chosen in zip(parts, grids, runs, only):
+                    emulate(source, part.cuda.name, grid, part.cuda.block, args, blocks=chosen)
             return PreparedCall(emulated, finish)
+        if blocks is not None or fill is not None:
+            raise TCError("blocks= and fill= sample a kernel under emulation "
+                          "(target='cuda-emulated'); on a GPU every block runs")
         from tcstage.cuda.launch import Launcher, stage_on_gpu
         if self._launcher is None:  # (each launch's function, from the one source)
             self._launcher = [Launcher(attrs.evolve(p.cuda, source=self.cuda_source))
@@ -267,7 +279,7 @@ class Kernel:
                 values.append(np.dtype(p.dtype).type(sizes[p.source]))
         return values
 
-    def _stage_emulated(self, binding):
+    def _stage_emulated(self, binding, fill=None):
         fn = self.compiled.fn
         for name, a in (*binding.arrays.items(), *binding.inout.items()):
             if not isinstance(a, np.ndarray):
@@ -276,8 +288,9 @@ class Kernel:
         buffers = {}
         for name, shape in self.buffer_shapes_for(binding.sizes).items():
             start = binding.inout.get(name)
-            buffers[name] = np.zeros(shape, dtype=fn.checked.tensors[name].type.numpy) \
-                if start is None else np.ascontiguousarray(start)
+            dtype = fn.checked.tensors[name].type.numpy
+            buffers[name] = np.ascontiguousarray(start) if start is not None else \
+                np.zeros(shape, dtype) if fill is None else np.full(shape, fill(dtype), dtype)
         for name, (shape, dtype) in self.scratch.items():
             buffers[name] = np.zeros(shape, dtype)
         args = self.launch_values(binding, buffers, pointer=np.ascontiguousarray)

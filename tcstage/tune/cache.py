@@ -43,7 +43,7 @@ import attrs
 
 from tcstage.errors import Source, TCArgumentError, TCError, warn
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: entries say how they were checked; every evaluated candidate is a record
 APPLICATION = "tcstage-tune"
 APPLICATION_ID = int.from_bytes(b"TCst", "big")  # PRAGMA application_id: marks the file as ours
 BUSY_TIMEOUT = 30.0  # seconds a writer waits for another's transaction
@@ -203,13 +203,17 @@ class Entry:
     version: str  # tcstage.__version__ that found it
     date: str  # ISO date-time, UTC
     candidates: int = 0  # how many candidates were evaluated to find it
+    checked: str = ""  # how its result was checked ("gpu", "emulated", "sampled (...)", "cpu");
+    #                    "" where it was not (too large to check here)
 
     @classmethod
-    def new(cls, key: Key, options, time: float, measured: str, candidates: int = 0) -> "Entry":
+    def new(cls, key: Key, options, time: float, measured: str, candidates: int = 0,
+            checked: str = "") -> "Entry":
         """An entry stamped with this tcstage's version and the current time."""
         import tcstage
 
-        return cls(key, options, float(time), measured, tcstage.__version__, _now(), candidates)
+        return cls(key, options, float(time), measured, tcstage.__version__, _now(), candidates,
+                   checked)
 
     def mapping_options(self):
         """The options as a `MappingOptions` (parsed from the stored text)."""
@@ -220,16 +224,30 @@ class Entry:
 
 # -- the database --------------------------------------------------------------------------------
 _KEY_COLUMNS = ("tc_hash", "function", "dtypes", "sizes", "target", "device")
-_COLUMNS = (*_KEY_COLUMNS, "measured", "options", "time", "version", "date", "candidates")
+_COLUMNS = (*_KEY_COLUMNS, "measured", "options", "time", "version", "date", "candidates",
+            "checked")
+# one row per evaluated candidate of every run: what `tcstage cache export` writes
+RECORD_COLUMNS = (*_KEY_COLUMNS, "run", "position", "options", "status", "time", "predicted",
+                  "checked", "detail", "source", "measured", "version", "date")
+_RECORDS = """
+CREATE TABLE records (
+    tc_hash TEXT NOT NULL, function TEXT NOT NULL, dtypes TEXT NOT NULL, sizes TEXT NOT NULL,
+    target TEXT NOT NULL, device TEXT NOT NULL, run TEXT NOT NULL, position INTEGER NOT NULL,
+    options TEXT NOT NULL, status TEXT NOT NULL, time REAL, predicted REAL,
+    checked TEXT NOT NULL, detail TEXT NOT NULL, source TEXT NOT NULL, measured TEXT NOT NULL,
+    version TEXT NOT NULL, date TEXT NOT NULL, PRIMARY KEY (run, position));
+CREATE INDEX records_by_tc ON records (tc_hash, function, dtypes, target)
+"""
 _SCHEMA = f"""
 CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE entries (
     tc_hash TEXT NOT NULL, function TEXT NOT NULL, dtypes TEXT NOT NULL, sizes TEXT NOT NULL,
     target TEXT NOT NULL, device TEXT NOT NULL, measured TEXT NOT NULL,
     options TEXT NOT NULL, time REAL NOT NULL, version TEXT NOT NULL, date TEXT NOT NULL,
-    candidates INTEGER NOT NULL DEFAULT 0,
+    candidates INTEGER NOT NULL DEFAULT 0, checked TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (tc_hash, function, dtypes, sizes, target, device, measured));
 CREATE INDEX entries_by_tc ON entries (tc_hash, function, dtypes, target);
+{_RECORDS};
 INSERT INTO meta VALUES ('application', '{APPLICATION}'), ('schema', '{SCHEMA_VERSION}');
 PRAGMA application_id = {APPLICATION_ID};
 """
@@ -382,6 +400,15 @@ class Cache:
         columns = {r[1] for r in conn.execute("PRAGMA table_info(entries)")}
         if not columns:
             raise _Unusable("corrupt", "it has no entries table")
+        if schema == 1 and "checked" not in columns:  # an earlier tcstage's cache: upgraded
+            # (its entries did not record a check: they read as unchecked)
+            conn.execute("ALTER TABLE entries ADD COLUMN checked TEXT NOT NULL DEFAULT ''")
+            columns.add("checked")
+        if schema == 1:
+            if "records" not in tables:
+                for statement in filter(str.strip, _RECORDS.split(";")):
+                    conn.execute(statement)
+            conn.execute("UPDATE meta SET value = ? WHERE name = 'schema'", (str(SCHEMA_VERSION),))
         if not set(_COLUMNS) <= columns:
             raise _Unusable("corrupt", "its entries table lacks columns "
                                        f"{', '.join(sorted(set(_COLUMNS) - columns))}")
@@ -458,7 +485,8 @@ class Cache:
             key = Key(values["tc_hash"], values["function"], json.loads(values["dtypes"]),
                       json.loads(values["sizes"]), values["target"], values["device"])
             entry = Entry(key, values["options"], float(values["time"]), values["measured"],
-                          str(values["version"]), str(values["date"]), int(values["candidates"]))
+                          str(values["version"]), str(values["date"]), int(values["candidates"]),
+                          str(values["checked"]))
             if not isinstance(entry.options, str):
                 raise TypeError("options are not text")
             MappingOptions.parse(entry.options)
@@ -489,7 +517,7 @@ class Cache:
         measuring; returns whether it was stored. Committed before it returns."""
         _validate(entry)
         row = (*_key_row(entry.key), entry.measured, entry.options, float(entry.time),
-               entry.version, entry.date, int(entry.candidates))
+               entry.version, entry.date, int(entry.candidates), entry.checked)
         where = " AND ".join(f"{c} = ?" for c in (*_KEY_COLUMNS, "measured"))
         with self._db("storing an entry") as conn:
             # IMMEDIATE takes the write lock before reading, so no other writer can slip a
@@ -499,7 +527,8 @@ class Cache:
                 old = conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM entries WHERE {where}",
                                    row[:7]).fetchone()
                 old = old and self._entry(old)  # an invalid stored row counts as none
-                better = old is None or not (old.time <= entry.time)  # a NaN stored: replaced
+                # a checked entry is never displaced by an unchecked one; a NaN stored is
+                better = old is None or _rank(entry) < _rank(old) or not (old.time == old.time)
                 if better:
                     conn.execute(f"INSERT OR REPLACE INTO entries ({', '.join(_COLUMNS)}) "
                                  f"VALUES ({', '.join('?' * len(_COLUMNS))})", row)
@@ -525,6 +554,43 @@ class Cache:
             e.key.device != key.device, key.size_distance(e.key), e.key.device, e.key.sizes))
         return ranked[:max(0, limit)]
 
+    def record(self, key: Key, run: str, candidates, measured: str) -> None:
+        """Stores evaluated candidates (`tcstage.tune.result.Candidate`) of tuning run `run`
+        for `key`, each once (a candidate already stored is left as it is)."""
+        import tcstage
+
+        rows = [(*_key_row(key), run, c.index, c.options, c.status, c.time, c.predicted,
+                 c.checked, c.detail, c.source, measured, tcstage.__version__, _now())
+                for c in candidates]
+        with self._db("storing tuning records") as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.executemany(f"INSERT OR IGNORE INTO records ({', '.join(RECORD_COLUMNS)}) "
+                                 f"VALUES ({', '.join('?' * len(RECORD_COLUMNS))})", rows)
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    def records(self) -> list[dict]:
+        """Every stored candidate record, oldest run first, as plain data (what `tcstage cache
+        export` writes, one JSON object per line)."""
+        rows = self._rows(f"SELECT {', '.join(RECORD_COLUMNS)} FROM records ORDER BY date, run, "
+                          "position", (), "reading tuning records")
+        out = []
+        for row in rows:
+            r = dict(zip(RECORD_COLUMNS, row))
+            try:
+                r["dtypes"], r["sizes"] = json.loads(r["dtypes"]), dict(json.loads(r["sizes"]))
+                json.dumps(r)  # (text that is not UTF-8 cannot be exported: skipped)
+            except (ValueError, TypeError, UnicodeEncodeError):
+                warn(f"tuning cache {self.path}: skipped a tuning record of run {r['run']!r} "
+                     "whose data is invalid")
+                continue
+            out.append(r)
+        return out
+
     def entries(self) -> list[Entry]:
         """Every valid entry, in a stable order."""
         return self._select("ORDER BY " + ", ".join((*_KEY_COLUMNS, "measured")), (),
@@ -535,6 +601,7 @@ class Cache:
         how many were deleted."""
         with self._db("deleting entries") as conn:
             if key is None:
+                conn.execute("DELETE FROM records")
                 return conn.execute("DELETE FROM entries").rowcount
             where = " AND ".join(f"{c} = ?" for c in _KEY_COLUMNS)
             return conn.execute(f"DELETE FROM entries WHERE {where}", _key_row(key)).rowcount
@@ -556,8 +623,13 @@ class Cache:
         return f"<tcstage tuning cache {self.path if self.persistent else ':memory:'}>"
 
 
+def _rank(e: Entry) -> tuple:
+    """Within one key and way of measuring: checked before unchecked, then faster."""
+    return (not e.checked, e.time)
+
+
 def _preference(e: Entry) -> tuple:
-    return (_TRUST.get(e.measured, 2), e.time)
+    return (_TRUST.get(e.measured, 2), *_rank(e))
 
 
 def _validate(entry: Entry) -> None:

@@ -33,15 +33,19 @@ from tcstage.tune.evaluate import fresh as _fresh
 from tcstage.tune.tuner import PRESETS
 
 CPU_RUNS = 5  # timed runs of a CPU schedule after a warm-up run (the median counts)
+CHECKED_CPU = "cpu"  # a CPU row's outputs compared with the reference's, all of them
 GPU_RUNS = 20
 
 
 @attrs.frozen
 class Row:
-    """One schedule: `kind` is naive (the single-thread options), preset, manual, tuned,
-    baseline or cpu; `time` seconds per
-    call (None when it failed); `ratio` time / the baseline's; `correct` True/False, or None
-    when not checked (`detail` says why); `how` how the time was obtained."""
+    """One schedule: `kind` is naive (the single-thread options), preset, manual, auto (the
+    structural default behind options="auto"), tuned, baseline or cpu; `time` seconds per call
+    (None when it failed), `measured` whether it was measured (on the GPU or this CPU) or else
+    predicted by the cost model; `ratio` time / the baseline's for measured rows, time / the
+    auto row's for predicted ones (a prediction is never divided by a measurement);
+    `correct` True/False, or None when not checked; `checked` how it was checked ("gpu",
+    "emulated", "sampled (...)", "cpu") or why not; `how` how the time was obtained."""
 
     name: str
     kind: str
@@ -51,6 +55,13 @@ class Row:
     correct: bool | None
     how: str
     detail: str = ""
+    measured: bool = True
+    checked: str = ""
+
+
+KINDS = ("naive", "preset", "manual", "auto", "tuned", "baseline", "cpu")
+_COLORS = {"naive": "tab:gray", "preset": "tab:blue", "manual": "tab:purple",
+           "auto": "tab:cyan", "tuned": "tab:green", "baseline": "tab:red", "cpu": "tab:orange"}
 
 
 @attrs.frozen
@@ -67,66 +78,112 @@ class CompareResult:
                 return r
         raise KeyError(name)
 
+    @property
+    def measured(self) -> tuple[Row, ...]:
+        return tuple(r for r in self.rows if r.measured)
+
+    @property
+    def predicted(self) -> tuple[Row, ...]:
+        return tuple(r for r in self.rows if not r.measured)
+
     def table(self) -> str:
-        head = ("schedule", "time", "vs baseline", "correct", "how measured")
-        body = [(r.name, _time(r.time), f"{r.ratio:.3g}x" if r.ratio is not None else "-",
-                 {True: "yes", False: "WRONG", None: "-"}[r.correct], r.how) for r in self.rows]
-        widths = [max(len(x[k]) for x in [head, *body]) for k in range(len(head))]
+        """Two sections that share no column: measured times (against the baseline) and the
+        cost model's predictions (against the auto row)."""
         lines = [f"{self.function} ({', '.join(f'{k}={v}' for k, v in self.sizes.items())}); "
                  f"baseline: {self.baseline}"]
-        for k, cells in enumerate([head, *body]):
-            lines.append("  ".join(c.ljust(w) if i in (0, 3, 4) else c.rjust(w)
-                                   for i, (c, w) in enumerate(zip(cells, widths))).rstrip())
-            if k == 0:
-                lines.append("  ".join("-" * w for w in widths))
+        sections = [("measured", self.measured, f"vs {self.baseline}", "time per call"),
+                    ("predicted by the cost model (H100), not measured: not comparable with "
+                     "measured times", self.predicted, "vs auto", "predicted time per call")]
+        for title, rows, versus, what in sections:
+            if not rows:
+                continue
+            unit, scale = _unit([r.time for r in rows if r.time is not None])
+            head = ("schedule", f"{what} ({unit})", versus, "correct", "checked", "how")
+            body = [(r.name, "failed" if r.time is None else f"{r.time / scale:.4g}",
+                     f"{r.ratio:.3g}x" if r.ratio is not None else "-",
+                     {True: "yes", False: "WRONG", None: "-"}[r.correct],
+                     _short(r.checked), r.how) for r in rows]
+            widths = [max(len(x[k]) for x in [head, *body]) for k in range(len(head))]
+            lines += ["", f"{title}:"]
+            for k, cells in enumerate([head, *body]):
+                lines.append("  ".join(c.ljust(w) if i in (0, 3, 4, 5) else c.rjust(w)
+                                       for i, (c, w) in enumerate(zip(cells, widths))).rstrip())
+                if k == 0:
+                    lines.append("  ".join("-" * w for w in widths))
         notes = [f"  {r.name}: {r.detail}" for r in self.rows if r.detail]
         if notes:
-            lines += ["notes:", *notes]
+            lines += ["", "notes:", *notes]
         return "\n".join(lines)
 
     __str__ = table
 
     def plot(self, path) -> None:
-        """A PNG: times per schedule (log scale) and, if a tuning run was made, its curve."""
+        """A PNG: measured times and predicted times in panels of their own (log scale, units
+        on the axes, a legend of the kinds of schedule; unchecked rows hatched), and, if a
+        tuning run was made, its curve (best time against candidates evaluated)."""
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        timed = [r for r in self.rows if r.time is not None and r.time > 0]
+        from matplotlib.patches import Patch
+        from matplotlib.ticker import NullFormatter
+        panels = [(title, [r for r in rows if r.time is not None and r.time > 0])
+                  for title, rows in (("measured", self.measured),
+                                      ("predicted by the cost model (H100)", self.predicted))]
+        panels = [(t, rows) for t, rows in panels if rows]
         curve = self.tune.curve() if self.tune is not None else []
-        fig, axes = plt.subplots(1, 2 if curve else 1, figsize=(13 if curve else 8,
-                                                               max(3.0, 0.35 * len(timed) + 1.5)),
+        count = max(len(panels) + bool(curve), 1)
+        tallest = max([len(rows) for _, rows in panels] or [1])
+        fig, axes = plt.subplots(1, count, figsize=(6.5 * count, max(3.5, 0.35 * tallest + 2)),
                                  squeeze=False)
-        left = axes[0][0]
-        colors = {"naive": "tab:gray", "preset": "tab:blue", "manual": "tab:purple",
-                  "tuned": "tab:green", "baseline": "tab:red", "cpu": "tab:orange"}
-        names = [r.name + ("" if r.correct is not False else " (wrong)") for r in timed]
-        left.barh(range(len(timed)), [r.time * 1e6 for r in timed],
-                  color=[colors.get(r.kind, "tab:gray") for r in timed])
-        left.set_yticks(range(len(timed)), names, fontsize=8)
-        left.invert_yaxis()
-        left.set_xscale("log")
-        left.set_xlabel("us per call (log)")
-        left.set_title(f"{self.function}: time per schedule")
+        for ax, (title, rows) in zip(axes[0], panels):
+            unit, scale = _unit([r.time for r in rows])
+            names = [r.name + (" (WRONG)" if r.correct is False else
+                               "" if r.correct else " (unchecked)") for r in rows]
+            bars = ax.barh(range(len(rows)), [r.time / scale for r in rows],
+                           color=[_COLORS.get(r.kind, "tab:gray") for r in rows],
+                           edgecolor="black", linewidth=0.3)
+            for bar, r in zip(bars, rows):
+                if not r.correct:
+                    bar.set_hatch("//")
+            ax.set_yticks(range(len(rows)), names, fontsize=8)
+            ax.invert_yaxis()
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # (labels on decades only)
+            ax.set_xlabel(f"{'time' if rows[0].measured else 'predicted time'} per call "
+                          f"({unit}, log scale)")
+            ax.set_title(f"{self.function}: {title}", fontsize=10)
+            handles = [Patch(color=_COLORS[k], label=k) for k in KINDS
+                       if any(r.kind == k for r in rows)]
+            if any(not r.correct for r in rows):
+                handles.append(Patch(facecolor="white", edgecolor="black", hatch="//",
+                                     label="not checked or wrong"))
+            ax.legend(handles=handles, fontsize=7, loc="lower right")
         if curve:
-            right = axes[0][1]
+            ax = axes[0][len(panels)]
             xs, ys = zip(*curve)
-            right.step([*xs, len(self.tune.history)], [y * 1e6 for y in (*ys, ys[-1])],
-                       where="post", marker="o")
-            right.set_xlabel("candidates evaluated")
-            right.set_ylabel("best us per call")
-            right.set_title(f"tuning ({self.tune.strategy}, {self.tune.measured_on})")
+            unit, scale = _unit(list(ys))
+            evaluated = self.tune.counts()["evaluated"]
+            ax.step([*xs, evaluated], [y / scale for y in (*ys, ys[-1])], where="post",
+                    marker="o", label=f"best so far ({self.tune.strategy})")
+            ax.set_xlabel("candidates evaluated (compiled; those pruned before compiling are "
+                          "not counted)", fontsize=8)
+            what = "time" if self.tune.measured_on != "model" else "predicted time"
+            ax.set_ylabel(f"best {what} per call ({unit})")
+            ax.set_title(f"tuning run ({self.tune.measured_on})", fontsize=10)
+            ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(path, format="png", dpi=100)
         plt.close(fig)
 
 
-def _time(t: float | None) -> str:
-    if t is None:
-        return "failed"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3)):
-        if t >= scale:
-            return f"{t / scale:.3g} {unit}"
-    return f"{t * 1e6:.3g} us"
+def _unit(times) -> tuple[str, float]:
+    """The unit that suits these seconds best: ('us', 1e-6), ('ms', 1e-3) or ('s', 1.0)."""
+    typical = statistics.median(times) if times else 1e-6
+    return ("s", 1.0) if typical >= 1 else ("ms", 1e-3) if typical >= 1e-3 else ("us", 1e-6)
+
+
+def _short(checked: str) -> str:
+    return checked if len(checked) <= 48 else checked[:45] + "..."
 
 
 def compare(source, name=None, *inputs, options=(), schedules_dir="schedules", tune_budget=30,
@@ -145,7 +202,8 @@ def compare(source, name=None, *inputs, options=(), schedules_dir="schedules", t
     from tcstage.compiler import as_options, function_of
     from tcstage.inputs import as_out, random_inputs
     from tcstage.program import define
-    from tcstage.tune.tuner import _is_shape, _measure
+    from tcstage.inputs import is_shape
+    from tcstage.tune.tuner import _measure
     if isinstance(source, str):
         source = define(source, filename or "<string>")
     program, fn, inputs = function_of(source, name, inputs, output_shape)
@@ -164,7 +222,7 @@ def compare(source, name=None, *inputs, options=(), schedules_dir="schedules", t
                                   if not isinstance(v, np.ndarray)}}
     sizes = dict(values)
     random_args, random_outs = random_inputs(fn.checked, values, 0)
-    given = all(not _is_shape(a) for a in inputs) and any(isinstance(a, np.ndarray)
+    given = all(not is_shape(a) for a in inputs) and any(isinstance(a, np.ndarray)
                                                           for a in inputs)
     args = tuple(inputs) if given else tuple(random_args)
     out = as_out(random_outs)
@@ -176,7 +234,7 @@ def compare(source, name=None, *inputs, options=(), schedules_dir="schedules", t
     schedules += [(n, "manual", o, where) for n, o, where in
                   schedule_lines(schedules_dir, fn.name, filename, sizes)]
 
-    with _Bar(progress, len(schedules) + 7, fn.name) as bar:
+    with _Bar(progress, len(schedules) + 8, fn.name) as bar:
         # Tuning first: its workers are forked, and CUDA must not have started in this process.
         tune, tuned, tuned_from = _tuned(program, fn, binding, args, out, measure, cache,
                                          tune_budget, progress, bar)
@@ -185,6 +243,8 @@ def compare(source, name=None, *inputs, options=(), schedules_dir="schedules", t
         bar.step("the Halide CPU reference")
         reference = evaluate.reference_outputs(fn, args, out)
         rows = []
+        bar.step("auto")
+        rows.append(_auto_row(fn, args, out, reference, measure))
         for label, kind, opts, where in schedules:
             bar.step(label)
             rows.append(_cuda_row(fn, args, out, reference, label, kind, opts, where, measure))
@@ -199,8 +259,12 @@ def compare(source, name=None, *inputs, options=(), schedules_dir="schedules", t
             cpu.append(_cpu_row(fn, args, out, reference, schedule))
     rows.append(base)
     rows += cpu
-    t0 = base.time
-    rows = tuple(attrs.evolve(r, ratio=r.time / t0 if r.time is not None and t0 else None)
+    # ratios within a section only: a measured time against the baseline, a predicted one
+    # against the auto row's prediction
+    auto = rows[0].time if not rows[0].measured else None
+    rows = tuple(attrs.evolve(r, ratio=None if r.time is None else
+                              r.time / base.time if r.measured and base.time else
+                              r.time / auto if not r.measured and auto else None)
                  for r in rows)
     result = CompareResult(fn.name, sizes, rows, base.name, tune)
     if plot is not None:
@@ -252,45 +316,72 @@ def _tuned(program, fn, binding, args, out, measure, cache, budget, progress, ba
         return None, None, ""
     bar.step(f"tuning ({budget} candidates)")
     head = (program, fn.name) if program is not None else (fn,)  # (a pipeline has no name)
-    with bar.paused():
+    with bar.paused():  # (never seeded with the manual lines it is compared with)
         result = autotune(*head, *args, out=_fresh(out), measure=measure,
-                          budget=budget, cache=cache, progress=progress)
-    return result, result.options, (f"tuning run: {len(result.history)} candidates in "
-                                    f"{result.seconds:.1f} s")
+                          budget=budget, cache=cache, progress=progress, manual_seeds=False)
+    return result, result.options, (f"tuning run: {result.counts()['evaluated']} candidates "
+                                    f"evaluated in {result.seconds:.1f} s, not seeded with "
+                                    "the manual schedules")
+
+
+def _auto_row(fn, args, out, reference, measure) -> Row:
+    """What options="auto" compiles where the cache has nothing: the structural default (per
+    launch of a kernel sequence, overlapped tiles where the model says they win)."""
+    from tcstage.compiler import auto_options, compile_cuda
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            options, per_launch, compiled, _ = auto_options(fn, args, out, "cuda-emulated",
+                                                            cached=False)
+            if compiled is None:
+                compiled = compile_cuda(fn, args, out, options, launch_options=per_launch)
+    except TCError as e:
+        return Row("auto (structural default)", "auto", "", None, None, None,
+                   "failed to compile", evaluate._one_line(e), measure == "gpu")
+    return _kernel_row(fn, args, out, reference, "auto (structural default)", "auto",
+                       compiled, "what options='auto' compiles without tuned options",
+                       measure)
 
 
 def _cuda_row(fn, args, out, reference, label, kind, options, where, measure) -> Row:
     from tcstage.compiler import compile_cuda
-    from tcstage.cuda.runtime import Kernel
-    from tcstage.tune import model
-    text = str(options)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # options without effect go in the row's detail
             compiled = compile_cuda(fn, args, out, options)
-        notes = "; ".join(f"option {n}" for n in compiled.notes)
-        predicted = float(model.predict(compiled).time)
-        detail = "; ".join(filter(None, [where, notes]))
-        work = evaluate._work(compiled)
-        if measure != "gpu" and not evaluate.emulable(work):
-            return Row(label, kind, text, predicted, None, None, "cost model (H100)",
-                       "; ".join(filter(None, [detail, f"not checked: too large to emulate "
-                                                       f"({work:.3g} instances)"])))
-        target = "cuda" if measure == "gpu" else "cuda-emulated"
-        kernel = Kernel(compiled, target)
-        call = kernel.prepare(*args, out=_fresh(out))
-        results = [np.asarray(r.get() if hasattr(r, "get") and not isinstance(r, np.ndarray)
-                              else r) for r in _outputs(call())]
-        wrong = evaluate.compare(results, reference, fn.checked.outputs)
-        if measure == "gpu":
-            t, how = evaluate._time_on_gpu(call, GPU_RUNS), "measured on the GPU"
-        else:
-            t, how = predicted, "cost model (H100); checked emulated"
-        return Row(label, kind, text, t, None, not wrong, how,
-                   "; ".join(filter(None, [detail, wrong])))
     except TCError as e:
-        return Row(label, kind, text, None, None, None, "failed to compile",
-                   "; ".join(filter(None, [where, evaluate._one_line(e)])))
+        return Row(label, kind, str(options), None, None, None, "failed to compile",
+                   "; ".join(filter(None, [where, evaluate._one_line(e)])), measure == "gpu")
+    return _kernel_row(fn, args, out, reference, label, kind, compiled, where, measure)
+
+
+def _kernel_row(fn, args, out, reference, label, kind, compiled, where, measure) -> Row:
+    """A compiled CUDA kernel checked against the reference (on the GPU, or emulated: whole,
+    or a sample of its blocks where it is too large) and timed on the GPU or predicted."""
+    from tcstage.cuda.runtime import Kernel
+    from tcstage.tune import model
+    text = str(compiled.options)
+    gpu = measure == "gpu"
+    notes = "; ".join(f"option {n}" for n in compiled.notes)
+    detail = "; ".join(filter(None, [where, notes]))
+    predicted = float(model.predict(compiled).time)
+    how = "measured on the GPU" if gpu else "cost model (H100)"
+    mode, why = ("gpu", "") if gpu else evaluate.how_to_check(evaluate.facts(compiled))
+    if not mode:
+        return Row(label, kind, text, predicted, None, None, how, detail, gpu, why)
+    try:
+        verdict = evaluate.check_kernel(Kernel(compiled, "cuda" if gpu else "cuda-emulated"),
+                                        args, out, reference,
+                                        evaluate.SAMPLE_RANDOM if mode == "sampled" else 0,
+                                        runs=GPU_RUNS)
+    except TCError as e:
+        return Row(label, kind, text, None, None, None, "failed", "; ".join(
+            filter(None, [detail, evaluate._one_line(e)])), gpu)
+    correct = {"ok": True, "wrong": False}.get(verdict["status"])
+    t = verdict.get("time") if gpu else predicted
+    checked = verdict.get("checked", "") if correct is not None else verdict.get("detail", "")
+    return Row(label, kind, text, t, None, correct, how, "; ".join(filter(None, [
+        detail, verdict.get("detail", "") if correct is False else ""])), gpu, checked)
 
 
 def _cpu_row(fn, args, out, reference, schedule) -> Row:
@@ -303,9 +394,9 @@ def _cpu_row(fn, args, out, reference, schedule) -> Row:
         t, result = _timed(lambda: fn(*args, out=_fresh(out), schedule=schedule))
     except TCError as e:
         return Row(label, "cpu", "", None, None, None, "failed", evaluate._one_line(e))
-    wrong = evaluate.compare(_outputs(result), reference, fn.checked.outputs)
+    wrong = evaluate.compare(evaluate.as_tuple(result), reference, fn.checked.outputs)
     return Row(label, "cpu", "", t, None, not wrong, f"measured on the CPU (median of "
-                                                     f"{CPU_RUNS})", wrong)
+                                                     f"{CPU_RUNS})", wrong, checked=CHECKED_CPU)
 
 
 def _baseline(fn, args, out, reference) -> Row:
@@ -325,12 +416,14 @@ def _baseline(fn, args, out, reference) -> Row:
         else:
             wrong = evaluate.compare(result, reference, fn.checked.outputs)
             return Row(label, "baseline", _plan_text(plan), t, None, not wrong,
-                       f"measured on the CPU (median of {CPU_RUNS})", wrong)
+                       f"measured on the CPU (median of {CPU_RUNS})", wrong,
+                       checked=CHECKED_CPU)
     t, result = _timed(lambda: fn(*args, out=_fresh(out)))
-    wrong = evaluate.compare(_outputs(result), reference, fn.checked.outputs)
+    wrong = evaluate.compare(evaluate.as_tuple(result), reference, fn.checked.outputs)
     return Row("Halide CPU (baseline)", "baseline", "", t, None, not wrong,
                f"measured on the CPU (median of {CPU_RUNS})",
-               f"the Halide CPU back end is the baseline: no einsum translation ({why})")
+               f"the Halide CPU back end is the baseline: no einsum translation ({why})",
+               checked=CHECKED_CPU)
 
 
 def _check_manual(fn, manual) -> None:
@@ -365,11 +458,11 @@ def _pipeline_baseline(fn, args, reference, manual) -> Row:
     except TCError as e:
         return Row(label, "baseline", "", None, None, None, "failed", evaluate._one_line(e))
     chosen = (manual or fn).last_cpu_kernel
-    wrong = evaluate.compare(_outputs(result), reference, fn.checked.outputs)
+    wrong = evaluate.compare(evaluate.as_tuple(result), reference, fn.checked.outputs)
     return Row(label, "baseline", "", t, None, not wrong,
                f"measured on the CPU (median of {CPU_RUNS})",
                "; ".join(filter(None, [f"ran {chosen.schedule}" if manual is None else "",
-                                       wrong])))
+                                       wrong])), checked=CHECKED_CPU)
 
 
 def einsum_plan(fn):
@@ -453,10 +546,6 @@ def _timed(call) -> tuple[float, object]:
         call()
         times.append(time.perf_counter() - start)
     return statistics.median(times), result
-
-
-def _outputs(r) -> tuple:
-    return tuple(np.asarray(x) for x in (r if isinstance(r, tuple) else (r,)))
 
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import math
 import statistics
 
@@ -41,6 +42,11 @@ class Job:
     reference: tuple = ()  # the Halide CPU outputs to compare with
     runs: int = 20  # timed launches on a GPU
     narrow_accumulation: bool = False  # as the program was defined (tc.define)
+    as_written: bool = False  # compile the options as they are: neither fitted nor pruned
+    #                           for options without effect (warm starts, listed candidates)
+    sample: int = 0  # under emulation: check a sample of the blocks (this many at random
+    #                  besides the grid's corners) instead of all of them
+    seed: int = 0  # which random blocks
 
 
 @functools.lru_cache(maxsize=8)
@@ -49,26 +55,38 @@ def _program(source: str, filename: str, narrow_accumulation: bool = False):
     return define(source, filename, narrow_accumulation=narrow_accumulation)
 
 
-def _compile(job: Job):
+def _compile(job: Job, codegen: bool = True):
     from tcstage.compiler import compile_cuda
     from tcstage.options import MappingOptions
     fn = job.source if not isinstance(job.source, str) else \
         _program(job.source, job.filename, job.narrow_accumulation)[job.function]
-    return compile_cuda(fn, job.args, job.out, MappingOptions.parse(job.options))
+    return compile_cuda(fn, job.args, job.out, MappingOptions.parse(job.options),
+                        codegen=codegen)
 
 
 def compile_job(job: Job) -> dict:
-    """{"status": "ok" | "compile_error" | "pruned", "detail", "kernel" (hash of the CUDA source
-    and launch shape), "predicted" (s), "work" (statement instances)}."""
+    """{"status": "ok" | "compile_error" | "pruned", "detail", "options" (the chain compiled:
+    the candidate's, with block and thread dimensions beyond the loops the schedule can map
+    dropped), "kernel" (hash of the final schedule trees and launch shapes: equal hashes, equal
+    kernels), "predicted" (s), "work" (statement instances), "launches", "scratch" (a reduction
+    across blocks), "blocks" (the grid's blocks, summed over the launches)}.
+
+    No CUDA source is printed: the model reads the schedule trees, and isl's AST generation
+    costs more than the rest of a compile; the candidates checked compile in full."""
     import warnings
     from tcstage.tune import model
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # ignored options are pruned below, not printed
-            compiled = _compile(job)
+            compiled = _compile(job, codegen=job.resources)
+            fitted = fit_to_loops(compiled.options, compiled)
+            if fitted != compiled.options and not job.as_written:
+                job = attrs.evolve(job, options=str(fitted))  # the same kernel, asking for
+                compiled = _compile(job, codegen=job.resources)  # no dimension it ignores
     except TCError as e:
         return {"status": "compile_error", "detail": _one_line(e)}
-    if compiled.notes:  # an option the kernel ignores: a simpler candidate makes this kernel
+    if compiled.notes and not job.as_written:  # an option the kernel ignores: a simpler
+        # candidate makes this kernel
         return {"status": "pruned", "detail": f"no effect: {compiled.notes[0]}"}
     device = job.device or model.H100
     shared = max(part.shared_bytes for part in compiled.parts)
@@ -83,15 +101,45 @@ def compile_job(job: Job) -> dict:
         except TCError as e:
             return {"status": "compile_error", "detail": _one_line(e)}
     prediction = model.predict(compiled, device, resources)
-    shape = "".join(f"{p.cuda.grid}{p.cuda.block}" for p in compiled.parts)
-    kernel = hashlib.sha256(f"{shape}\0{compiled.cuda.source}".encode()).hexdigest()[:16]
-    return {"status": "ok", "kernel": kernel, "predicted": float(prediction.time),
-            "work": float(_work(compiled))}
+    # (the trees carry the mapping, promotions, barriers and unroll marks; the read-only
+    # cache is the one option only the printer applies)
+    tree = "\0".join(f"{p.mapped.grid}{p.mapped.block}\0{p.promoted.schedule}"
+                      for p in compiled.parts)
+    kernel = hashlib.sha256(f"{compiled.options.use_read_only_cache}\0{tree}".encode()
+                            ).hexdigest()[:16]
+    return {"status": "ok", "options": job.options, "kernel": kernel,
+            "predicted": float(prediction.time), **facts(compiled)}
+
+
+def facts(compiled) -> dict:
+    """What decides how a compiled kernel can be checked (`how_to_check`): "work" (statement
+    instances), "launches", "scratch" (a reduction across blocks), "blocks" (summed over the
+    launches)."""
+    return {"work": float(_work(compiled)), "launches": len(compiled.parts),
+            "scratch": any(r.across is not None for p in compiled.parts
+                           for r in p.mapped.reductions),
+            "blocks": sum(math.prod(p.mapped.grid) for p in compiled.parts)}
+
+
+def fit_to_loops(options, compiled):
+    """`options` with no more block and thread dimensions than `compiled`'s schedule mapped
+    (a launch that can take the most counts): dimensions beyond them are ignored, so the
+    fitted options make the same kernel without asking for what cannot happen. Where no loop
+    takes threads (and no reduction does), one thread."""
+    blocks = max(len(p.mapped.block_loops) for p in compiled.parts)
+    threads = max(len(p.mapped.thread_loops) for p in compiled.parts)
+    fitted = options
+    if len(options.blocks) > max(blocks, 1):
+        fitted = attrs.evolve(fitted, blocks=options.blocks[:blocks] if blocks else (1,))
+    if len(options.threads) > max(threads, 1):
+        fitted = attrs.evolve(fitted, threads=options.threads[:threads] if threads else (1,))
+    return fitted
 
 
 def check_job(job: Job) -> dict:
-    """{"status": "ok" | "wrong" | "compile_error", "detail", "time" (s, median of GPU launches;
-    None under emulation), "error" (largest deviation from the reference)}."""
+    """{"status": "ok" | "wrong" | "compile_error" | "unchecked", "detail", "checked" (how:
+    "gpu", "emulated" or "sampled (...)"), "time" (s, median of GPU launches; None under
+    emulation)}. A sampled check that wrote no output element checked nothing: "unchecked"."""
     import warnings
     from tcstage.cuda.runtime import Kernel
     try:
@@ -100,19 +148,96 @@ def check_job(job: Job) -> dict:
             kernel = Kernel(_compile(job), job.target)
     except TCError as e:
         return {"status": "compile_error", "detail": _one_line(e)}
-    out = fresh(job.out)
-    call = kernel.prepare(*job.args, out=out)
-    results = call()
-    results = results if isinstance(results, tuple) else (results,)
-    results = [np.asarray(r.get() if hasattr(r, "get") and not isinstance(r, np.ndarray) else r)
-               for r in results]
-    verdict = compare(results, job.reference, kernel.compiled.fn.checked.outputs)
+    return check_kernel(kernel, job.args, job.out, job.reference, job.sample, job.seed,
+                        job.runs)
+
+
+def check_kernel(kernel, args, out, reference, sample: int = 0, seed: int = 0,
+                 runs: int = 20) -> dict:
+    """Runs `kernel` (a tcstage.cuda.runtime.Kernel) on `args` and compares its outputs with
+    `reference`: whole, or with `sample` > 0 only a sample of its blocks (emulated); on a GPU
+    then times it over `runs` launches. Returns check_job's dict."""
+    out = fresh(out)
+    names = kernel.compiled.fn.checked.outputs
+    if sample:
+        return _check_sample(kernel, args, out, reference, names, sample, seed)
+    call = kernel.prepare(*args, out=out)
+    results = _arrays(call())
+    verdict = compare(results, reference, names)
     if verdict:
         return {"status": "wrong", "detail": verdict}
     time = None
-    if job.target == "cuda":
-        time = _time_on_gpu(call, job.runs)
-    return {"status": "ok", "time": time}
+    if kernel.target == "cuda":
+        time = _time_on_gpu(call, runs)
+    return {"status": "ok", "time": time,
+            "checked": "gpu" if kernel.target == "cuda" else "emulated"}
+
+
+def _arrays(results) -> list[np.ndarray]:
+    results = results if isinstance(results, tuple) else (results,)
+    return [np.asarray(r.get() if hasattr(r, "get") and not isinstance(r, np.ndarray) else r)
+            for r in results]
+
+
+def sample_blocks(grid, extra: int, seed: int) -> list[tuple[int, int, int]]:
+    """The blocks a sampled check runs: the grid's corners (the first and the last block, and
+    those at both ends of every dimension: the blocks that meet the iteration space's
+    boundaries, where partial tiles are), then `extra` others at random."""
+    ends = [sorted({0, g - 1}) for g in grid]
+    chosen = list(dict.fromkeys(itertools.product(*ends)))
+    rng = np.random.default_rng(seed)
+    total = math.prod(grid)
+    for linear in rng.choice(total, size=min(extra, total), replace=False):
+        linear = int(linear)
+        chosen.append((linear % grid[0], linear // grid[0] % grid[1], linear // (grid[0] * grid[1])))
+    return list(dict.fromkeys(chosen))
+
+
+def _sentinel(dtype: np.dtype):
+    """A starting value that a computed element is unlikely to hold: NaN for floating point,
+    an odd value near the bottom (signed) or top (unsigned) of an integer type's range."""
+    if dtype.kind in "fc" or dtype.name == "bfloat16":
+        return np.nan
+    if dtype.kind == "b":
+        return False
+    info = np.iinfo(dtype)
+    return info.min + 0x5A if dtype.kind == "i" else info.max - 0x25
+
+
+def _check_sample(kernel, args, out, reference, names, sample: int, seed: int) -> dict:
+    """Emulates the corners and `sample` random blocks of a single-launch kernel, outputs
+    starting at a sentinel, and compares the elements they wrote with the reference (races
+    within those blocks are caught as in a whole run)."""
+    part = kernel.compiled.parts[0]
+    blocks = sample_blocks(part.cuda.grid, sample, seed)
+    starts = out if isinstance(out, tuple) else (out,) if out is not None else ()
+    results = _arrays(kernel.prepare(*args, out=out, blocks=[blocks], fill=_sentinel)())
+    written, total = 0, 0
+    for k, (name, got, want) in enumerate(zip(names, results, reference)):
+        start = np.asarray(starts[k]) if k < len(starts) and starts[k] is not None else None
+        if start is not None:
+            mask = got != start
+        elif got.dtype.kind in "fc" or got.dtype.name == "bfloat16":
+            mask = ~np.isnan(np.asarray(got, np.float64))
+        else:
+            mask = got != _sentinel(got.dtype)
+        written += int(mask.sum())
+        total += got.size
+        want = np.asarray(want)
+        # (the elements not written take the reference's values: only the written ones can
+        # differ, and a difference is reported at its own index)
+        verdict = compare([np.where(mask, got, want) if got.shape == want.shape else got],
+                          [want], [name])
+        if verdict:
+            return {"status": "wrong", "detail": f"{verdict}, among the {int(mask.sum())} "
+                                                 f"elements {len(blocks)} sampled blocks wrote"}
+    grid = math.prod(part.cuda.grid)
+    if not written:
+        return {"status": "unchecked", "detail": f"not checked: the {len(blocks)} sampled blocks "
+                                                 f"of {grid} wrote no output element"}
+    return {"status": "ok", "time": None,
+            "checked": f"sampled ({len(blocks)} of {grid} blocks, {written} of {total} "
+                       "output elements)"}
 
 
 # half and bfloat16 outputs: four units in their last place (a reassociated float32 sum can
@@ -196,6 +321,11 @@ def _work(compiled) -> float:
     return total
 
 
+def as_tuple(results) -> tuple:
+    """A call's result (one array or a tuple of them) as a tuple of numpy arrays."""
+    return tuple(np.asarray(x) for x in (results if isinstance(results, tuple) else (results,)))
+
+
 def fresh(out):
     """A copy of in/out starting values, so every run starts from the same ones."""
     if out is None:
@@ -210,3 +340,24 @@ def _one_line(e: Exception) -> str:
 
 def emulable(work: float) -> bool:
     return work <= EMULATION_LIMIT and math.isfinite(work)
+
+
+SAMPLE_RANDOM = 4  # random blocks in a sampled check, besides the grid's corners (at most 8)
+
+
+def how_to_check(compiled: dict) -> tuple[str, str]:
+    """How a compiled candidate (compile_job's result) can be checked under emulation:
+    ("emulated", "") whole, ("sampled", "") on a sample of its blocks, or ("", why not)."""
+    work = compiled["work"]
+    if emulable(work):
+        return "emulated", ""
+    if not math.isfinite(work):
+        return "", "not checked: its instances cannot be counted"
+    if compiled["launches"] > 1 or compiled["scratch"]:
+        return "", (f"not checked: {work:.3g} instances are too many to emulate, and a sample "
+                    "of blocks can stand for a kernel only where its blocks are independent (one "
+                    "launch, no reduction across blocks)")
+    if not emulable(work * (8 + SAMPLE_RANDOM) / compiled["blocks"]):
+        return "", (f"not checked: {work:.3g} instances are too many to emulate, even in a "
+                    f"sample of its {compiled['blocks']} blocks")
+    return "sampled", ""

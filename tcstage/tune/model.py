@@ -474,7 +474,8 @@ def predict(compiled, device: Device = H100, resources: dict | None = None) -> P
     kernel sequence is predicted launch by launch, each after the one before (sum)."""
     if compiled.launches:
         kernels = (resources or {}).get("kernels", {})
-        return _sequence([predict(p, device, kernels.get(p.cuda.name)) for p in compiled.launches])
+        return _sequence([predict(p, device, kernels.get(p.cuda.name) if kernels else None)
+                          for p in compiled.launches])
     scop, promoted, mapped = compiled.scop, compiled.promoted, compiled.mapped
     grid, block = tuple(mapped.grid), tuple(mapped.block)
     blocks = math.prod(grid)

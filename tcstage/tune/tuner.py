@@ -1,118 +1,101 @@
 """`tc.autotune`: search the MappingOptions of one TC function at one set of sizes.
 
-A generation at a time, the search strategy (an optuna sampler) proposes candidates; each goes
-through the evaluation phases of `evaluate.py` in worker processes; the results go back to the
-strategy, and every new best is written to the cache at once (so Ctrl-C, or a kill, loses
-nothing found before).
+Generation 0 evaluates the warm starts as written (the caller's, the cache's, manual schedules,
+the structural default, the presets); then, a generation at a time, the search strategy (an
+optuna sampler) proposes candidates. Each goes through the evaluation phases of `evaluate.py`
+in worker processes and its result goes back to the strategy; every new best is written to the
+cache at once, checked or not (flagged), so that Ctrl-C, SIGTERM or a kill loses nothing found
+before.
+
+Limits: a number of candidates evaluated (`budget`), wall-clock seconds (`time_budget`), or an
+effort level that sets both (`EFFORTS`); the search stops at the first one reached.
 
 Objective: the time per call measured on the GPU, or, where there is none, the cost model's
 prediction. A candidate's time counts only after its outputs matched the Halide CPU result on
 the tuning inputs. On a GPU every candidate is checked. Under the model the check is emulation,
 which costs about as much as everything else together, so it is spent where it decides the
-outcome: on each candidate that would enter the best `CHECK_TOP` so far, best predicted first (a candidate never
-checked can never be among them, hence never win). Kernels too large to emulate are marked
-unchecked, and a result that is unchecked says so (`TuneResult.checked`, and a TCWarning).
+outcome: on each candidate that would enter the best `CHECK_TOP` so far, best predicted first (a
+candidate never checked can never be among them, hence never win). A kernel too large to
+emulate whole is checked on a sample of its blocks (`evaluate.how_to_check`); one that cannot be
+checked either way is unchecked, and a result that is unchecked says so (`TuneResult.checked`,
+and a TCWarning).
 """
 
 from __future__ import annotations
 
-import datetime
+import contextlib
 import math
+import signal
+import threading
 import time
+import uuid
 
 import attrs
 import numpy as np
 
 from tcstage.errors import TCError, warn
+from tcstage.inputs import is_shape
 from tcstage.options import MAX_THREADS_PER_BLOCK, MappingOptions
 from tcstage.tune import evaluate
-from tcstage.tune.evaluate import Job
+from tcstage.tune.evaluate import SAMPLE_RANDOM, Job, how_to_check
 from tcstage.tune.heuristic import heuristic_options
+from tcstage.tune.progress import Progress
+from tcstage.tune.result import STATUSES, Candidate, TuneResult
 from tcstage.tune.space import Space, build_space, loop_extents
-from tcstage.tune.workers import LocalPool, make_pool
+from tcstage.tune.workers import LocalPool, default_memory, make_pool
 
-STATUSES = ("ok", "wrong", "compile_error", "timeout", "crash", "pruned")
 STRATEGIES = ("genetic", "tpe")
 DEFAULT_STRATEGY = "tpe"  # better than genetic at equal budgets: benchmarks/results/tune-*
 # The TC autotuner's defaults (the paper's Section 7; TC's GeneticTuner flags)
 POPULATION, GENERATIONS, ELITES, CROSSOVER, MUTATION = 100, 25, 10, 0.8, 0.07
 CHECK_TOP = 2  # under the model: emulate candidates that would enter the best two
 # Candidates pruned before compiling (invalid launch shapes, repeats) cost nothing and do not
-# count against the budget; the search stops anyway after this many proposals per unit of
-# budget (a space almost all invalid). Everything compiled counts.
-PROPOSALS = 20
+# count against the budget; the search stops after this many generations in a row that
+# compiled nothing new (a space exhausted, or almost all invalid). Everything compiled counts.
+IDLE_GENERATIONS = 20
 TIMEOUT = 120.0  # seconds per candidate and phase
 SCHEDULES = "schedules"  # manual schedules: the working directory's schedules/*.txt
 PRESETS = ("naive", "pointwise", "mlp", "conv", "group_conv", "reduction")  # (TC's, then ours)
 
 
 @attrs.frozen
-class Candidate:
-    """One evaluated candidate: `options` (chain text), `status` (one of STATUSES), `time`
-    (seconds per call, measured or predicted; None unless ok), `generation`."""
-
-    index: int
-    options: str
-    status: str
-    time: float | None
-    generation: int
-    detail: str = ""  # why it failed or was pruned
-    predicted: float | None = None  # the cost model's time
-    checked: str = ""  # "gpu", "emulated", or why not
-    kernel: str | None = None  # hash of the generated kernel (equal hashes: equal kernels)
-    source: str = "search"  # "search", or where a warm start came from
+class Effort:
+    seconds: float  # wall time of the search (the checks of candidates compiled by then finish)
+    candidates: int  # at most this many evaluated
 
 
-@attrs.frozen
-class TuneResult:
-    options: MappingOptions  # the best
-    time: float  # seconds per call of the best, measured or predicted
-    measured_on: str  # the GPU's name, or "model"
-    history: tuple[Candidate, ...]
-    function: str
-    sizes: dict
-    strategy: str
-    seconds: float  # tuning time
-    checked: bool  # whether the best was checked against the CPU result
-    interrupted: bool = False
-    device: str = ""  # the cache key's device
-
-    def curve(self) -> list[tuple[int, float]]:
-        """(candidates evaluated, best time so far) after each improvement."""
-        points, best = [], math.inf
-        for n, c in enumerate(self.history, 1):
-            if c.status == "ok" and c.time is not None and c.time < best and \
-                    (c.checked in ("gpu", "emulated") or not self.checked):
-                best = c.time
-                points.append((n, best))
-        return points
-
-    def __str__(self) -> str:
-        counts = {s: sum(c.status == s for c in self.history) for s in STATUSES}
-        tally = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-        how = "measured on " + self.measured_on if self.measured_on != "model" else \
-            "predicted by the cost model"
-        return (f"best for {self.function} ({', '.join(f'{k}={v}' for k, v in self.sizes.items())}): "
-                f"{self.time * 1e6:.2f} us per call, {how}\n  {self.options}\n"
-                f"  {len(self.history)} candidates ({tally}) in {self.seconds:.1f} s with "
-                f"{self.strategy}{'; interrupted' if self.interrupted else ''}"
-                f"{'' if self.checked else '; the best could not be checked (too large to emulate)'}")
+# About 30 s, 2 min and 10 min on a 2-core machine under the cost model; the candidate counts
+# are what those times allow there, so that a faster machine stops at the same search.
+EFFORTS = {"quick": Effort(30.0, 100), "default": Effort(120.0, 500),
+           "thorough": Effort(600.0, 2500)}
+DEFAULT_EFFORT = "default"
 
 
 def autotune(source, name: str | None = None, *inputs, target: str = "cuda",
              measure: str | None = None, budget: int | None = None,
+             time_budget: float | None = None, effort: str | None = None,
              generations: int | None = None, population: int | None = None, seed: int = 0,
              start_from=None, cache=None, progress: bool = True, strategy: str | None = None,
              jobs: int | None = None, timeout: float = TIMEOUT, evaluator=None, device=None,
-             out=None, output_shape=None) -> TuneResult:
+             out=None, output_shape=None, candidates=None, log=None,
+             manual_seeds: bool = True) -> TuneResult:
     """Searches MappingOptions for TC function `name` of `source` (TC text or a Program) at the
     shapes of `inputs` (arrays, or shape tuples; scalars as values).
 
+    Limits (the search stops at the first reached): budget: candidates to evaluate;
+    time_budget: seconds of wall time; effort: "quick", "default" or "thorough" (EFFORTS: about
+    30 s, 2 min and 10 min on a 2-core machine, each with a candidate count to match), which
+    a budget or time_budget given with it overrides. With none of them, effort="default";
+    with only `budget`, no time limit (a run repeats exactly); `generations` alone keeps TC's
+    population x generations.
     measure: "gpu" (time on the GPU), "model" (the cost model), or None (the GPU if one works
-    here, else the model). budget: candidates to evaluate (default population x generations:
-    TC's 100 x 25). strategy: "tpe" (the default: model-guided, optuna's Tree-structured Parzen
-    Estimator) or "genetic" (TC's). start_from: MappingOptions, chain text, a preset name or
-    "cache" to seed the search with. cache: None (the default cache), a path, or False.
+    here, else the model). strategy: "tpe" (the default: model-guided, optuna's
+    Tree-structured Parzen Estimator) or "genetic" (TC's). start_from: MappingOptions, chain
+    text, a preset name or "cache" to seed the search with. cache: None (the default cache), a
+    path, or False. candidates: a list of options (MappingOptions or chain text) to evaluate
+    exactly, with no search. log: a path to append every candidate's record to as JSON Lines.
+    manual_seeds: seed with the working directory's schedules/*.txt lines for this function
+    (False where the result is compared with them: tc.compare).
     Beyond the issue's API: strategy, jobs (parallel workers), timeout (seconds per candidate),
     evaluator ("local", "ray", or a pool object), device (the cost model's figures: "H100",
     "H200" or a model.Device), out (in/out starting values).
@@ -134,36 +117,68 @@ def autotune(source, name: str | None = None, *inputs, target: str = "cuda",
     strategy = strategy or DEFAULT_STRATEGY
     if strategy not in STRATEGIES:
         raise TCError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
-    from tcstage.compiler import function_of
+    limits = search_limits(budget, time_budget, effort, population, generations, jobs)
+    from tcstage.compiler import as_options, function_of
+    given = None if candidates is None else [str(as_options(c)) for c in candidates]
+    if given is not None and not given:
+        raise TCError("candidates= is an empty list: give at least one MappingOptions")
     program, fn, inputs = function_of(source, name, inputs, output_shape)
     if program is None and evaluator not in (None, "local"):
         raise TCError("a Halide pipeline is tuned with local workers: its Funcs cannot be "
                       "sent to other processes than forked ones (evaluator='local')")
     session = _Session(program, fn, inputs, out, measure, device, cache, seed, jobs, timeout,
-                       evaluator)
-    population, generations, budget = _sizes(population, generations, budget)
-    return session.search(strategy, population, budget, start_from, progress)
+                       evaluator, log, manual_seeds)
+    return session.search(strategy, limits, start_from, progress, given)
 
 
-def _sizes(population, generations, budget) -> tuple[int, int, int]:
+@attrs.frozen
+class Limits:
+    candidates: int | None  # evaluated candidates (None: no limit)
+    seconds: float | None  # wall time (None: no limit)
+    population: int  # candidates proposed per generation
+    effort: str | None = None
+
+
+def search_limits(budget=None, time_budget=None, effort=None, population=None,
+                  generations=None, jobs=None) -> Limits:
+    """The limits `autotune`'s arguments ask for (see its docstring)."""
     for what, v in (("population", population), ("generations", generations),
                     ("budget", budget)):
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             raise TCError(f"{what} must be a positive integer, got {v!r}")
-    if budget is None:
-        population = population or POPULATION
-        budget = population * (generations or GENERATIONS)
-    elif population is None:
-        population = max(4, min(POPULATION, budget // 4)) if generations is None else \
-            max(1, -(-budget // generations))
-    return population, (generations or -(-budget // population)), budget
+    if time_budget is not None and (isinstance(time_budget, bool) or not isinstance(
+            time_budget, (int, float)) or not time_budget > 0 or not math.isfinite(time_budget)):
+        raise TCError(f"time_budget must be a positive number of seconds, got {time_budget!r}")
+    if effort is not None and effort not in EFFORTS:
+        raise TCError(f"unknown effort {effort!r}; choose one of {', '.join(EFFORTS)}")
+    if effort is None and budget is None and time_budget is None and generations is None:
+        effort = DEFAULT_EFFORT
+    seconds, candidates = time_budget, budget
+    if effort is not None:
+        seconds = EFFORTS[effort].seconds if time_budget is None else time_budget
+        candidates = EFFORTS[effort].candidates if budget is None else budget
+    elif generations is not None and budget is None:
+        candidates = (population or POPULATION) * generations
+    if population is None:
+        if generations is not None:
+            population = max(1, -(-candidates // generations)) if candidates else POPULATION
+        elif seconds is not None:
+            # generations small enough for the strategy to learn often within the time (and
+            # to stop close to it): a few rounds of the workers
+            import os
+            population = max(8, 4 * (jobs or os.cpu_count() or 1))
+            population = min(population, candidates or population)
+        else:
+            population = max(4, min(POPULATION, candidates // 4))
+    return Limits(candidates, float(seconds) if seconds is not None else None, population,
+                  effort)
 
 
 class _Session:
     """One tuning run's fixed facts: the function, sizes, inputs, device, cache, workers."""
 
     def __init__(self, program, fn, inputs, out, measure, device, cache, seed, jobs, timeout,
-                 evaluator):
+                 evaluator, log=None, manual_seeds=True):
         from tcstage.inputs import call_shapes
         from tcstage.tune import model
         self.program, self.fn, self.seed, self.timeout = program, fn, seed, timeout
@@ -176,7 +191,7 @@ class _Session:
                                                 if not isinstance(v, np.ndarray)}}
         self.shape_args, out_shapes = call_shapes(fn.checked, self.values)
         self.out_shapes = tuple(out_shapes) or None
-        self.given = (inputs, out) if all(not _is_shape(a) for a in inputs) and \
+        self.given = (inputs, out) if all(not is_shape(a) for a in inputs) and \
             any(isinstance(a, np.ndarray) for a in inputs) else None
         self.reports = fn.ranges(*self.shape_args, out=self.out_shapes)
         self.space = build_space(loop_extents(self.reports), narrow_operands=any(
@@ -203,11 +218,14 @@ class _Session:
         if self.cache is not None:
             from tcstage.tune.cache import Key
             self.key = Key.for_call(fn, self.binding, "cuda", self.device_key)
-        self.compile_pool = make_pool(evaluator, jobs, timeout, None)
+        # (no address-space limit where CUDA runs: its driver reserves far more than it uses)
+        memory = None if self.measure == "gpu" else default_memory(jobs)
+        self.compile_pool = make_pool(evaluator, jobs, timeout, memory)
         self.check_pool = LocalPool(1, timeout) if self.measure == "gpu" and \
             evaluator in (None, "local") else self.compile_pool
         self._reference = None
-        self._mappable: dict = {}  # schedule and tiling genes -> (block, thread) loops
+        self.log, self.manual_seeds = log, manual_seeds
+        self.run = uuid.uuid4().hex[:12]  # names this run's records in the cache
 
     # -- candidates -------------------------------------------------------------------------
     def seeds(self, start_from) -> list[tuple[MappingOptions, str]]:
@@ -233,7 +251,7 @@ class _Session:
         filename = None if self.program is None or self.program.filename.startswith("<") \
             else self.program.filename
         for label, options, where in schedule_lines(SCHEDULES, self.fn.name, filename,
-                                                    self.sizes):
+                                                    self.sizes) if self.manual_seeds else ():
             seeds.append((options, f"schedules ({label}, {where})"))
         seeds.append((heuristic_options(self.fn, self.reports), "heuristic"))
         seeds += [(MappingOptions.named(p), f"preset {p}") for p in PRESETS]
@@ -245,7 +263,7 @@ class _Session:
                 unique.append((options, origin))
         return unique
 
-    def job(self, options: str, check: bool = False) -> Job:
+    def job(self, options: str, check: bool = False, sample: bool = False) -> Job:
         args, out = (self.inputs_and_reference()[:2]) if check else \
             (tuple(self.shape_args), self.out_shapes)
         source, filename = (self.program.source, self.program.filename) if self.program \
@@ -254,7 +272,8 @@ class _Session:
                    options, device=self.model_device,
                    target="cuda" if self.measure == "gpu" else "cuda-emulated",
                    reference=self.inputs_and_reference()[2] if check else (),
-                   narrow_accumulation=bool(self.program and self.program.narrow_accumulation))
+                   narrow_accumulation=bool(self.program and self.program.narrow_accumulation),
+                   sample=SAMPLE_RANDOM if sample else 0, seed=self.seed)
 
     def inputs_and_reference(self):
         """Tuning inputs (the caller's arrays, or random ones drawn like `tcstage run`'s) and
@@ -271,89 +290,127 @@ class _Session:
         return self._reference
 
     # -- the search ---------------------------------------------------------------------------
-    def search(self, strategy, population, budget, start_from, progress) -> TuneResult:
+    def search(self, strategy, limits: Limits, start_from, progress, given=None) -> TuneResult:
         import optuna
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         started = time.monotonic()
-        seeds = self.seeds(start_from)
-        space = self.space
-        encoded = []
-        for options, origin in seeds:
-            genome = space.encode(options)
-            if str(space.options(genome)) != str(options):
-                genome = _exact_genome(space, options)
-                if genome is None:
-                    continue  # not expressible in the space (e.g. a 4-d block): skip it
-            space = space.with_values(genome)
-            encoded.append((genome, origin))
+        deadline = started + limits.seconds if limits.seconds else math.inf
+        state = _State(started, self.record)
+        if given is not None:  # a list to evaluate exactly: generation 0 is the whole run
+            warm = [(options, "given") for options in dict.fromkeys(given)]
+        else:
+            warm = [(str(o), origin) for o, origin in self.seeds(start_from)]
+        if limits.candidates is not None:
+            warm = warm[:limits.candidates]
+        space, known = self.space, []
+        for options, origin in warm:  # the warm starts the space can write, for the strategy
+            genome = _exact_genome(space, MappingOptions.parse(options))
+            if genome is not None:
+                space = space.with_values(genome)
+                known.append((options, genome))
         self.space = space
-        sampler = _sampler(strategy, population, self.seed)
+        sampler = _sampler(strategy, limits.population, self.seed)
         study = optuna.create_study(direction="minimize", sampler=sampler)
-        for genome, origin in encoded:
-            study.enqueue_trial(genome, user_attrs={"origin": origin}, skip_if_exists=True)
-        state = _State(budget)
-        bar = _Progress(progress, budget, self.fn.name, self.measured_on)
-        interrupted = False
-        try:
-            with bar:
-                generation = 0
-                proposals = 0
-                while state.evaluated < budget and proposals < PROPOSALS * budget:
-                    count = min(population, budget - state.evaluated)
-                    proposals += count
+        distributions = {g.name: optuna.distributions.CategoricalDistribution(g.values)
+                         for g in space.genes}
+        bar = Progress(progress, f"{self.fn.name} ({self.measured_on})", limits.candidates,
+                       limits.seconds)
+        stopped = "list" if given is not None else ""
+        with bar, _stop_on_signals() as caught:
+            try:
+                # generation 0: the warm starts, as written (whether or not the space can
+                # express them); those it can are shown to the strategy
+                records = self.evaluate([(o, origin, "") for o, origin in warm], 0, state, bar,
+                                        deadline)
+                by_options = {r.options: r for r in records if r is not None}
+                for options, genome in known:
+                    r = by_options.get(options)
+                    if r is not None and r.status in ("ok", "pruned") and r.time is not None:
+                        study.add_trial(optuna.trial.create_trial(
+                            params=genome, distributions=distributions, value=r.time))
+                bar.generation(0)
+                generation, idle = 1, 0
+                while not stopped:
+                    stopped = ("budget" if limits.candidates is not None and
+                               state.evaluated >= limits.candidates else
+                               "time" if time.monotonic() >= deadline else
+                               "space" if idle >= IDLE_GENERATIONS else "")
+                    if stopped:
+                        break
+                    count = limits.population if limits.candidates is None else \
+                        min(limits.population, limits.candidates - state.evaluated)
                     trials = [study.ask() for _ in range(count)]
                     genomes = [{g.name: t.suggest_categorical(g.name, g.values)
                                 for g in space.genes} for t in trials]
-                    origins = [t.user_attrs.get("origin", "search") for t in trials]
-                    records = self.evaluate(genomes, origins, generation, state, bar)
+                    before = state.evaluated
+                    records = self.evaluate([self.item(g) for g in genomes], generation, state,
+                                            bar, deadline)
+                    idle = idle + 1 if state.evaluated == before else 0
                     for trial, record in zip(trials, records):
-                        if record.time is not None and record.status in ("ok", "pruned"):
+                        if record is not None and record.time is not None and \
+                                record.status in ("ok", "pruned"):
                             study.tell(trial, record.time)
                         else:
                             study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                    bar.generation(generation)
                     generation += 1
-        except KeyboardInterrupt:
-            interrupted = True
-        return self.result(state, strategy, time.monotonic() - started, interrupted)
+            except KeyboardInterrupt:
+                stopped = "interrupted" + (f" ({caught[0]})" if caught else "")
+        return self.result(state, strategy, time.monotonic() - started, stopped)
 
-    def evaluate(self, genomes, origins, generation, state, bar) -> list[Candidate]:
-        """Evaluates one generation; returns a record per genome, in order."""
-        records: list[Candidate | None] = [None] * len(genomes)
+    def item(self, genome: dict) -> tuple[str, str, str]:
+        """(options text, origin, why it is pruned before compiling or '') for a proposal."""
+        why = _pre_prune(genome, self.fn.checked.statements, self.reports)
+        try:
+            options = str(self.space.options(genome))
+        except TCError:  # (a block beyond the CUDA limit cannot even be written down)
+            options, why = _genome_text(genome), why or "not valid MappingOptions"
+        return options, "search", why
+
+    def evaluate(self, items, generation, state, bar, deadline=math.inf) -> list:
+        """Evaluates one generation of (options, origin, why pruned) items; returns a record per
+        item, in order (None for those the time limit left unevaluated)."""
+        records: list[Candidate | None] = [None] * len(items)
         compile_jobs, where = [], []
-        for i, genome in enumerate(genomes):
-            genome = self.repair(genome)
-            why = _pre_prune(genome, self.fn.checked.statements, self.reports)
-            try:
-                options = str(self.space.options(genome))
-            except TCError:  # (a block beyond the CUDA limit cannot even be written down)
-                options = None
+        for i, (options, origin, why) in enumerate(items):
             earlier = state.by_options.get(options)
             if why or earlier is not None:
                 records[i] = state.add(Candidate(
-                    state.next_index(), options or _genome_text(genome), "pruned",
+                    state.next_index(), options, "pruned",
                     earlier.time if earlier is not None and earlier.status == "ok" else None,
-                    generation, why or f"repeats candidate {earlier.index}",
-                    source=origins[i]), bar, free=True)
+                    generation, why or f"repeats candidate {earlier.index}", source=origin,
+                    compiled=False), bar)
                 continue
-            compile_jobs.append(self.job(options))
+            # (a warm start or a listed candidate is evaluated as written: the options it gives
+            # that change nothing are no reason to skip it)
+            compile_jobs.append(attrs.evolve(self.job(options), as_written=origin != "search"))
             where.append(i)
         compiled = {}
-        for k, outcome in self.compile_pool.run(evaluate.compile_job, compile_jobs):
-            compiled[k] = outcome
+        outcomes = self.compile_pool.run(evaluate.compile_job, compile_jobs)
+        try:
+            for k, outcome in outcomes:
+                compiled[k] = outcome
+                if time.monotonic() >= deadline:
+                    break  # (the candidates still compiling are given up)
+        finally:
+            with contextlib.suppress(AttributeError):
+                outcomes.close()  # kills the workers still running
         to_check = []
         for k, i in enumerate(where):
-            outcome = compiled[k]
-            options = compile_jobs[k].options
+            if k not in compiled:
+                continue
+            outcome, (options, origin, _) = compiled[k], items[i]
             if outcome.status != "ok":
                 records[i] = state.add(Candidate(state.next_index(), options, outcome.status,
                                                  None, generation, outcome.detail,
-                                                 source=origins[i]), bar)
+                                                 source=origin), bar)
                 continue
             r = outcome.value
+            options = r.get("options", options)  # (fitted to the loops the schedule maps)
             if r["status"] != "ok":
                 records[i] = state.add(Candidate(state.next_index(), options, r["status"],
                                                  None, generation, r["detail"],
-                                                 source=origins[i]), bar)
+                                                 source=origin), bar)
                 continue
             same = state.by_kernel.get(r["kernel"])
             if same is not None:
@@ -361,63 +418,15 @@ class _Session:
                     state.next_index(), options, "pruned",
                     same.time if same.status == "ok" else None, generation,
                     f"same kernel as candidate {same.index}", r["predicted"], same.checked,
-                    r["kernel"], origins[i]), bar)
+                    r["kernel"], origin), bar)
                 continue
-            to_check.append((i, options, r))
-        self.check(to_check, records, generation, origins, state, bar)
+            to_check.append((i, options, r, origin))
+        self.check(to_check, records, generation, state, bar)
         return records
 
-    def repair(self, genome: dict) -> dict:
-        """The genome with no more block and thread dimensions than the schedule has loops to
-        map (the polyhedral model says how many, for its schedule and tiling choices): extra
-        ones would be ignored, making the same kernel as the genome without them."""
-        key = tuple(genome.get(k) for k in ("fusion", "allow_skewing", "fix_parameters",
-                                            "tile_count", "tile_imperfectly_nested",
-                                            "register_tiling", "overlapped_tiles"))
-        # threads take loops the blocks leave: their probe keeps the genome's block dimensions
-        # (which of them are more than one block)
-        blocking = tuple(genome[f"block_{a}"] > 1 for a in "xyz"[:genome["block_dims"]])
-        if key not in self._mappable:
-            self._mappable[key] = self.mappable_loops(genome)[0]
-        if (key, blocking) not in self._mappable:
-            self._mappable[key, blocking] = self.mappable_loops(genome, blocking)[1]
-        blocks, threads = self._mappable[key], self._mappable[key, blocking]
-        genome = dict(genome)
-        for kind, n in (("block", blocks), ("thread", threads)):
-            if n is not None and genome[f"{kind}_dims"] > max(n, 1):
-                genome[f"{kind}_dims"] = max(n, 1)
-            # (with parallel reductions a reduction loop may take threadIdx.x when the probe's
-            # few threads find no other loop)
-            if n == 0 and not (kind == "thread" and
-                               genome.get("parallel_reductions") is not False):
-                genome[f"{kind}_x"] = 1
-        return genome
-
-    def mappable_loops(self, genome: dict, blocking: tuple[bool, ...] = (True, True, True)
-                       ) -> tuple[int | None, int | None]:
-        """(loops blocks can take, loops threads can take) for the genome's schedule and
-        tiling, from a compile with three of each asked for (blocks only in the dimensions
-        `blocking` marks); None where it cannot be said."""
-        import warnings
-        from tcstage.compiler import compile_cuda
-        probe = dict(genome, thread_dims=3, block_dims=max(len(blocking), 1), thread_x=2,
-                     thread_y=2, thread_z=2, shared=False, private=False)
-        probe.update({f"block_{a}": 2 if on else 1
-                      for a, on in zip("xyz", blocking + (False,) * 3)})
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                parts = compile_cuda(self.fn, self.shape_args, self.out_shapes,
-                                     self.space.options(probe)).parts
-        except TCError:
-            return None, None
-        # (a kernel sequence: the launch that can take the most)
-        return (max(len(p.mapped.block_loops) for p in parts),
-                max(len(p.mapped.thread_loops) for p in parts))
-
-    def check(self, to_check, records, generation, origins, state, bar) -> None:
+    def check(self, to_check, records, generation, state, bar) -> None:
         if self.measure == "gpu":
-            self.run_checks(to_check, records, generation, origins, state, bar)
+            self.run_checks(to_check, records, generation, state, bar)
             return
         # The cost model: check where it decides the outcome (see the module docstring), in
         # rounds, best predicted first: a candidate that fails makes room for the next one.
@@ -425,102 +434,130 @@ class _Session:
         while True:
             chosen = []
             for item in waiting:
-                if state.would_rank(item[2]["predicted"]) and evaluate.emulable(item[2]["work"]):
+                if state.would_rank(item[2]["predicted"]) and how_to_check(item[2])[0]:
                     chosen.append(item)
                     state.reserve(item[2]["predicted"])
             state.release()
             if not chosen:
                 break
             waiting = [item for item in waiting if item not in chosen]
-            self.run_checks(chosen, records, generation, origins, state, bar)
-        for i, options, r in waiting:
-            why = "not checked: never among the best predicted" if evaluate.emulable(r["work"]) \
-                else f"not checked: {r['work']:.3g} instances are too many to emulate"
+            self.run_checks(chosen, records, generation, state, bar)
+        for i, options, r, origin in waiting:
+            why = how_to_check(r)[1] or "not checked: never among the best predicted"
             records[i] = state.add(Candidate(state.next_index(), options, "ok", r["predicted"],
                                              generation, "", r["predicted"], why, r["kernel"],
-                                             origins[i]), bar)
+                                             origin), bar)
+            self.remember(records[i], state)
 
-    def run_checks(self, chosen, records, generation, origins, state, bar) -> None:
-        jobs = [self.job(options, check=True) for _, options, _ in chosen]
+    def run_checks(self, chosen, records, generation, state, bar) -> None:
+        jobs = [self.job(options, check=True,
+                         sample=self.measure != "gpu" and how_to_check(r)[0] == "sampled")
+                for _, options, r, _ in chosen]
         for k, outcome in self.check_pool.run(evaluate.check_job, jobs):
-            i, options, r = chosen[k]
-            how = "gpu" if self.measure == "gpu" else "emulated"
+            i, options, r, origin = chosen[k]
+            how = ""
             if outcome.status != "ok":
                 status, t, detail = outcome.status, None, f"while checking: {outcome.detail}"
             else:
                 v = outcome.value
                 status, detail = v["status"], v.get("detail", "")
+                if status == "unchecked":  # (a sample that wrote nothing checked nothing)
+                    status, how, detail = "ok", detail, ""
+                elif status == "ok":
+                    how = v["checked"]
                 t = (v["time"] if self.measure == "gpu" else r["predicted"]) \
                     if status == "ok" else None
             records[i] = state.add(Candidate(state.next_index(), options, status, t, generation,
-                                             detail, r["predicted"], how if status == "ok" else
-                                             "", r["kernel"], origins[i]), bar)
-            if status == "ok" and self.cache is not None and state.best is records[i]:
-                self.remember(records[i], state)
+                                             detail, r["predicted"], how, r["kernel"], origin),
+                                   bar)
+            self.remember(records[i], state)
 
-    def remember(self, best: Candidate, state) -> None:
-        """Writes a new best to the cache at once (committed: a later crash keeps it)."""
-        import tcstage
+    def remember(self, candidate: Candidate, state) -> None:
+        """Writes a new best to the cache at once, checked or not (an unchecked one says so,
+        and never displaces a checked one: cache.put): a later crash or kill keeps it."""
+        if self.cache is None or candidate.status != "ok" or candidate.time is None:
+            return
+        best = state.best if candidate.is_checked else state.best_unchecked
+        if best is not candidate:
+            return
         from tcstage.tune.cache import Entry
-        self.cache.put(Entry(self.key, best.options, best.time,
-                             "gpu" if self.measure == "gpu" else "model", tcstage.__version__,
-                             datetime.datetime.now(datetime.timezone.utc).isoformat(
-                                 timespec="seconds"), len(state.history)))
+        self.cache.put(Entry.new(self.key, candidate.options, candidate.time,
+                                 "gpu" if self.measure == "gpu" else "model",
+                                 state.evaluated, candidate.checked if candidate.is_checked
+                                 else ""))
 
-    def result(self, state, strategy, seconds, interrupted) -> TuneResult:
-        best = state.best
-        checked = True
-        if best is None:  # nothing checked: the best unchecked one, if the sizes forbade checks
-            unchecked = [c for c in state.history if c.status == "ok" and c.time is not None
-                         and c.checked.startswith("not checked: ") and "too many" in c.checked]
-            if not unchecked:
+    def record(self, candidate: Candidate) -> None:
+        """Keeps a candidate's record: in the cache's records, and in the `log` file."""
+        if self.cache is not None and candidate.compiled:
+            self.cache.record(self.key, self.run, [candidate],
+                              "gpu" if self.measure == "gpu" else "model")
+        if self.log is not None:
+            import json
+
+            import tcstage
+            row = {"run": self.run, "function": self.fn.name, "sizes": self.sizes,
+                   "device": self.device_key, "measured": self.measured_on,
+                   "version": tcstage.__version__, **attrs.asdict(candidate)}
+            with open(self.log, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+
+    def result(self, state, strategy, seconds, stopped) -> TuneResult:
+        interrupted = stopped.startswith("interrupted")
+        best, checked = state.best, True
+        if best is None:  # nothing checked: the best unchecked one, if there is one
+            best, checked = state.best_unchecked, False
+            if best is None:
+                if interrupted:  # (Ctrl-C before anything passed: Python's own meaning)
+                    raise KeyboardInterrupt(
+                        f"tuning '{self.fn.name}' was {stopped} after {state.evaluated} "
+                        "candidates, before any passed its check")
                 raise TCError(f"no candidate for '{self.fn.name}' compiled and passed the check "
-                              f"({len(state.history)} evaluated"
-                              f"{', interrupted' if interrupted else ''})")
-            best = min(unchecked, key=lambda c: c.time)
-            checked = False
-            warn(f"'{self.fn.name}' at these sizes is too large to emulate: the tuned options "
-                 "were not checked against the CPU result; tune with measure='gpu' on a GPU, "
-                 "or check the kernel there")
-            if self.cache is not None:
-                self.remember(best, state)
+                              f"({state.evaluated} evaluated)")
+            warn(f"the best options found for '{self.fn.name}' were not checked against the "
+                 f"CPU result ({best.checked.removeprefix('not checked: ')}); tune with "
+                 "measure='gpu' on a GPU, or check the kernel there")
         return TuneResult(MappingOptions.parse(best.options), best.time, self.measured_on,
                           tuple(state.history), self.fn.name, self.sizes, strategy, seconds,
-                          checked, interrupted, self.device_key)
+                          checked, interrupted, self.device_key, best.checked, stopped)
 
 
 class _State:
     """The history so far, and what the next candidates are compared against."""
 
-    def __init__(self, budget: int):
-        self.budget = budget
+    def __init__(self, started: float = 0.0, keep=None):
+        self.started, self.keep = started, keep
         self.history: list[Candidate] = []
         self.by_options: dict[str, Candidate] = {}
         self.by_kernel: dict[str, Candidate] = {}
         self.best_times: list[float] = []  # checked ok times, ascending
         self._reserved: list[float] = []
         self.best: Candidate | None = None
-        self.free = 0  # pruned before compiling
+        self.best_unchecked: Candidate | None = None
 
     @property
     def evaluated(self) -> int:
         """Candidates that cost an evaluation: all but those pruned before compiling."""
-        return len(self.history) - self.free
+        return sum(c.compiled for c in self.history)
 
     def next_index(self) -> int:
         return len(self.history)
 
-    def add(self, c: Candidate, bar, free: bool = False) -> Candidate:
+    def add(self, c: Candidate, bar) -> Candidate:
+        c = attrs.evolve(c, seconds=round(time.monotonic() - self.started, 3))
         self.history.append(c)
-        self.free += free
         self.by_options.setdefault(c.options, c)
         if c.kernel is not None and c.status != "pruned":
             self.by_kernel.setdefault(c.kernel, c)
-        if c.status == "ok" and c.checked in ("gpu", "emulated"):
-            self.best_times = sorted(self.best_times + [c.time])
-            if self.best is None or c.time < self.best.time:
-                self.best = c
-        bar.update(c, self.best, 0 if free else 1)
+        if c.status == "ok" and c.time is not None:
+            if c.is_checked:
+                self.best_times = sorted(self.best_times + [c.time])
+                if self.best is None or c.time < self.best.time:
+                    self.best = c
+            elif self.best_unchecked is None or c.time < self.best_unchecked.time:
+                self.best_unchecked = c
+        if self.keep is not None:
+            self.keep(c)
+        bar.update(c, self.best or self.best_unchecked)
         return c
 
     def would_rank(self, t: float) -> bool:
@@ -532,6 +569,31 @@ class _State:
 
     def release(self) -> None:
         self._reserved = []
+
+
+@contextlib.contextmanager
+def _stop_on_signals():
+    """SIGTERM and SIGHUP stop the search as Ctrl-C does (the best so far is returned and is
+    already in the cache), where this is the main thread (only it may set handlers); the list
+    yielded names the signal that came."""
+    caught: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+
+    def stop(number, _frame):
+        caught.append(signal.Signals(number).name)
+        raise KeyboardInterrupt
+
+    previous = {}
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None:
+            previous[sig] = signal.signal(sig, stop)
+    try:
+        yield caught
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _sampler(strategy: str, population: int, seed: int):
@@ -594,10 +656,6 @@ def _exact_genome(space: Space, options: MappingOptions):
     return genome if str(decoded) == str(options) else None
 
 
-def _is_shape(a) -> bool:
-    return isinstance(a, tuple) and all(isinstance(d, (int, np.integer)) for d in a)
-
-
 def _measure(measure) -> str:
     if measure in ("gpu", "model"):
         return measure
@@ -630,42 +688,6 @@ def _open_cache(cache):
     return Cache(None if cache is None or cache is True else cache)
 
 
-class _Progress:
-    """A rich progress bar: candidates evaluated of the budget, failures, best so far."""
-
-    def __init__(self, enabled: bool, budget: int, function: str, measured_on: str):
-        self.enabled, self.budget = enabled, budget
-        self.counts = dict.fromkeys(STATUSES, 0)
-        self.bar = None
-        if enabled:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                       TimeElapsedColumn)
-            self.bar = Progress(TextColumn(f"tuning {function} ({measured_on})"), BarColumn(),
-                                MofNCompleteColumn(), TimeElapsedColumn(),
-                                TextColumn("{task.fields[status]}"), transient=False)
-            self.task = self.bar.add_task("tune", total=budget, status="")
-
-    def __enter__(self):
-        if self.bar is not None:
-            self.bar.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
-
-    def update(self, candidate: Candidate, best: Candidate | None, advance: int = 1) -> None:
-        self.counts[candidate.status] += 1
-        if self.bar is None:
-            return
-        c = self.counts
-        failed = c["compile_error"] + c["crash"] + c["timeout"]
-        status = (f"generation {candidate.generation}: ok {c['ok']}, pruned {c['pruned']}, "
-                  f"failed {failed}, wrong {c['wrong']}"
-                  + (f"; best {best.time * 1e6:.2f} us" if best else ""))
-        self.bar.update(self.task, advance=advance, status=status)
-
-
 def tuned_options(fn, binding, device_key: str, cache=None) -> MappingOptions | None:
     """The cached best options for this call on this device, or None."""
     from tcstage.tune.cache import Key
@@ -677,9 +699,16 @@ def tuned_options(fn, binding, device_key: str, cache=None) -> MappingOptions | 
     if entry is None:
         return None
     try:
-        return MappingOptions.parse(entry.options)
+        options = MappingOptions.parse(entry.options)
     except TCError:
         return None
+    if not entry.checked:
+        warn(f"options='auto' for '{getattr(fn, 'name', fn)}' uses tuned options that were never "
+             f"checked against the CPU result (the kernel was too large to emulate when it was "
+             f"tuned, on {entry.date}): {entry.options}; check the kernel on a GPU, or tune "
+             "again at sizes that can be emulated")
+    return options
 
 
-__all__ = ["autotune", "TuneResult", "Candidate", "tuned_options", "STATUSES"]
+__all__ = ["autotune", "TuneResult", "Candidate", "tuned_options", "STATUSES", "EFFORTS",
+           "search_limits"]

@@ -4,7 +4,7 @@ exhausts memory or ruins a CUDA context costs only its own process.
 One small interface, `Pool.run(function, items)`, yields `(index, Outcome)` as evaluations
 finish. `LocalPool` forks one process per item (cheap on Linux: the parent's imported modules
 and defined program are shared copy-on-write), `jobs` at a time, each with a time limit and an
-address-space limit; `RayPool` sends the same calls to a Ray cluster (`pip install
+address-space limit, and each killed by the kernel if the tuner dies (Linux); `RayPool` sends the same calls to a Ray cluster (`pip install
 'tcstage[ray]'`). Why not `concurrent.futures.ProcessPoolExecutor`: it cannot kill one hung task,
 and one crashed worker breaks the whole pool.
 """
@@ -53,7 +53,8 @@ class LocalPool:
                     index, item = pending.pop()
                     read, write = ctx.Pipe(duplex=False)
                     process = ctx.Process(target=_child, args=(function, item, write,
-                                                                self.memory), daemon=True)
+                                                                self.memory, os.getpid()),
+                                          daemon=True)
                     process.start()
                     write.close()  # the child's copy is the only one: EOF when it dies
                     running[read] = (index, process, time.monotonic())
@@ -76,9 +77,41 @@ class LocalPool:
                 read.close()
 
 
-def _child(function, item, write, memory) -> None:
+def default_memory(jobs: int | None = None) -> int:
+    """Bytes of address space per worker: an equal share of three quarters of the machine's
+    memory among `jobs` workers (default: the CPU count), at least 4 GiB, so that a candidate
+    that exhausts memory fails alone instead of the machine swapping."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 16 << 30
+    return max(4 << 30, int(total * 0.75) // max(1, jobs or os.cpu_count() or 1))
+
+
+def _die_with_parent() -> None:
+    """Asks Linux to kill this process when the tuner dies, however it dies (SIGKILL too):
+    no worker outlives it. Elsewhere, the tuner's own clean-up is all there is."""
+    import ctypes
+    import sys
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+
+
+def _child(function, item, write, memory, parent: int) -> None:
     os.setsid()  # its own process group: a time-out kills the compilers it started too
+    _die_with_parent()
+    if os.getppid() != parent:  # (the tuner died before the request took effect)
+        os._exit(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the tuner's to handle
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None:  # (not the tuner's handlers, inherited through fork)
+            signal.signal(sig, signal.SIG_DFL)
     if memory:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     try:
