@@ -4,6 +4,12 @@ paper's kernels at the paper's sizes (schedules/paper-manual.txt).
 
     python benchmarks/tune_bench.py [--budget 60] [--kernels tmm-small,tbmm]
                                     [--strategies genetic,tpe] [--seeds 0,1] [--jobs 2]
+    python benchmarks/tune_bench.py --efforts quick,default [--kernels tmm-medium,tbmm,...]
+
+With --efforts, each kernel is tuned once per effort level (default strategy, seed 0, not
+seeded with the manual schedules it is compared with) and the report gives the wall time, the
+candidates evaluated, the best found, how it was checked, and the manual options' prediction:
+benchmarks/results/tune-efforts-<machine>-<date>.{json,md}.
 
 Per kernel, strategy and seed, at equal budgets: tuning time, candidates evaluated (not
 pruned) and proposed in all, the best time found, the manual schedule's and the naive
@@ -72,7 +78,11 @@ def main(argv=None) -> int:
     p.add_argument("--measure", choices=("gpu", "model"), default=None,
                    help="default: the GPU if one works here, else the model")
     p.add_argument("--out", default=None, help="file stem under benchmarks/results/")
+    p.add_argument("--efforts", default="", help="comma-separated effort levels: time each "
+                                                  "(instead of strategies at a budget)")
     a = p.parse_args(argv)
+    if a.efforts:
+        return efforts(a, argv)
     all_cases = cases()
     wanted = [k.strip() for k in a.kernels.split(",") if k.strip()]
     unknown = set(wanted) - {c["name"] for c in all_cases}
@@ -119,7 +129,7 @@ def main(argv=None) -> int:
                 counts = {s: sum(c.status == s for c in h) for s in
                           ("ok", "wrong", "compile_error", "timeout", "crash", "pruned")}
                 row.update(seconds=res.seconds, proposed=len(h),
-                           evaluated=len(h) - counts["pruned"], counts=counts,
+                           evaluated=res.counts()["evaluated"], counts=counts,
                            best_s=res.time, best_options=str(res.options),
                            checked=res.checked, measured_on=res.measured_on,
                            ratio=res.time / manual if manual else None)
@@ -138,6 +148,94 @@ def main(argv=None) -> int:
     md = save(rows, failures, host, where, date, a.budget, command, a.out)
     print("\n" + md)
     return 0
+
+
+EFFORT_KERNELS = ("tmm-medium", "tbmm", "gconv-14", "MLP3")  # the paper's, at its sizes
+
+
+def efforts(a, argv) -> int:
+    """Each kernel at each effort level: wall time, result, how checked, against manual."""
+    from tcstage.tune.tuner import EFFORTS, _detect_gpu
+    levels = [e.strip() for e in a.efforts.split(",") if e.strip()]
+    unknown = set(levels) - set(EFFORTS)
+    if unknown:
+        raise SystemExit(f"unknown efforts: {', '.join(sorted(unknown))}")
+    wanted = [k.strip() for k in a.kernels.split(",") if k.strip()] or list(EFFORT_KERNELS)
+    by_name = {c["name"]: c for c in cases()}
+    measure = a.measure or ("gpu" if _detect_gpu() else "model")
+    where = "GPU " + _detect_gpu() if measure == "gpu" else "model (no GPU), cost model H100"
+    host, date = machine(), datetime.date.today().isoformat()
+    command = "python3 benchmarks/tune_bench.py " + " ".join(sys.argv[1:] if argv is None
+                                                              else argv)
+    stem = a.out or f"tune-efforts-{_slug(host)}-{date}"
+    print(f"# tune_bench efforts: {host}; {where}; {date}", flush=True)
+    rows = []
+    for name in wanted:
+        case = by_name[name]
+        fn = program(case["file"])[case["function"]]
+        args = [s for _, s, _ in shapes(fn, case["sizes"])]
+        # the best of the manual lines for this function at these sizes (tmm-medium has two)
+        manual = min(filter(None, (predicted(fn, args, c["options"]) for c in by_name.values()
+                                   if (c["file"], c["function"], c["sizes"]) ==
+                                   (case["file"], case["function"], case["sizes"]))),
+                     default=None)
+        for level in levels:
+            started = time.monotonic()
+            row = {"kernel": name, "effort": level, "manual_s": manual}
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", tc.TCWarning)
+                    warnings.simplefilter("ignore", FutureWarning)
+                    res = tc.autotune(program(case["file"]), case["function"], *args,
+                                      measure=measure, effort=level, cache=False,
+                                      progress=False, jobs=a.jobs, manual_seeds=False)
+            except tc.TCError as e:
+                row.update(error=str(e).splitlines()[0], wall_s=time.monotonic() - started)
+            else:
+                row.update(wall_s=time.monotonic() - started, counts=res.counts(),
+                           best_s=res.time, best_options=str(res.options),
+                           checked=res.checked, how_checked=res.how_checked,
+                           stopped=res.stopped,
+                           ratio=res.time / manual if manual else None)
+            rows.append(row)
+            _save_efforts(rows, host, where, date, command, stem)
+            print(f"{name} {level}: " + (row.get("error") or
+                  f"best {us(row['best_s'])} us ({row['how_checked']}), manual {us(manual)}, "
+                  f"{row['counts']['evaluated']} evaluated in {row['wall_s']:.0f} s"), flush=True)
+    print("\n" + _save_efforts(rows, host, where, date, command, stem))
+    return 0
+
+
+def _save_efforts(rows, host, where, date, command, stem) -> str:
+    lines = [f"# Autotuner effort levels on the paper's kernels ({date})", "",
+             f"Machine: {host}; {where}.", f"Command: `{command}`", "",
+             "One run per kernel and effort (TPE, seed 0), not seeded with the manual "
+             "schedules. Times in us per call, predicted by the cost model unless measured on "
+             "a GPU; wall = the whole autotune call; evaluated = candidates compiled; manual = "
+             "the best schedules/paper-manual.txt line for the kernel at its sizes, from the "
+             "same model.", "",
+             "| kernel | effort | wall s | evaluated | best | manual | best / manual | "
+             "checked | stopped |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['kernel']} | {r['effort']} | {r['wall_s']:.0f} | - | error: "
+                         f"{r['error']} | {us(r['manual_s'])} | - | - | - |")
+            continue
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
+        lines.append(f"| {r['kernel']} | {r['effort']} | {r['wall_s']:.0f} | "
+                     f"{r['counts']['evaluated']} | {us(r['best_s'])} | {us(r['manual_s'])} | "
+                     f"{ratio} | {r['how_checked'] if r['checked'] else 'NOT checked: ' + r['how_checked']} | "
+                     f"{r['stopped']} |")
+    lines += ["", "Best options found:", ""]
+    lines += [f"- {r['kernel']} {r['effort']}: `{r['best_options']}`" for r in rows
+              if "error" not in r]
+    md = "\n".join(lines) + "\n"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{stem}.md").write_text(md)
+    (RESULTS / f"{stem}.json").write_text(json.dumps(
+        {"machine": host, "measured": where, "date": date, "command": command, "rows": rows},
+        indent=1) + "\n")
+    return md
 
 
 def save(rows, failures, host, where, date, budget, command, out) -> str:

@@ -60,6 +60,7 @@ def test_bad_limits_are_clear_errors(kwargs, message):
         tc.autotune(TMM, "tmm", (8, 8), (8, 8), **QUIET, **kwargs)
 
 
+@pytest.mark.slow  # (a tuning run or a tuner in a subprocess: the slow step)
 def test_a_time_budget_stops_the_search_and_counts_add_up():
     started = time.monotonic()
     res = tc.autotune(TMM, "tmm", (64, 32), (128, 32), time_budget=6, jobs=2, **QUIET)
@@ -84,6 +85,7 @@ def test_a_budget_counts_evaluated_candidates_only():
 
 # -- warm starts and listed candidates ------------------------------------------------------------
 
+@pytest.mark.slow  # (a tuning run or a tuner in a subprocess: the slow step)
 def test_warm_starts_the_space_cannot_write_are_evaluated_as_written(monkeypatch):
     # the paper's manual MLP3 line: scheduleFusionStrategy("Max") with tile(1) over outputs the
     # space tiles differently, and a preset: neither has an exact genome here
@@ -106,8 +108,8 @@ def test_a_list_of_candidates_is_evaluated_exactly():
              tc.MappingOptions().tile(16, 16).mapToThreads(16, 16).mapToBlocks(4, 8),
              "MappingOptions().mapToThreads(32).mapToBlocks(64)"]
     res = tc.autotune(TMM, "tmm", (64, 32), (128, 32), candidates=given, **QUIET)
-    assert [c.options for c in res.history] == [str(tc.MappingOptions.parse(str(g)))
-                                               for g in given]
+    assert sorted(c.options for c in res.history) == sorted(
+        str(tc.MappingOptions.parse(str(g))) for g in given)
     assert {c.source for c in res.history} == {"given"} and res.stopped == "list"
     assert str(res.options) in [c.options for c in res.history]
 
@@ -158,6 +160,7 @@ def test_a_sampled_check_compares_what_the_sampled_blocks_wrote():
     assert evaluate.check_job(_tmm_job(A, B, (elsewhere,), options))["status"] == "ok"
 
 
+@pytest.mark.slow  # (a tuning run or a tuner in a subprocess: the slow step)
 def test_kernels_too_large_to_emulate_are_checked_on_a_sample(monkeypatch):
     monkeypatch.setattr(evaluate, "EMULATION_LIMIT", 5000)  # (workers fork: they see it too)
     res = tc.autotune(TMM, "tmm", (64, 32), (128, 32), budget=10, **QUIET)
@@ -167,6 +170,7 @@ def test_kernels_too_large_to_emulate_are_checked_on_a_sample(monkeypatch):
     assert sampled and all(c.status == "ok" for c in sampled)
 
 
+@pytest.mark.slow  # (a tuning run or a tuner in a subprocess: the slow step)
 def test_a_kernel_that_no_check_can_cover_is_returned_unchecked_and_cached_as_such(
         tmp_path, monkeypatch):
     monkeypatch.setattr(evaluate, "EMULATION_LIMIT", 1)  # nothing emulable, not even a sample
@@ -268,6 +272,7 @@ def _wait_for_an_entry(path, child, seconds=120):
     raise AssertionError("no entry reached the cache")
 
 
+@pytest.mark.slow  # (a tuning run or a tuner in a subprocess: the slow step)
 @pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_prints_the_best_so_far_and_exits_with_its_status(tmp_path, sig, status):
     child = _tune_cli(tmp_path, "--budget", "100000", "--jobs", "1")
@@ -279,6 +284,7 @@ def test_a_signal_prints_the_best_so_far_and_exits_with_its_status(tmp_path, sig
     assert "Traceback" not in err
 
 
+@pytest.mark.slow  # (a tuning run or a tuner in a subprocess: the slow step)
 def test_ctrl_c_before_anything_passed_exits_130_without_a_traceback(tmp_path):
     child = _tune_cli(tmp_path, "--budget", "100000", "--jobs", "1")
     time.sleep(4)  # (importing and starting: no candidate has been checked yet)
@@ -288,6 +294,7 @@ def test_ctrl_c_before_anything_passed_exits_130_without_a_traceback(tmp_path):
     assert "interrupted" in err
 
 
+@pytest.mark.slow  # (a tuning run or a tuner in a subprocess: the slow step)
 def test_without_a_terminal_progress_is_one_plain_line_per_generation(tmp_path):
     child = _tune_cli(tmp_path, "--budget", "12")
     out, err = child.communicate(timeout=300)
@@ -298,6 +305,7 @@ def test_without_a_terminal_progress_is_one_plain_line_per_generation(tmp_path):
     assert all(" evaluated (ok " in line for line in lines)
 
 
+@pytest.mark.slow  # (a tuning run or a tuner in a subprocess: the slow step)
 def test_no_worker_outlives_a_killed_tuner(tmp_path):
     pids = tmp_path / "pids"
     script = textwrap.dedent(f"""
@@ -365,3 +373,46 @@ def test_options_auto_warns_about_an_unchecked_entry_only(tmp_path, monkeypatch)
         warnings.simplefilter("error")
         kernel = tc.compile(TMM, "tmm", *shapes, options="auto", target="cuda-emulated")
     assert str(kernel.options) == str(options)
+
+
+def _as_a_user(command: list[str]) -> list[str]:
+    """`command` run without root's power to write anything (permissions then apply to this
+    test's read-only files as they would to any user's); skipped where that cannot be done."""
+    import shutil
+    if os.geteuid() != 0:
+        return command
+    if not shutil.which("setpriv"):
+        pytest.skip("running as root without setpriv: a read-only file would be written")
+    caps = "-dac_override,-dac_read_search"
+    return ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}", *command]
+
+
+@pytest.mark.slow  # (a tuning run or a tuner in a subprocess: the slow step)
+def test_a_healthy_cache_in_a_read_only_directory_is_read_and_left_alone(tmp_path):
+    cache_dir = tmp_path / "shared"
+    cache_dir.mkdir()
+    fn = tc.define(TMM).tmm
+    shapes = [(64, 32), (128, 32)]
+    key = Key.for_call(fn, fn.bind(shapes, None, shapes_only=True), "cuda",
+                       f"model:{model.H100.name}")
+    stored = "MappingOptions().tile(16, 16).mapToThreads(16, 16).mapToBlocks(4, 8)"
+    with Cache(cache_dir / "tune.sqlite") as cache:
+        cache.put(Entry.new(key, stored, 1.0, "model", 1, "emulated"))
+    for f in cache_dir.iterdir():
+        f.chmod(0o444)
+    cache_dir.chmod(0o555)
+    before = (cache_dir / "tune.sqlite").read_bytes()
+    try:
+        env = dict(os.environ, TCSTAGE_CACHE_DIR=str(cache_dir))
+        done = subprocess.run(_as_a_user([sys.executable, "-m", "tcstage.cli", "tune",
+                                          os.path.join(ROOT, "examples", "tmm.tc"), "--sizes",
+                                          "M=64,K=32,N=128", "--measure", "model", "--budget",
+                                          "3", "--no-progress"]),
+                              capture_output=True, text=True, env=env, timeout=600)
+    finally:
+        cache_dir.chmod(0o755)
+    assert done.returncode == 0, done.stderr
+    assert "cannot be written (a read-only file or directory); it is read" in done.stderr
+    assert "damaged" not in done.stderr
+    assert done.stdout.startswith("best for tmm (K=32, M=64, N=128): ")
+    assert (cache_dir / "tune.sqlite").read_bytes() == before  # not written

@@ -297,6 +297,7 @@ class Cache:
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._inherited: list[sqlite3.Connection] = []  # connections of a parent before fork
+        self._target = str(self.path)  # what a forked child connects to
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -304,6 +305,11 @@ class Cache:
                              f"{e.strerror or e}") from None
         if self.path.is_dir():
             raise CacheError(f"tuning cache {self.path}: is a directory, not a database file")
+        self.readonly = not _writable(self.path)
+        if self.readonly:  # read, never written (a shared or archived cache)
+            self._conn = self._open_readonly()
+            self._pid = os.getpid()
+            return
         with _open_lock(self.path):
             try:
                 self._conn = self._open()
@@ -315,6 +321,32 @@ class Cache:
         self._pid = os.getpid()
 
     # -- opening -----------------------------------------------------------------------------
+    def _open_readonly(self) -> sqlite3.Connection:
+        """A cache this process may not write: read as it is (immutable: no lock, no journal),
+        with a warning once that nothing will be stored; where it cannot be read as a cache
+        of this version, a cache in memory instead."""
+        why = f"tuning cache {self.path}: cannot be written (a read-only file or directory)"
+        if self.path.exists():
+            try:
+                self._target = f"{self.path.resolve().as_uri()}?mode=ro&immutable=1"
+                conn = self._connect(self._target)
+                tables = {r[0] for r in conn.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table'")}
+                self._check_ours(conn, tables, conn.execute("PRAGMA application_id").fetchone()[0],
+                                 upgrade=False)
+                warn(f"{why}; it is read, and this process's tuning results are not stored")
+                return conn
+            except (sqlite3.Error, _Unusable) as e:
+                problem = e.problem if isinstance(e, _Unusable) else f"damaged database ({e})"
+                if self.explicit:
+                    raise CacheError(f"{why}, and it cannot be read: {problem}") from None
+                why += f", and it cannot be read as it is ({problem})"
+        warn(f"{why}; this process keeps its tuning results in memory only")
+        self.persistent, self.readonly = False, False
+        conn = self._connect(":memory:")
+        self._check(conn)
+        return conn
+
     def _connect(self, target) -> sqlite3.Connection:
         conn = sqlite3.connect(target, timeout=BUSY_TIMEOUT, isolation_level=None,
                                check_same_thread=False)
@@ -378,7 +410,7 @@ class Cache:
                 conn.execute("ROLLBACK")
             raise
 
-    def _check_ours(self, conn, tables: set[str], app_id: int) -> None:
+    def _check_ours(self, conn, tables: set[str], app_id: int, upgrade: bool = True) -> None:
         meta = {}
         if "meta" in tables:
             try:
@@ -400,6 +432,9 @@ class Cache:
         columns = {r[1] for r in conn.execute("PRAGMA table_info(entries)")}
         if not columns:
             raise _Unusable("corrupt", "it has no entries table")
+        if schema < SCHEMA_VERSION and not upgrade:
+            raise _Unusable("older", f"written by an earlier tcstage (schema {schema}), which "
+                                     "this version upgrades when it may write the file")
         if schema == 1 and "checked" not in columns:  # an earlier tcstage's cache: upgraded
             # (its entries did not record a check: they read as unchecked)
             conn.execute("ALTER TABLE entries ADD COLUMN checked TEXT NOT NULL DEFAULT ''")
@@ -452,7 +487,7 @@ class Cache:
                 # The parent's connection is kept, unused and unclosed: closing it here could
                 # checkpoint or unlock the parent's file.
                 self._inherited.append(self._conn)
-                self._conn = self._connect(str(self.path))
+                self._conn = self._connect(self._target)
                 self._pid = os.getpid()
             try:
                 yield self._conn
@@ -514,8 +549,11 @@ class Cache:
 
     def put(self, entry: Entry) -> bool:
         """Stores `entry` unless the cache holds one at least as fast for its key and way of
-        measuring; returns whether it was stored. Committed before it returns."""
+        measuring; returns whether it was stored. Committed before it returns. A read-only
+        cache stores nothing (it said so when opened)."""
         _validate(entry)
+        if self.readonly:
+            return False
         row = (*_key_row(entry.key), entry.measured, entry.options, float(entry.time),
                entry.version, entry.date, int(entry.candidates), entry.checked)
         where = " AND ".join(f"{c} = ?" for c in (*_KEY_COLUMNS, "measured"))
@@ -559,6 +597,8 @@ class Cache:
         for `key`, each once (a candidate already stored is left as it is)."""
         import tcstage
 
+        if self.readonly:
+            return
         rows = [(*_key_row(key), run, c.index, c.options, c.status, c.time, c.predicted,
                  c.checked, c.detail, c.source, measured, tcstage.__version__, _now())
                 for c in candidates]
@@ -599,6 +639,9 @@ class Cache:
     def remove(self, key: Key | None = None) -> int:
         """Deletes the entries of `key` (every way of measuring), or all with None; returns
         how many were deleted."""
+        if self.readonly:
+            raise CacheError(f"tuning cache {self.path}: cannot be written (a read-only file "
+                             "or directory), so nothing can be deleted from it")
         with self._db("deleting entries") as conn:
             if key is None:
                 conn.execute("DELETE FROM records")
@@ -626,6 +669,12 @@ class Cache:
 def _rank(e: Entry) -> tuple:
     """Within one key and way of measuring: checked before unchecked, then faster."""
     return (not e.checked, e.time)
+
+
+def _writable(path: pathlib.Path) -> bool:
+    """Whether this process may write the cache at `path` (and its journal beside it)."""
+    directory = os.access(path.parent, os.W_OK | os.X_OK)
+    return directory and (not path.exists() or os.access(path, os.W_OK))
 
 
 def _preference(e: Entry) -> tuple:
