@@ -92,9 +92,9 @@ def main(argv=None) -> int:
     strategies = [s.strip() for s in a.strategies.split(",") if s.strip()]
     seeds = [int(s) for s in a.seeds.split(",")]
 
-    from tcstage.tune.tuner import _detect_gpu
-    measure = a.measure or ("gpu" if _detect_gpu() else "model")
-    where = "GPU " + _detect_gpu() if measure == "gpu" else "model (no GPU), cost model H100"
+    from tcstage.tune.tuner import detect_gpu
+    measure = a.measure or ("gpu" if detect_gpu() else "model")
+    where = "GPU " + detect_gpu() if measure == "gpu" else "model (no GPU), cost model H100"
     host = machine()
     date = datetime.date.today().isoformat()
     command = "python3 benchmarks/tune_bench.py " + " ".join(sys.argv[1:] if argv is None
@@ -155,15 +155,15 @@ EFFORT_KERNELS = ("tmm-medium", "tbmm", "gconv-14", "MLP3")  # the paper's, at i
 
 def efforts(a, argv) -> int:
     """Each kernel at each effort level: wall time, result, how checked, against manual."""
-    from tcstage.tune.tuner import EFFORTS, _detect_gpu
+    from tcstage.tune.tuner import EFFORTS, detect_gpu
     levels = [e.strip() for e in a.efforts.split(",") if e.strip()]
     unknown = set(levels) - set(EFFORTS)
     if unknown:
         raise SystemExit(f"unknown efforts: {', '.join(sorted(unknown))}")
     wanted = [k.strip() for k in a.kernels.split(",") if k.strip()] or list(EFFORT_KERNELS)
     by_name = {c["name"]: c for c in cases()}
-    measure = a.measure or ("gpu" if _detect_gpu() else "model")
-    where = "GPU " + _detect_gpu() if measure == "gpu" else "model (no GPU), cost model H100"
+    measure = a.measure or ("gpu" if detect_gpu() else "model")
+    where = "GPU " + detect_gpu() if measure == "gpu" else "model (no GPU), cost model H100"
     host, date = machine(), datetime.date.today().isoformat()
     command = "python3 benchmarks/tune_bench.py " + " ".join(sys.argv[1:] if argv is None
                                                               else argv)

@@ -18,7 +18,7 @@ from tcstage.errors import (TCArgumentError, TCError, TCPartitionError, TCRangeE
 from tcstage.options import FusionStrategy, MappingOptions
 from tcstage.cpu.options import CpuSchedule
 from tcstage.cuda.runtime import Kernel
-from tcstage.compiler import compile
+from tcstage.api import compile
 from tcstage.program import PolymorphicFunction, Program, TCFunction, define
 from tcstage.halide.pipeline import HalideFunction, from_halide
 from tcstage.tune.tuner import TuneResult, autotune

@@ -265,12 +265,11 @@ def _check_flags(args) -> None:
     elif args.command == "show" and args.options is not None and not (args.schedule or args.cuda):
         raise UsageError("--options maps the CUDA kernel, which only --schedule and --cuda show")
     elif args.command == "tune" and args.target == "cpu":
-        given = [f for f, v in (("--time", args.time_budget), ("--effort", args.effort),
-                                ("--jobs", args.jobs), ("--log", args.log)) if v is not None]
+        given = [f for f, v in (("--jobs", args.jobs), ("--log", args.log)) if v is not None]
         if given:
             raise UsageError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for "
-                             "--target cuda; a CPU tune takes --budget (candidates, each timed "
-                             "here)")
+                             "--target cuda; a CPU tune times its candidates one at a time "
+                             "here")
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
@@ -689,10 +688,10 @@ def _tune(args) -> int:
 
 
 def _tune_arguments(args) -> dict:
-    extra = {} if args.target == "cpu" else dict(
-        time_budget=args.time_budget, effort=args.effort, jobs=args.jobs, log=args.log)
+    extra = {} if args.target == "cpu" else dict(jobs=args.jobs, log=args.log)
     return dict(target=args.target, measure=args.measure, budget=args.budget,
-                strategy=args.strategy, seed=args.seed, progress=args.progress, **extra)
+                time_budget=args.time_budget, effort=args.effort, strategy=args.strategy,
+                seed=args.seed, progress=args.progress, **extra)
 
 
 def _tuned(result, saved: str = "") -> int:

@@ -25,13 +25,10 @@ pass and become kernel arguments, so that one kernel serves every value of them 
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import difflib
 import functools
 import math
-import re
-import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -41,9 +38,9 @@ import islpy as isl
 import numpy as np
 
 from tcstage.cuda.codegen import CudaKernel, generate, kernel_name, module_source
-from tcstage.errors import TCArgumentError, TCError, TCWarning, warn
+from tcstage.errors import TCError, TCWarning, warn
 from tcstage.halide.lower import Lowered
-from tcstage.options import PRESETS, MappingOptions
+from tcstage.options import MappingOptions
 from tcstage.poly.budget import WorkLimitExceeded
 from tcstage.poly.launches import MERGE_FUSION_SECONDS, groups, partition, restricted
 from tcstage.poly.mapping import Mapped, map_to_gpu
@@ -153,7 +150,7 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
         key = (tuple(names), str(own))
         if key not in mappings:
             whole = len(key[0]) == len(scop.statements)
-            with _held_warnings() as said:
+            with held_warnings() as said:
                 made = _map(lowered, own, *(
                     (scop, to_schedule, dependences) if whole else
                     (restricted(scop, key[0]), restricted(to_schedule, key[0]),
@@ -164,7 +161,7 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
 
     def launched(names, own: MappingOptions) -> _Mapping:
         made, said = mapped(names, own)
-        _say_again(said)
+        say_again(said)
         return made
 
     def launch_own(names) -> MappingOptions:
@@ -400,8 +397,8 @@ def check_dynamic(fn: TCFunction, dynamic) -> tuple[str, ...]:
         if n in scalars:
             raise TCError(f"dynamic={n!r}: {n} is a scalar input of '{fn.name}', not a size "
                           "variable; only the sizes of input tensors can be dynamic"
-                          + (f" (scalars used in subscripts are specialised: the kernel is "
-                             f"compiled for their values)" if n in fn.specialized_scalars
+                          + (" (scalars used in subscripts are specialised: the kernel is "
+                             "compiled for their values)" if n in fn.specialized_scalars
                              else ""))
         if n in checked.tensors:
             raise TCError(f"dynamic={n!r}: {n} is a tensor of '{fn.name}', not a size variable; "
@@ -431,116 +428,15 @@ def _stage(function: str, timings: dict, name: str):
     timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
 
 
-# -- the public entry -----------------------------------------------------------------------------
-
-COMPILED_KERNELS = 64  # kernels the in-process cache keeps (least recently used go first)
-_kernels: collections.OrderedDict = collections.OrderedDict()
-_kernels_lock = threading.Lock()
-
-
-def compile(source, name: str | None = None, *inputs, options=None, target: str = "cuda", out=None,
-            output_shape=None, dynamic: Sequence[str] = ()):
-    """Compiles TC function `name` of `source` (TC text or a `Program`) to one CUDA kernel for
-    the shapes of `inputs` (arrays, or shape tuples; scalars as values).
-
-    `options`: a `MappingOptions`, its chain text, a preset name, or "auto": the best options
-    the autotuner cached for this function, sizes and device, or else a default chosen from the
-    TC's structure (with a TCWarning suggesting tuning); default: the single-thread options,
-    `MappingOptions()`. A list gives one set per launch of a kernel sequence, in launch order
-    (the first also decides the launches; docs/cuda.md "Kernel sequences").
-    `target`: "cuda" (launch with pycuda) or "cuda-emulated" (the same source run on the CPU).
-    `out`: the starting values of in/out outputs, as for calls.
-    A Halide pipeline (`tc.from_halide(funcs)`) is compiled as `tc.compile(f, *inputs,
-    output_shape=...)`: no name, and the shape of each output given.
-
-    `dynamic`: size variables (e.g. `("B",)`) the kernel leaves symbolic: it takes any value
-    of them at call time (the grid follows), while the other sizes stay fixed. Loops over
-    them are never unrolled, tiles whose size would depend on them are not promoted, and
-    index arithmetic is 64-bit.
-
-    Compiling the same function for the same shapes, options and target again returns the same
-    Kernel, from an in-process cache (the values of dynamic sizes are not part of the key).
-    """
-    from tcstage.cuda.runtime import Kernel, _check_target
-
-    _check_target(target)  # before the work of compiling
-    _, fn, inputs = function_of(source, name, inputs, output_shape)
-    name = fn.name
-    if inputs and isinstance(inputs[0], (MappingOptions, str)):
-        raise TCArgumentError(
-            f"tc.compile: {str(inputs[0])!r} stands where the first input of '{name}' goes; "
-            f"tcstage takes the options by keyword, after the inputs: tc.compile(source, "
-            f"'{name}', *inputs, options=...) (TC's order, compile(tc, name, options, "
-            "*inputs), is not tcstage's)")
-    dynamic = check_dynamic(fn, dynamic)  # before the work of finding options
-    auto = isinstance(options, str) and options.strip().lower() == "auto"
-    per_launch = listed = compiled = None
-    if isinstance(options, (list, tuple)):
-        options, per_launch, listed = _options_per_launch(name, options)
-    if auto:
-        options, per_launch, compiled, said = auto_options(fn, inputs, out, target)
-    elif isinstance(options, MappingOptions) and (start := _starting_point(options)):
-        warn(f"in '{name}': these options are {start}. tcstage's options are immutable: "
-             "o.tile(32) returns new options and leaves o as it was (TC's change o in place), "
-             "so a chain whose result was not kept is lost; pass the name as text (options="
-             "\"naive\") to mean a starting point as it is")
-    options = as_options(options)
-    binding = fn.bind(inputs, out, shapes_only=True)
-    fixed = tuple(sorted((k, v) for k, v in binding.sizes.items() if k not in dynamic))
-    key = (_source_key(fn), name, fixed, dynamic,
-           binding.specialization(fn), tuple(str(t.type) for t in fn.checked.inputs),
-           str(options), target)
-    # auto's structural default gives each launch of a sequence its own options: the same
-    # kernel as these options alone where there is one launch
-    own_key = key + ("options per launch",) if per_launch is not None else key
-    if listed is not None:
-        own_key = key = key + tuple(map(str, listed))
-    with _kernels_lock:
-        kernel = _kernels.get(own_key)
-        if kernel is None and per_launch is not None and key in _kernels \
-                and len(_kernels[key].launches) == 1:
-            kernel = _kernels[key]
-        if kernel is not None:
-            _kernels.move_to_end(own_key if own_key in _kernels else key)
-            return kernel
-    if compiled is not None and not dynamic:  # (auto compiled it to weigh it)
-        _say_again(said)
-    elif auto and per_launch is None:
-        # Tuned options from the cache: what in them had no effect is the tuner's affair, not
-        # the caller's (a warm start is kept as written); kernel.explain() still lists it.
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", f"in '{re.escape(name)}', option", TCWarning)
-            warnings.filterwarnings("ignore", f"in '{re.escape(name)}', options that never "
-                                    "act", TCWarning)
-            compiled = compile_cuda(fn, inputs, out, options, dynamic, per_launch)
-    else:
-        compiled = compile_cuda(fn, inputs, out, options, dynamic, per_launch)
-    if listed is not None and len(listed) != len(compiled.parts):
-        runs = "; ".join(f"launch {k}: {', '.join(sorted({s.tensor for s in p.scop.statements}))}"
-                         for k, p in enumerate(compiled.parts))
-        raise TCError(f"tc.compile('{name}'): {len(listed)} sets of options were given, one per "
-                      f"launch, but under the first set '{name}' runs as "
-                      f"{len(compiled.parts)} launch(es) ({runs}): give one set per launch, in "
-                      "this order (kernel.launches lists them)")
-    kernel = Kernel(compiled, target)
-    with _kernels_lock:
-        _kernels[own_key] = kernel
-        if len(kernel.launches) == 1:
-            _kernels[key] = kernel
-        while len(_kernels) > COMPILED_KERNELS:
-            _kernels.popitem(last=False)
-    return kernel
-
-
 @contextlib.contextmanager
-def _held_warnings():
-    """Records the TCWarnings (and others) issued inside, for `_say_again` (or silence)."""
+def held_warnings():
+    """Records the TCWarnings (and others) issued inside, for `say_again` (or silence)."""
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always", TCWarning)
         yield said
 
 
-def _say_again(said) -> None:
+def say_again(said) -> None:
     """Warnings recorded while compiling, issued now (a TCWarning, as ever, from the caller's
     line outside tcstage)."""
     for one in said:
@@ -548,41 +444,6 @@ def _say_again(said) -> None:
             warn(str(one.message))
         else:
             warnings.warn(one.message)
-
-
-def _options_per_launch(name: str, given) -> tuple:
-    """A list of options, one per launch of a kernel sequence: (the first, which decides the
-    launches and maps the first, the function giving launch k the k-th, the list)."""
-    if not given:
-        raise TCArgumentError(f"tc.compile('{name}'): options=[] gives no options: give one "
-                              "set per launch, or one MappingOptions for them all")
-    listed = []
-    for k, one in enumerate(given):
-        if isinstance(one, str) and one.strip().lower() == "auto":
-            raise TCArgumentError(f"tc.compile('{name}'): options[{k}] is 'auto', which chooses "
-                                  "every launch's options itself: pass options='auto' alone")
-        try:
-            listed.append(as_options(one))
-        except TCError as e:
-            raise TCArgumentError(f"tc.compile('{name}'): options[{k}]: {e.message}") from None
-    if len(listed) > 1 and any(o.overlapped_tiles for o in listed):
-        raise TCArgumentError(
-            f"tc.compile('{name}'): overlappedTiles(True) plans its launches from one set of "
-            "options, so it cannot come in a list of options per launch: give one set")
-    listed = tuple(listed)
-    return listed[0], lambda position, _statements: listed[min(position, len(listed) - 1)], \
-        listed
-
-
-def _starting_point(options: MappingOptions) -> str:
-    """What options equal to a starting point are, in words ('' for any others)."""
-    if options == MappingOptions():
-        return "MappingOptions(), the single-thread options: one thread in one block runs " \
-            "the whole kernel"
-    for name in PRESETS:
-        if options == MappingOptions.named(name):
-            return f"exactly the {name!r} starting point, MappingOptions({name!r})"
-    return ""
 
 
 def function_of(source, name, inputs: tuple, output_shape) -> tuple:
@@ -603,74 +464,3 @@ def function_of(source, name, inputs: tuple, output_shape) -> tuple:
     return program, resolve(program[name], inputs), inputs
 
 
-def clear_kernel_cache() -> None:
-    """Forgets the kernels `compile` keeps (for tests that change the compiler underneath)."""
-    with _kernels_lock:
-        _kernels.clear()
-
-
-def _source_key(fn) -> str:
-    from tcstage.tune.cache import tc_hash
-    return tc_hash(fn)
-
-
-def _predicted_best(fn, inputs, out, candidates, per_launch=None) -> tuple:
-    """The candidate options whose kernel the cost model (H100) predicts fastest, with that
-    compilation and the warnings it gave: (options, Compiled, warnings); where one cannot be
-    compiled or predicted, the others ((candidates[0], None, []) where none can)."""
-    from tcstage.tune import model
-    best, best_time = (candidates[0], None, []), math.inf
-    for options in candidates:
-        try:
-            with _held_warnings() as said:
-                compiled = compile_cuda(fn, inputs, out, options, launch_options=per_launch)
-                time = model.predict(compiled, model.H100).time
-        except TCError:
-            continue
-        if time < best_time:
-            best, best_time = (options, compiled, said), time
-    return best
-
-
-def auto_options(fn: TCFunction, inputs, out, target: str, cached: bool = True):
-    """options="auto": the cached best for this call on this device (a GPU's measurement
-    first, then the cost model's), else the structural default with a TCWarning; with the
-    latter, the function giving each launch of a kernel sequence its own (None with the
-    former): (options, launch options, their compilation or None, the warnings it gave:
-    where the cost model chose between candidates, the winner is compiled already)."""
-    from tcstage.tune.cache import CacheError
-    from tcstage.tune.heuristic import heuristic_options
-    from tcstage.tune.model import H100
-    from tcstage.tune.tuner import _detect_gpu, tuned_options
-    binding = fn.bind(inputs, out, shapes_only=True)
-    devices = ([_detect_gpu()] if target == "cuda" else []) + [f"model:{H100.name}"]
-    for device in filter(None, devices) if cached else ():  # (cached=False: the default)
-        try:
-            found = tuned_options(fn, binding, device)
-        except CacheError as e:
-            warn(f"options='auto' could not read the tuning cache: {e.message}")
-            break
-        if found is not None:
-            return found, None, None, []
-    from tcstage.inputs import call_shapes
-    values = {**binding.sizes, **{k: v for k, v in binding.scalars.items()
-                                  if not isinstance(v, np.ndarray)}}  # (numpy scalars count)
-    shapes, outs = call_shapes(fn.checked, values)
-    reports = fn.ranges(*shapes, out=tuple(outs) or None)
-    options = heuristic_options(fn, reports)
-
-    @functools.cache  # (launches of overlapped tiles take the function's options)
-    def own(statements: frozenset) -> MappingOptions:
-        return heuristic_options(fn, reports, statements)
-
-    def per_launch(_position, statements) -> MappingOptions:
-        return own(frozenset(statements))
-    compiled, said = None, []
-    if any(t.kind == "temp" for t in fn.checked.tensors.values()):
-        options, compiled, said = _predicted_best(
-            fn, inputs, out, [options, options.overlappedTiles(True)], per_launch)
-    sizes = ", ".join(f"{k}={v}" for k, v in sorted(binding.sizes.items()))
-    warn(f"options='auto': no tuned options for '{fn.name}' at {sizes} in the cache; using a "
-         f"default from the TC's structure: {options}. tc.autotune(...) or `tcstage tune` "
-         "finds better ones and caches them")
-    return options, per_launch, compiled, said

@@ -198,5 +198,5 @@ def _private_tuning_cache(monkeypatch, tmp_path_factory):
 def _fresh_kernel_cache():
     """Each test compiles afresh: tests patch compiler stages, budgets and pycuda underneath
     tc.compile, which its in-process cache of kernels would otherwise hide."""
-    from tcstage.compiler import clear_kernel_cache
+    from tcstage.api import clear_kernel_cache
     clear_kernel_cache()

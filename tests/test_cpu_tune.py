@@ -38,6 +38,15 @@ def test_start_from_is_evaluated_and_shape_tuples_get_random_inputs():
     res = tc.autotune(TMM, "tmm", (9, 17), (12, 17), target="cpu", budget=3,
                       start_from=str(start), progress=False)
     assert [c.options for c in res.history[:2]] == ["CpuSchedule()", str(start)]
+    assert [c.source for c in res.history[:2]] == ["default", "start_from"]
+
+
+def test_a_time_budget_limits_a_cpu_search_as_it_does_a_cuda_one():
+    res = tc.autotune(TMM, "tmm", (9, 17), (12, 17), target="cpu", time_budget=3,
+                      progress=False)
+    assert res.stopped in ("time", "space") and res.seconds < 3 + 5
+    c = res.counts()
+    assert c["evaluated"] == c["ok"] + c["wrong"] + c["failed"] + c["pruned after compiling"]
 
 
 def test_a_candidate_that_gives_a_wrong_result_cannot_win(monkeypatch):
@@ -58,7 +67,8 @@ def test_a_candidate_that_gives_a_wrong_result_cannot_win(monkeypatch):
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"measure": "gpu"}, "measures on this CPU"),
-    ({"budget": 0}, "budget must be at least 1"),
+    ({"budget": 0}, "budget must be a positive integer, got 0"),
+    ({"effort": "fast"}, "unknown effort 'fast'"),
     ({"start_from": 3}, "start_from for target='cpu' takes a CpuSchedule"),
     ({"start_from": "CpuSchedule().tile(3)"}, "no option 'tile'"),
 ])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tcstage as tc
-from tcstage import compiler
+from tcstage import api
 from tcstage.cuda import nvcc
 
 TMM = """
@@ -46,13 +46,13 @@ def rand(*shape):
 def compiles(monkeypatch):
     """Counts the compilations behind tc.compile (the in-process cache serves the others)."""
     calls = []
-    original = compiler.compile_cuda
+    original = api.compile_cuda
 
     def counted(*args, **kwargs):
         calls.append(args[0].name)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(compiler, "compile_cuda", counted)
+    monkeypatch.setattr(api, "compile_cuda", counted)
     return calls
 
 

@@ -228,7 +228,7 @@ def test_bad_arguments_are_clear_errors(kwargs, message):
 
 
 def test_measure_gpu_without_a_gpu_says_so():
-    if tuner._detect_gpu() is not None:
+    if tuner.detect_gpu() is not None:
         pytest.skip("a GPU works here")
     with pytest.raises(tc.TCError, match="needs a GPU"):
         tc.autotune(TMM, "tmm", (8, 8), (8, 8), measure="gpu", cache=False, progress=False)

@@ -1,9 +1,9 @@
 """`tc.autotune(..., target="cpu")`: a measured search over CpuSchedule.
 
 The space is the structured scheduler's parameters (register tile, vector width, reduction
-unrolling, packing, fusion of pointwise temporaries, parallel outer loop); optuna's TPE sampler
-(the CUDA tuner's default strategy) proposes candidates, starting from the scheduler's own
-choices and `start_from`. Every candidate is compiled and timed for real on this machine, in
+unrolling, packing, fusion of pointwise temporaries, parallel outer loop). The search is the
+CUDA tuner's (tune/search.py: the same limits, effort levels, strategies, progress and
+signals), starting from the scheduler's own choices and `start_from`. Every candidate is compiled and timed for real on this machine, in
 this process: a CPU compile takes well under a second, and the structured scheduler turns its
 own failures into an autoscheduled pipeline rather than a crash, so a worker process per
 candidate (as the CUDA tuner needs) would only add start-up time. Each candidate's result is
@@ -18,6 +18,7 @@ import platform
 import statistics
 import time
 
+import attrs
 import halide as hl
 
 from tcstage.cpu.options import CpuSchedule
@@ -26,8 +27,8 @@ from tcstage.inputs import as_out, is_shape, random_inputs
 from tcstage.tune.evaluate import as_tuple, compare, fresh
 from tcstage.tune.progress import Progress
 from tcstage.tune.result import Candidate, TuneResult
+from tcstage.tune.search import DEFAULT_STRATEGY, Limits, run
 
-DEFAULT_BUDGET = 40
 SECONDS_PER_CANDIDATE = 0.25  # timing budget per candidate (at least 3 calls)
 
 
@@ -69,64 +70,62 @@ def machine() -> str:
            f"({len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()} cores)"
 
 
-def autotune_cpu(program, fn, inputs, *, budget=None, seed=0, start_from=None,
-                 progress=True, out=None):
+def autotune_cpu(program, fn, inputs, *, limits: Limits, seed=0, start_from=None,
+                 progress=True, out=None, strategy: str = DEFAULT_STRATEGY):
     """Searches CpuSchedule for TC function `fn` (a TCFunction of `program`) at the shapes
-    of `inputs` (arrays; shape tuples get random values). Returns a TuneResult whose
-    `options` is the best CpuSchedule."""
-    import optuna  # (imported on use, as the CUDA tuner does: it takes a while)
-
+    of `inputs` (arrays; shape tuples get random values), within `limits`, on the tuners'
+    shared search core (tune/search.py). Returns a TuneResult whose `options` is the best
+    CpuSchedule."""
     if program is None:
         raise TCError("target='cpu' tunes TC functions; a Halide pipeline (tc.from_halide) "
                       "keeps the schedule its author wrote",
                       notes=("tune its CUDA mapping with target='cuda'",))
     f = fn
     args, out = _arguments(f, inputs, out)
-    budget = DEFAULT_BUDGET if budget is None else int(budget)
-    if budget < 1:
-        raise TCError(f"budget must be at least 1 candidate, got {budget}")
     starts = [CpuSchedule()] + ([_start(start_from)] if start_from is not None else [])
     reference = as_tuple(f(*args, schedule=None, out=fresh(out)))
     lanes = hl.get_jit_target_from_environment().natural_vector_size(hl.Float(32))
-    choices = space(lanes)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction="minimize",
-                                sampler=optuna.samplers.TPESampler(seed=seed))
-    for s in starts:
-        study.enqueue_trial(_params(s), skip_if_exists=True)
+    genes = {k: tuple(v) for k, v in space(lanes).items()}
     measured_on = machine()
-    history, seen, best = [], {}, None
-    t0 = time.perf_counter()
-    interrupted = False
-    with Progress(progress, f"{f.name} ({measured_on})", budget, None) as bar:
-        try:
-            for index in range(budget):
-                trial = study.ask({k: optuna.distributions.CategoricalDistribution(v)
-                                   for k, v in choices.items()})
-                schedule = _schedule(trial.params)
-                if schedule in seen:  # the same schedule again: its time, not a new run
-                    study.tell(trial, seen[schedule])
-                    bar.update(Candidate(index, str(schedule), "pruned", None, 0,
-                                         "a repeat", compiled=False), best)
-                    continue
-                candidate = _evaluate(f, args, out, schedule, reference, index)
-                history.append(candidate)
-                value = candidate.time if candidate.status == "ok" else float("inf")
-                seen[schedule] = value
-                study.tell(trial, value if value != float("inf") else 1e9)
-                if candidate.status == "ok" and (best is None or candidate.time < best.time):
-                    best = candidate
-                bar.update(candidate, best)
-        except KeyboardInterrupt:
-            interrupted = True
+
+    def propose(genome: dict) -> tuple[str, str, str]:
+        return str(_schedule(genome)), "search", ""
+
+    def evaluate(items, generation, state, bar, deadline) -> list:
+        records = []
+        for options, origin, _ in items:
+            earlier = state.by_options.get(options)
+            if earlier is not None:  # the same schedule again: its time, not a new run
+                records.append(state.add(Candidate(
+                    state.next_index(), options, "pruned", earlier.time if
+                    earlier.status == "ok" else None, generation,
+                    f"repeats candidate {earlier.index}", source=origin, compiled=False), bar))
+            elif time.monotonic() >= deadline:
+                records.append(None)
+            else:
+                c = _evaluate(f, args, out, CpuSchedule.parse(options), reference,
+                              state.next_index())
+                records.append(state.add(attrs.evolve(c, generation=generation,
+                                                      source=origin), bar))
+        return records
+
+    warm = [(str(s), "default" if k == 0 else "start_from") for k, s in enumerate(starts)]
+    known = [(str(s), _params(s)) for s in starts]
+    bar = Progress(progress, f"{f.name} ({measured_on})", limits.candidates, limits.seconds)
+    state, stopped, seconds = run(genes, known, propose, evaluate, warm, limits, strategy,
+                                  seed, bar)
+    best = state.best
     if best is None:
-        raise TCError(f"no CPU schedule of '{f.name}' ran correctly among {len(history)} "
-                      "candidates", notes=tuple(f"{c.options}: {c.status} {c.detail}"
-                                                for c in history[:5]))
-    return TuneResult(CpuSchedule.parse(best.options), best.time, measured_on, tuple(history),
-                      f.name, dict(f.bind(args).sizes), "tpe", time.perf_counter() - t0, True,
-                      interrupted, measured_on, "cpu",
-                      "interrupted" if interrupted else "budget")
+        if stopped.startswith("interrupted"):
+            raise KeyboardInterrupt(f"tuning '{f.name}' was {stopped} before any schedule ran "
+                                    "correctly")
+        raise TCError(f"no CPU schedule of '{f.name}' ran correctly among "
+                      f"{state.evaluated} candidates", notes=tuple(
+                          f"{c.options}: {c.status} {c.detail}" for c in state.history[:5]))
+    return TuneResult(CpuSchedule.parse(best.options), best.time, measured_on,
+                      tuple(state.history), f.name, dict(f.bind(args).sizes), strategy,
+                      seconds, True, stopped.startswith("interrupted"), measured_on, "cpu",
+                      stopped)
 
 
 def _start(start_from) -> CpuSchedule:

@@ -20,7 +20,7 @@ from tcstage.halide.solver import evaluate
 TARGETS = ("cuda", "cuda-emulated")
 
 
-def _check_target(target: str) -> None:
+def check_target(target: str) -> None:
     if target not in TARGETS:
         raise TCError(f"unknown target {target!r}; choose one of {', '.join(TARGETS)} "
                       "(the CPU back end is the TC function itself: prog.f(...))")
@@ -56,7 +56,7 @@ class Kernel:
     """
 
     def __init__(self, compiled: Compiled, target: str):
-        _check_target(target)
+        check_target(target)
         self.compiled, self.target = compiled, target
         self._launcher = None
         self._checked_sizes: dict = {}  # dynamic size values -> launch grid, once checked

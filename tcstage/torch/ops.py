@@ -456,7 +456,7 @@ def _run_cpu(fn, args) -> list[torch.Tensor]:
 def _run_cuda(program: Program, name: str, args, options) -> list[torch.Tensor]:
     """One CUDA kernel (compiled per shape set and cached by tc.compile), launched by pycuda on
     the legacy default stream, ordered after and before PyTorch's current stream's work."""
-    from tcstage.compiler import compile as tc_compile
+    from tcstage.api import compile as tc_compile
 
     device = _device(args)
     args = [a.detach().contiguous() if isinstance(a, torch.Tensor) else a for a in args]

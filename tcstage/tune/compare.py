@@ -307,8 +307,8 @@ def _tuned(program, fn, binding, args, out, measure, cache, budget, progress, ba
     """(TuneResult or None, options or None, where from): the cache's tuned options for this
     device, else the best of a tuning run of `budget` candidates."""
     from tcstage.tune.model import H100
-    from tcstage.tune.tuner import _detect_gpu, autotune, tuned_options
-    device = _detect_gpu() if measure == "gpu" else f"model:{H100.name}"
+    from tcstage.tune.tuner import detect_gpu, autotune, tuned_options
+    device = detect_gpu() if measure == "gpu" else f"model:{H100.name}"
     found = tuned_options(fn, binding, device, cache) if cache is not False else None
     if found is not None:
         return None, found, f"from the tuning cache ({device})"
@@ -327,12 +327,12 @@ def _tuned(program, fn, binding, args, out, measure, cache, budget, progress, ba
 def _auto_row(fn, args, out, reference, measure) -> Row:
     """What options="auto" compiles where the cache has nothing: the structural default (per
     launch of a kernel sequence, overlapped tiles where the model says they win)."""
-    from tcstage.compiler import auto_options, compile_cuda
+    from tcstage.compiler import compile_cuda
+    from tcstage.tune.heuristic import structural_default
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            options, per_launch, compiled, _ = auto_options(fn, args, out, "cuda-emulated",
-                                                            cached=False)
+            options, per_launch, compiled, _ = structural_default(fn, args, out)
             if compiled is None:
                 compiled = compile_cuda(fn, args, out, options, launch_options=per_launch)
     except TCError as e:

@@ -19,8 +19,12 @@ launch's tiles would starve a larger one.
 
 from __future__ import annotations
 
+import functools
 import math
 
+import numpy as np
+
+from tcstage.errors import TCError
 from tcstage.options import MappingOptions
 
 WARP = 32
@@ -61,3 +65,49 @@ def heuristic_options(fn, reports, statements=None) -> MappingOptions:
     if reduces:
         options = options.useSharedMemory(True).usePrivateMemory(True)
     return options
+
+
+def structural_default(fn, inputs, out) -> tuple:
+    """What `options="auto"` compiles where the cache has nothing for the call `fn(*inputs,
+    out=out)` (shapes will do): (options, the function giving each launch of a kernel sequence
+    its own, their compilation or None, the warnings it gave). With temporaries, overlapped
+    tiles where the cost model predicts they win (then the winner is compiled already)."""
+    from tcstage.inputs import call_shapes
+    binding = fn.bind(inputs, out, shapes_only=True)
+    values = {**binding.sizes, **{k: v for k, v in binding.scalars.items()
+                                  if not isinstance(v, np.ndarray)}}  # (numpy scalars count)
+    shapes, outs = call_shapes(fn.checked, values)
+    reports = fn.ranges(*shapes, out=tuple(outs) or None)
+    options = heuristic_options(fn, reports)
+
+    @functools.cache  # (launches of overlapped tiles take the function's options)
+    def own(statements: frozenset) -> MappingOptions:
+        return heuristic_options(fn, reports, statements)
+
+    def per_launch(_position, statements) -> MappingOptions:
+        return own(frozenset(statements))
+    if not any(t.kind == "temp" for t in fn.checked.tensors.values()):
+        return options, per_launch, None, []
+    chosen, compiled, said = _predicted_best(fn, inputs, out,
+                                             [options, options.overlappedTiles(True)],
+                                             per_launch)
+    return chosen, per_launch, compiled, said
+
+
+def _predicted_best(fn, inputs, out, candidates, per_launch=None) -> tuple:
+    """The candidate options whose kernel the cost model (H100) predicts fastest, with that
+    compilation and the warnings it gave: (options, Compiled, warnings); where one cannot be
+    compiled or predicted, the others ((candidates[0], None, []) where none can)."""
+    from tcstage.compiler import compile_cuda, held_warnings
+    from tcstage.tune import model
+    best, best_time = (candidates[0], None, []), math.inf
+    for options in candidates:
+        try:
+            with held_warnings() as said:
+                compiled = compile_cuda(fn, inputs, out, options, launch_options=per_launch)
+                time = model.predict(compiled, model.H100).time
+        except TCError:
+            continue
+        if time < best_time:
+            best, best_time = (options, compiled, said), time
+    return best
