@@ -393,8 +393,7 @@ class Cache:
         if check != [("ok",)]:
             raise _Unusable("corrupt", "damaged database (SQLite's quick_check: "
                                        f"{'; '.join(str(r[0]) for r in check[:3])})")
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with _immediate(conn):
             tables = {r[0] for r in conn.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table'")}
             app_id = conn.execute("PRAGMA application_id").fetchone()[0]
@@ -404,11 +403,6 @@ class Cache:
                     conn.execute(statement)
             else:
                 self._check_ours(conn, tables, app_id)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
 
     def _check_ours(self, conn, tables: set[str], app_id: int, upgrade: bool = True) -> None:
         meta = {}
@@ -560,8 +554,7 @@ class Cache:
         with self._db("storing an entry") as conn:
             # IMMEDIATE takes the write lock before reading, so no other writer can slip a
             # better entry in between the comparison and the write.
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with _immediate(conn):
                 old = conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM entries WHERE {where}",
                                    row[:7]).fetchone()
                 old = old and self._entry(old)  # an invalid stored row counts as none
@@ -570,11 +563,6 @@ class Cache:
                 if better:
                     conn.execute(f"INSERT OR REPLACE INTO entries ({', '.join(_COLUMNS)}) "
                                  f"VALUES ({', '.join('?' * len(_COLUMNS))})", row)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
         return better
 
     def nearest(self, key: Key, limit: int = 10) -> list[Entry]:
@@ -602,16 +590,9 @@ class Cache:
         rows = [(*_key_row(key), run, c.index, c.options, c.status, c.time, c.predicted,
                  c.checked, c.detail, c.source, measured, tcstage.__version__, _now())
                 for c in candidates]
-        with self._db("storing tuning records") as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                conn.executemany(f"INSERT OR IGNORE INTO records ({', '.join(RECORD_COLUMNS)}) "
-                                 f"VALUES ({', '.join('?' * len(RECORD_COLUMNS))})", rows)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+        with self._db("storing tuning records") as conn, _immediate(conn):
+            conn.executemany(f"INSERT OR IGNORE INTO records ({', '.join(RECORD_COLUMNS)}) "
+                             f"VALUES ({', '.join('?' * len(RECORD_COLUMNS))})", rows)
 
     def records(self) -> list[dict]:
         """Every stored candidate record, oldest run first, as plain data (what `tcstage cache
@@ -669,6 +650,20 @@ class Cache:
 def _rank(e: Entry) -> tuple:
     """Within one key and way of measuring: checked before unchecked, then faster."""
     return (not e.checked, e.time)
+
+
+@contextlib.contextmanager
+def _immediate(conn: sqlite3.Connection):
+    """A write transaction that takes its lock before its first read (BEGIN IMMEDIATE),
+    committed at the end and rolled back on any exception."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
 
 
 def _writable(path: pathlib.Path) -> bool:
