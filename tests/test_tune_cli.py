@@ -140,3 +140,28 @@ def test_bad_sizes_and_functions_are_one_line_errors(tmp_path, capsys):
     assert "expects an integer >= 1" in one_line_error(capsys)
     assert main(["compare", str(tmp_path / "missing.tc")]) == 1
     assert "No such file" in one_line_error(capsys)
+
+
+@pytest.mark.slow  # (a tuning run)
+def test_compare_keeps_measured_and_predicted_apart_and_tunes_unseeded(tmp_path, monkeypatch):
+    # a manual line for these sizes in the working directory's schedules/: the tuned row must
+    # not start from it (it is compared with it)
+    manual = tc.MappingOptions().tile(4, 4).mapToThreads(4, 4).mapToBlocks(2, 1)
+    (tmp_path / "schedules").mkdir()
+    (tmp_path / "schedules" / "mine.txt").write_text(f"mine | tmm.tc:tmm | M=8,K=4,N=4 | {manual}\n")
+    monkeypatch.chdir(tmp_path)
+    result = tc.compare((EXAMPLES / "tmm.tc").read_text(), "tmm", (8, 4), (4, 4),
+                        tune_budget=6, measure="model", progress=False, filename="tmm.tc")
+    assert not any(c.source.startswith("schedules") for c in result.tune.history)
+    assert result.row("mine").kind == "manual"  # (the line is still a row of its own)
+    measured, predicted = result.measured, result.predicted
+    assert {r.kind for r in predicted} >= {"auto", "naive", "preset", "manual", "tuned"}
+    assert {r.kind for r in measured} >= {"baseline", "cpu"}
+    assert all(r.checked == "emulated" for r in predicted if r.correct)
+    assert all(r.checked == "cpu" for r in measured)
+    auto = result.row("auto (structural default)")
+    assert auto.ratio == 1.0 and not auto.measured
+    table = result.table()
+    head, _, tail = table.partition("predicted by the cost model (H100), not measured")
+    assert "measured:" in head and "time per call (" in head and "predicted" not in head
+    assert "predicted time per call (us)" in tail and "vs auto" in tail
