@@ -35,7 +35,7 @@ QUIET = dict(measure="model", cache=False, progress=False)
 
 def test_effort_levels_and_budgets_set_the_limits():
     default = tuner.search_limits()
-    assert (default.effort, default.seconds, default.candidates) == ("default", 120.0, 500)
+    assert (default.effort, default.seconds, default.candidates) == ("default", 110.0, 500)
     assert tuner.search_limits(effort="quick").seconds == 30.0
     assert tuner.search_limits(effort="thorough").seconds == 600.0
     only_budget = tuner.search_limits(budget=40)  # repeatable: no clock involved
