@@ -166,6 +166,9 @@ def _parser() -> argparse.ArgumentParser:
                       "or --time is given")
     tune.add_argument("--jobs", type=_positive, metavar="N",
                       help="candidates evaluated at a time (default: the CPU count)")
+    tune.add_argument("--candidates", metavar="FILE",
+                      help="evaluate exactly the options in FILE, one MappingOptions chain per "
+                           "line ('#' starts a comment), instead of searching")
     tune.add_argument("--log", metavar="FILE.jsonl",
                       help="append every candidate's record to this file, one JSON object "
                            "per line")
@@ -265,7 +268,8 @@ def _check_flags(args) -> None:
     elif args.command == "show" and args.options is not None and not (args.schedule or args.cuda):
         raise UsageError("--options maps the CUDA kernel, which only --schedule and --cuda show")
     elif args.command == "tune" and args.target == "cpu":
-        given = [f for f, v in (("--jobs", args.jobs), ("--log", args.log)) if v is not None]
+        given = [f for f, v in (("--jobs", args.jobs), ("--log", args.log),
+                                ("--candidates", args.candidates)) if v is not None]
         if given:
             raise UsageError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for "
                              "--target cuda; a CPU tune times its candidates one at a time "
@@ -688,10 +692,32 @@ def _tune(args) -> int:
 
 
 def _tune_arguments(args) -> dict:
-    extra = {} if args.target == "cpu" else dict(jobs=args.jobs, log=args.log)
+    extra = {} if args.target == "cpu" else dict(jobs=args.jobs, log=args.log,
+                                                 candidates=_candidates(args.candidates))
     return dict(target=args.target, measure=args.measure, budget=args.budget,
                 time_budget=args.time_budget, effort=args.effort, strategy=args.strategy,
                 seed=args.seed, progress=args.progress, **extra)
+
+
+def _candidates(path: str | None) -> list[str] | None:
+    """The chains of a --candidates file (each checked to parse, with its line named), or
+    None without one."""
+    if path is None:
+        return None
+    chains = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            text = line.split("#", 1)[0].strip()
+            if not text:
+                continue
+            try:
+                tc.MappingOptions.parse(text)
+            except TCError as e:
+                raise UsageError(f"--candidates {path}:{number}: {e.message}") from None
+            chains.append(text)
+    if not chains:
+        raise UsageError(f"--candidates {path}: no MappingOptions in the file")
+    return chains
 
 
 def _tuned(result, saved: str = "") -> int:

@@ -165,3 +165,18 @@ def test_compare_keeps_measured_and_predicted_apart_and_tunes_unseeded(tmp_path,
     head, _, tail = table.partition("predicted by the cost model (H100), not measured")
     assert "measured:" in head and "time per call (" in head and "predicted" not in head
     assert "predicted time per call (us)" in tail and "vs auto" in tail
+
+
+def test_tune_evaluates_a_file_of_candidates_exactly(tmp_path, capsys):
+    listed = tmp_path / "configs.txt"
+    listed.write_text("# two configurations to compare\n"
+                      "MappingOptions().tile(4, 4).mapToThreads(4, 4).mapToBlocks(2, 1)\n\n"
+                      "MappingOptions().mapToThreads(8)  # one thread per row\n")
+    assert main(["tune", TMM, "--sizes", SIZES, "--measure", "model", "--candidates",
+                 str(listed), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "2 candidates: 2 evaluated" in out
+    listed.write_text("MappingOptions().tile(4, 4).mapToThreads(\n")
+    assert main(["tune", TMM, "--sizes", SIZES, "--measure", "model", "--candidates",
+                 str(listed), "--no-progress"]) == 2
+    assert f"--candidates {listed}:1: " in capsys.readouterr().err
