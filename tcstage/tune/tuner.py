@@ -369,16 +369,14 @@ class _Session:
         if best is not candidate:
             return
         from tcstage.tune.cache import Entry
-        self.cache.put(Entry.new(self.key, candidate.options, candidate.time,
-                                 "gpu" if self.measure == "gpu" else "model",
-                                 state.evaluated, candidate.checked if candidate.is_checked
-                                 else ""))
+        self.cache.put(Entry.new(self.key, candidate.options, candidate.time, self.measure,
+                                 state.evaluated,
+                                 candidate.checked if candidate.is_checked else ""))
 
     def record(self, candidate: Candidate) -> None:
         """Keeps a candidate's record: in the cache's records, and in the `log` file."""
         if self.cache is not None and candidate.compiled:
-            self.cache.record(self.key, self.run, [candidate],
-                              "gpu" if self.measure == "gpu" else "model")
+            self.cache.record(self.key, self.run, [candidate], self.measure)
         if self.log is not None:
             import json
 
