@@ -46,11 +46,31 @@ def matmul_with_scale():
 
 def downsampled_blur():
     """box_blur read at every second pixel: a Func read at 2x is no stencil, so the pipeline
-    is no single line-buffered group."""
+    is no single line-buffered group (the blur is a pass of its own)."""
     inp, bx, by = box_blur()
     down = hl.Func("down")
     down[x, y] = by[2 * x, 2 * y]
     return inp, down
+
+
+def two_level_pyramid():
+    """downsampled_blur twice over (each level the mean of two neighbours, read at 2x): two
+    passes besides the output, a pyramid."""
+    inp, bx, by = box_blur()
+    levels = [by]
+    for k in range(2):
+        level = hl.Func(f"level{k}")
+        level[x, y] = (levels[-1][2 * x, 2 * y] + levels[-1][2 * x + 1, 2 * y]) * 0.5
+        levels.append(level)
+    return inp, levels[-1]
+
+
+def two_level_pyramid_reference(a):
+    b = box_blurred(a).astype(np.float64)
+    for _ in range(2):
+        h, w = b.shape
+        b = (b[0:h - h % 2:2, 0:w - 1:2] + b[0:h - h % 2:2, 1:w:2]) * 0.5
+    return b
 
 
 def test_unscheduled_stencil_pipeline_gets_line_buffers_on_a_copy():
@@ -69,14 +89,27 @@ def test_unscheduled_stencil_pipeline_gets_line_buffers_on_a_copy():
 
 
 def test_unscheduled_pipeline_of_several_strip_groups_gets_mullapudi_on_a_copy():
+    inp, down = two_level_pyramid()
+    f = tc.from_halide(down, name="down")
+    a = rng.standard_normal((61, 83)).astype(np.float32)
+    np.testing.assert_allclose(f(a, output_shape=(15, 20)),
+                               two_level_pyramid_reference(a)[:15, :20], rtol=1e-5, atol=1e-5)
+    text = f.explain(a, output_shape=(15, 20))
+    assert text.startswith("CPU schedule: Mullapudi2016 (planned for inp.0=61, inp.1=83")
+    assert _native.scheduled_functions([down]) == []
+
+
+def test_one_pass_besides_the_strip_group_keeps_the_stencil_family():
+    """A blur read at every other row and column (camera_pipe's denoised mosaic): the blur is
+    computed once in strips of its own, the output in strips; prime sizes."""
     inp, down = downsampled_blur()
     f = tc.from_halide(down, name="down")
     a = rng.standard_normal((61, 83)).astype(np.float32)
     np.testing.assert_allclose(f(a, output_shape=(30, 41)), box_blurred(a)[0:60:2, 0:82:2],
                                rtol=1e-5, atol=1e-5)
     text = f.explain(a, output_shape=(30, 41))
-    assert text.startswith("CPU schedule: Mullapudi2016 (planned for inp.0=61, inp.1=83")
-    assert _native.scheduled_functions([down]) == []
+    assert text.startswith("CPU schedule: tcstage (planned for inp.0=61, inp.1=83")
+    assert "by: strip root" in text and "down: strip root" in text
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (5, 3), (37, 2), (131, 257)])
@@ -249,13 +282,13 @@ def test_failing_autoscheduler_falls_back_to_root_with_a_warning(monkeypatch):
         raise hl.HalideError(f"{name} refuses this pipeline")
 
     monkeypatch.setattr(pipeline, "_load_autoscheduler", refuse)
-    _, down = downsampled_blur()
+    _, down = two_level_pyramid()
     f = tc.from_halide(down, name="down")
     a = rng.standard_normal((12, 9)).astype(np.float32)
     with pytest.warns(tc.TCWarning, match="Mullapudi2016 autoscheduler failed on it"):
-        got = f(a, output_shape=(6, 4))
-    np.testing.assert_allclose(got, box_blurred(a)[0:12:2, 0:8:2], rtol=1e-5, atol=1e-5)
-    assert f.explain(a, output_shape=(6, 4)).startswith("CPU schedule: root\n  note: the "
+        got = f(a, output_shape=(3, 2))
+    np.testing.assert_allclose(got, two_level_pyramid_reference(a)[:3, :2], rtol=1e-5, atol=1e-5)
+    assert f.explain(a, output_shape=(3, 2)).startswith("CPU schedule: root\n  note: the "
                                                         "Mullapudi2016 autoscheduler failed")
 
 

@@ -73,26 +73,98 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
         raise NotScheduled(f"no CPU schedule family for {', '.join(others)} (partial writes, "
                            "scatters and several reductions into one tensor have none)")
     inputs = {f: images[n] for f, n in structure.inputs.items() if n in images}
+    anchors = _pointwise_anchors(structure, set(output_names))
+    # a window reduction (a depthwise filter) read by one contraction alone: computed per
+    # register tile of it, from a few neighbours, where it is read (see `_window_at_tiles`)
+    windows = {f.name: r for f in structure.funcs if f.window and f.name not in output_names
+               and len(rs := structure.readers.get(f.name, ())) == 1
+               and structure.info(r := next(iter(rs))).contraction}
     report = []
     for info in structure.funcs:
         f = funcs[info.name]
         readers = structure.readers.get(info.name, frozenset())
         is_output = info.name in output_names
+        if info.name in anchors.values() or info.name in windows:
+            continue  # (scheduled with the reduction that reads it, or that it reads)
         if info.family == "pointwise":
             read_by_reduction = any(structure.info(r).family == "reduction" for r in readers)
-            if is_output or read_by_reduction or info.epilogue or not schedule.inline_pointwise:
+            if info.view and not is_output and stencils:
+                # (a boundary condition: a select and clamps, recomputed at every read for
+                # less than storing it; inlined into a window reduction, a padded input)
+                report.append(f"{info.name}: a view, inlined into its readers")
+            elif is_output or read_by_reduction or info.epilogue or \
+                    not schedule.inline_pointwise:
                 report.append(f"{info.name}: pointwise, {_pointwise(f, info, plan)}")
             else:
                 report.append(f"{info.name}: pointwise, inlined into its readers")
             continue
         # A wrapper computes the reduction's values tile by tile, and every reader reads the
-        # wrapper instead (an output is realized through it).
-        anchor = f.in_()
+        # wrapper instead (an output is realized through it); or its only reader does, where
+        # it reads each value at its own point (a relu after a convolution).
+        reader = anchors.get(info.name)
+        anchor = funcs[reader] if reader else f.in_()
         if is_output:
             realized[output_names.index(info.name)] = anchor
         report.append(f"{info.name}: reduction ({info.operator}) over "
-                      f"{', '.join(info.rvars)}, {_reduction(f, anchor, info, plan, funcs, inputs)}")
+                      f"{', '.join(info.rvars)}, {_reduction(f, anchor, info, plan, funcs, inputs)}"
+                      + (f"; {reader} computed on its tiles" if reader else ""))
+    for name, reader in windows.items():
+        info = structure.info(name)
+        tile = plan.tiles.get(reader)
+        if tile is None:  # (the reader got no register tiles: the window gets its own)
+            report.append(f"{name}: reduction ({info.operator}) over {', '.join(info.rvars)}, "
+                          f"{_reduction(funcs[name], funcs[name].in_(), info, plan, funcs, inputs)}")
+            continue
+        text = _reduction(funcs[name], funcs[name].in_(), info, plan, funcs, inputs, at=tile)
+        report.append(f"{name}: a window reduction computed per register tile of {reader}, "
+                      f"{text}")
     return realized, report
+
+
+def _window_at_tiles(f: hl.Func, info: FuncInfo, plan: _Plan, tile) -> str:
+    """A window reduction computed per register tile of the contraction that reads it: the
+    values one tile reads, its innermost dimension in vectors with the taps inside each."""
+    f.compute_at(*tile)
+    lanes = plan.lanes(f.types()[0])
+    vectorize = plan.extents.get(info.name, (0,))[0] >= lanes
+    if not vectorize or len(info.args) < 2:
+        _stages(f, info, 0, None, lanes if vectorize else 0, hl.TailStrategy.GuardWithIf)
+        return "computed per register tile" + (f", {info.args[0]} in vectors" * vectorize)
+    # WINDOW_ROWS points of the second dimension accumulate together, the taps outside them:
+    # independent sums keep the vector units busy where one sum would wait on each addition
+    guard = hl.TailStrategy.GuardWithIf
+    p0, p1, rest = hl.Var(info.args[0]), hl.Var(info.args[1]), _vars(info.args[2:])
+    lane, p1i = hl.Var(f"{info.args[0]}_lane"), hl.Var(f"{info.args[1]}_i")
+    f.vectorize(p0, lanes, guard)
+    stage = f.update(0)
+    stage.split(p0, p0, lane, lanes, guard).split(p1, p1, p1i, WINDOW_ROWS, guard)
+    stage.reorder(lane, p1i, *[hl.RVar(r) for r in info.rvars], p0, p1, *rest)
+    stage.vectorize(lane).unroll(p1i)
+    for j in range(info.epilogue):
+        f.update(1 + j).vectorize(p0, lanes, guard)
+    return (f"computed per register tile, {WINDOW_ROWS} {info.args[1]} by a vector of "
+            f"{info.args[0]} at a time, the taps outside them")
+
+
+WINDOW_ROWS = 4
+
+
+def _pointwise_anchors(structure, outputs: set[str]) -> dict[str, str]:
+    """Reduction -> the pointwise Func that computes it tile by tile in its stead: its only
+    reader, which reads it at its own point alone (an activation after a layer) and has its
+    dimensions, so that a tile of the one is a tile of the other. Without it, the reader is
+    a pass of its own over the whole tensor."""
+    anchors = {}
+    for f in structure.funcs:
+        readers = structure.readers.get(f.name, frozenset())
+        if f.family != "reduction" or f.name in outputs or len(readers) != 1 or not f.args:
+            continue
+        reader = structure.info(next(iter(readers)))
+        own = tuple(("var", v) for v in f.args)
+        if reader.family == "pointwise" and not reader.epilogue and reader.args == f.args and \
+                all(r.args == own for r in reader.reads if r.func == f.name):
+            anchors[f.name] = reader.name
+    return anchors
 
 
 class _Plan:
@@ -101,6 +173,7 @@ class _Plan:
         self.schedule, self.target, self.extents, self.threads = \
             schedule, target, dict(extents), threads
         self.no_row_vectors = no_row_vectors
+        self.tiles: dict[str, tuple] = {}  # reduction -> (its anchor, the loop over its tiles)
 
     def row_vectors(self, func: str) -> bool:
         return self.no_row_vectors is not None and \
@@ -137,21 +210,30 @@ def _pointwise(f: hl.Func, info: FuncInfo, plan: _Plan) -> str:
             + (f", {info.args[-1]} in parallel" if parallel else ""))
 
 
-def _computed_once(f: hl.Func, info: FuncInfo, plan: _Plan) -> str:
+def _computed_once(f: hl.Func, info: FuncInfo, plan: _Plan, at=None) -> str:
     """What the stencil family computes once: tables, 1-D Funcs, scatters and scans. A scatter
     or scan's updates run in parallel along the pure variable each writes at its own point,
     where there is one (a histogram per row), else serially."""
     if info.family != "other":
         kind = "a window reduction" if info.window else "pointwise"
         return f"{kind}, {_pointwise(f, info, plan)}"
-    f.compute_root()
     lanes = plan.lanes(f.types()[0])
     extents = plan.extents.get(info.name, ())
-    if extents and extents[0] >= lanes:
+    vectorize = bool(extents) and extents[0] >= lanes
+    if at is None:
+        f.compute_root()
+    else:
+        f.compute_at(*at)
+    if vectorize:
         f.vectorize(hl.Var(info.args[0]), lanes, hl.TailStrategy.ShiftInwards)
-    if len(info.args) > 1 and plan.schedule.parallel_outer:
+    parallel = plan.schedule.parallel_outer and at is None
+    if len(info.args) > 1 and parallel:
         f.parallel(hl.Var(info.args[-1]))
-    along = info.parallel[-1] if info.parallel and plan.schedule.parallel_outer else None
+    if vectorize and info.args[0] in info.parallel:
+        where = "computed once" if at is None else \
+            f"computed per strip of {at[0].name()}'s rows (its columns)"
+        return f"a scan, {where}, {_column_scan(f, info, plan, lanes, extents[0], parallel)}"
+    along = info.parallel[-1] if info.parallel and parallel else None
     for j in range(info.epilogue):
         if along:
             f.update(j).parallel(hl.Var(along))
@@ -159,6 +241,65 @@ def _computed_once(f: hl.Func, info: FuncInfo, plan: _Plan) -> str:
             f.update(j).unscheduled()
     return "a scatter or scan, computed once" + (
         f", its update{'s' * (info.epilogue > 1)} in parallel along {along}" if along else "")
+
+
+def _column_scan(f: hl.Func, info: FuncInfo, plan: _Plan, lanes: int, width: int,
+                 parallel: bool) -> str:
+    """The updates of a scan whose every update writes (and reads itself) at its own column
+    (iir_blur's filter down the columns): a vector of columns advances together through the
+    scan's rows, row by row over the whole width (a stream through memory); in parallel over
+    blocks of columns (and the other pure variables the updates keep)."""
+    x = hl.Var(info.args[0])
+    rest = [hl.Var(a) for a in info.args[1:] if a in info.parallel]
+    guard = hl.TailStrategy.GuardWithIf
+    block = width
+    if parallel:
+        block = lanes * max(1, math.ceil(width / (2 * plan.threads * lanes)))
+    for j in range(info.epilogue):
+        stage, rvars = f.update(j), f.rvars(j)
+        xo, xi, lane = hl.Var(f"{x.name()}_block"), hl.Var(f"{x.name()}_i"), \
+            hl.Var(f"{x.name()}_lane")
+        stage.split(x, xo, xi, block, guard).split(xi, xi, lane, lanes, guard)
+        stage.reorder(lane, xi, *rvars, xo, *rest).vectorize(lane)
+        if parallel:
+            stage.parallel(xo)
+            if rest:
+                stage.parallel(rest[-1])
+    return (f"its updates in vectors of {lanes} columns"
+            + (f", in parallel over blocks of {block} columns" if parallel else ""))
+
+
+def _transposed_tiles(f: hl.Func, info: FuncInfo, plan: _Plan) -> tuple[hl.Var, str]:
+    """A Func that reads another transposed (`_transposes`), computed once in tiles of
+    lanes x lanes points, both dimensions vectorised (a block of vectors LLVM transposes with
+    shuffles), TRANSPOSE_STRIP rows of tiles per strip, the strips (with the outer dimensions
+    fused in) in parallel. Returns the loop over strips and what it did."""
+    extents = plan.extents.get(info.name, ())
+    lanes = plan.lanes(f.types()[0])
+    x, y = hl.Var(info.args[0]), hl.Var(info.args[1])
+    rest = _vars(info.args[2:])
+    f.compute_root()
+    if len(extents) < 2 or min(extents[:2]) < lanes:
+        strip, rows = _strips(f, info, plan)
+        return strip, f"too small for tiles: in strips of {rows} rows"
+    rows = lanes * max(1, min(TRANSPOSE_STRIP, extents[1] // lanes))
+    xo, xl = hl.Var(f"{x.name()}_tile"), hl.Var(f"{x.name()}_lane")
+    yo, ym, yl = (hl.Var(f"{y.name()}_{k}") for k in ("strip", "tile", "lane"))
+    shift = hl.TailStrategy.ShiftInwards
+    f.split(x, xo, xl, lanes, shift).split(y, yo, ym, rows, shift).split(ym, ym, yl, lanes, shift)
+    f.reorder(xl, yl, ym, xo, yo, *rest).vectorize(yl).vectorize(xl)
+    strip = yo
+    for k, v in enumerate(rest):
+        fused = hl.Var(f"{y.name()}_strip{k}")
+        f.fuse(strip, v, fused)
+        strip = fused
+    if plan.schedule.parallel_outer:
+        f.parallel(strip)
+    return strip, (f"in tiles of {lanes} x {lanes} (both vectorised), strips of {rows} rows"
+                   + (" in parallel" if plan.schedule.parallel_outer else ""))
+
+
+TRANSPOSE_STRIP = 4  # tiles per strip of a transposer: as iir_blur's own schedule
 
 
 STENCIL_DEPTH = 8  # producers chained under one strip root (each adds its halo to a strip)
@@ -181,6 +322,10 @@ class StencilPlan:
     tables: tuple[str, ...] = ()  # read by tables only, or at subscripts that depend on the
     #   row or the column of each reader, not both (a filter's weights, a resampling kernel's
     #   per column), or at values read (a lookup table): small beside its readers
+    transposers: tuple[str, ...] = ()  # roots that read a Func transposed (see `_transposes`):
+    #   computed in square tiles of vectors, not in strips of rows
+    scans_at: Mapping[str, str] = {}  # a scan -> the transposer, its only reader, per strip of
+    #   whose rows (the scan's columns) it is computed: the strip stays in cache between them
 
 
 def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
@@ -189,19 +334,25 @@ def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
     # member or inlined Func -> (strip root, depth, its row dimension, its column dimension)
     group: dict[str, tuple[str, int, int, int]] = {}
     inlined, roots, once, deep, recomputed = [], [], [], [], []
+    # (of what is stored as written: an input, a scan; a line buffer is stored column first)
+    transposers = [f.name for f in structure.funcs if any(
+        _transposes(f, r) and (r.func not in info or info[r.func].family == "other")
+        for r in f.reads)]
     for f in reversed(structure.funcs):  # consumers first
         readers = structure.readers.get(f.name, frozenset())
         owner = _stencil_owner(f, readers, info, group, roots)
         if f.family == "other":  # (a scatter, a scan: computed once, see `_computed_once`)
             once.append(f.name)
+        elif f.name in transposers:
+            roots.append(f.name)
         elif f.name not in outputs and f.family == "pointwise" and (
-                f.view or readers and not f.epilogue and all(
+                f.view or _cheap(f, info) or readers and not f.epilogue and all(
                 read.args == tuple(("var", v) for v in info[r].args)
                 for r in readers for read in info[r].reads if read.func == f.name)):
             # a view, or read only where it is computed: cheaper recomputed than stored (its
             # producers then belong where its readers do)
             inlined.append(f.name)
-            if not f.view and len(readers) > 1:
+            if not f.view and not _cheap(f, info) and len(readers) > 1:
                 recomputed.append(f.name)
             if owner is not None:
                 group[f.name] = owner
@@ -223,8 +374,41 @@ def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
                                    for read in info[r].reads if read.func == f.name)
                 for r in readers):
             tables.append(f.name)
+    scans_at = {}
+    for name in once:
+        f, readers = info[name], structure.readers.get(name, frozenset())
+        if f.args and f.args[0] in f.parallel and len(readers) == 1 and \
+                next(iter(readers)) in transposers:
+            (t,) = readers
+            if all(_transposes(info[t], read) for read in info[t].reads if read.func == name):
+                scans_at[name] = t
     return StencilPlan(tuple(inlined), tuple(roots), members, tuple(once), tuple(deep),
-                       tuple(recomputed), axes, tuple(tables))
+                       tuple(recomputed), axes, tuple(tables), tuple(transposers), scans_at)
+
+
+CHEAP_OPERATIONS = 8  # hist's luma: 3 conversions, 3 products, 2 sums
+
+
+def _cheap(f: FuncInfo, info: Mapping[str, FuncInfo]) -> bool:
+    """Whether a pointwise Func is cheaper recomputed by each reader than stored and read
+    back: at most CHEAP_OPERATIONS operations on inputs read at its own point (a channel
+    given as a constant): a pass of its own over memory costs more (hist's luma, stored
+    whole, took 0.85 ms of 6)."""
+    own = {("var", v) for v in f.args}
+    return not f.epilogue and f.operations <= CHEAP_OPERATIONS and f.reads and all(
+        r.func not in info and all(a in own or a[0] == "int" for a in r.args) for r in f.reads)
+
+
+def _transposes(f: FuncInfo, read) -> bool:
+    """Whether a read by a pointwise Func (of 2 or more dimensions, no updates) is transposed:
+    its row variable picks the read's innermost subscript and its column variable its second
+    (iir_blur's `blur[y, x, c]`). Along a row it would gather one element per row of what it
+    reads; in square tiles, each a block of vectors, LLVM transposes with shuffles."""
+    if f.family != "pointwise" or f.epilogue or len(f.args) < 2:
+        return False
+    column, row = f.args[0], f.args[1]
+    return len(read.args) >= 2 and read.args[0] == ("var", row) and \
+        read.args[1] == ("var", column)
 
 
 def _stencil_schedule(structure, funcs: Mapping[str, hl.Func], outputs: set[str],
@@ -246,12 +430,29 @@ def _stencil_schedule(structure, funcs: Mapping[str, hl.Func], outputs: set[str]
     stencils = plan_stencils(structure, outputs)
     report = [f"{n}: {'a view' if info[n].view else 'read at its own point only'}, inlined into "
               "its readers" for n in stencils.inlined]
-    report += [f"{n}: {_computed_once(funcs[n], info[n], plan)}" for n in stencils.once]
     strips: dict[str, hl.Var] = {}
     for name in stencils.roots:
+        if name in stencils.transposers:
+            strips[name], text = _transposed_tiles(funcs[name], info[name], plan)
+            report.append(f"{name}: reads a Func transposed, {text}")
+            continue
         strips[name], rows = _strips(funcs[name], info[name], plan)
         report.append(f"{name}: strip root, {info[name].args[1]} in parallel strips "
                       f"({rows} rows), {info[name].args[0]} in vectors")
+    for n in stencils.once:
+        at = stencils.scans_at.get(n)
+        report.append(f"{n}: {_computed_once(funcs[n], info[n], plan, at and (funcs[at], strips[at]))}")
+        along = info[n].parallel[-1] if info[n].family == "other" and info[n].parallel else None
+        for r in {r.func for r in info[n].reads if r.func in stencils.inlined and along
+                  and _cheap(info[r.func], info) and len(info[r.func].args) >= 2}:
+            # (a scatter reads it along a reduction: inlined, it would be computed one point
+            # at a time, unvectorised; a copy per row of the scatter is, as hist's own schedule
+            # does with its luma)
+            copy = funcs[r].clone_in(funcs[n])
+            copy.compute_at(funcs[n], hl.Var(along))
+            lanes = plan.lanes(copy.types()[0])
+            copy.vectorize(hl.Var(info[r].args[0]), lanes, hl.TailStrategy.GuardWithIf)
+            report.append(f"{r}: computed for {n} per {along} too, in vectors")
     for name, (root, depth) in stencils.members.items():
         f, args = funcs[name], info[name].args
         row, column = stencils.axes[name]
@@ -417,10 +618,16 @@ def _tile(extent: int, lanes: int, vectors: int) -> tuple[int, int]:
     return best[1] if best else (1, 1)
 
 
-def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, inputs) -> str:
-    """The register-tiled schedule of the module's docstring. Returns what it did."""
+def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, inputs,
+               at=None) -> str:
+    """The register-tiled schedule of the module's docstring, computed once or (`at`: a Func
+    and a loop of it) there. Returns what it did."""
     s = plan.schedule
-    anchor.compute_root()
+    if at is not None:
+        s = attrs.evolve(s, parallel_outer=False)
+        anchor.compute_at(*at)
+    else:
+        anchor.compute_root()
     if not info.args:  # a single value: nothing to tile
         f.compute_root()
         return "computed once"
@@ -481,6 +688,7 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
         anchor.parallel(loops[-1])
 
     f.compute_at(anchor, tile_loops[0])
+    plan.tiles[info.name] = (anchor, tile_loops[0])
     # A fixed-size tile (the last row of tiles may compute fewer rows): Halide then puts it on
     # the stack, where LLVM keeps it in registers, not in a heap allocation per tile. (Forcing
     # MemoryType.Stack as well made the MLP layers 1.5x slower.)

@@ -64,6 +64,8 @@ class FuncInfo:
     #                     cast): a boundary condition or a wrapper, cheaper inlined than stored
     parallel: tuple[str, ...] = ()  # "other": the pure variables each of its updates writes
     #                                 at its own point, along which they may run in parallel
+    operations: int = 0  # pointwise: the arithmetic its values compute, in nodes (subscripts
+    #                      and the values they read not counted)
 
     @property
     def contraction(self) -> bool:
@@ -139,7 +141,9 @@ def _classify(d: dict) -> FuncInfo:
     if all(in_place(u) for u in updates):
         reads = tuple(r for u in defs for r in _reads(u) if r.func != name)
         view = not updates and all(_only_reads(v) for v in defs[0]["values"])
-        return FuncInfo(name, args, "pointwise", epilogue=len(updates), reads=reads, view=view)
+        ops = sum(_operations(inline_lets(v)) for u in defs for v in u["values"])
+        return FuncInfo(name, args, "pointwise", epilogue=len(updates), reads=reads, view=view,
+                        operations=ops)
     first, rest = updates[0], updates[1:]
     if (first["rvars"] and tuple(first["args"]) == pure_args
             and first["predicate"] == ("int", True) and all(in_place(u) for u in rest)
@@ -152,6 +156,7 @@ def _classify(d: dict) -> FuncInfo:
                         extents, reads, len(rest), operator)
     # A scatter or a scan: its updates may still write each point of some pure variables at
     # that point alone (a histogram per row: `h(bin(r, y), y) += 1` along y)
+    # (Halide makes every read of the Func itself in them keep that point too)
     own = [k for k, a in enumerate(pure_args)
            if all(len(u["args"]) == len(args) and u["args"][k] == a for u in updates)]
     reads = tuple(r for u in defs for r in _reads(u) if r.func != name)
@@ -176,16 +181,28 @@ def _combining(value, self_read) -> str:
 
 def _only_reads(tree) -> bool:
     """Whether a value computes nothing but which element to read: reads, constants, casts and
-    selects of those (the subscripts may compute anything)."""
+    selects of those (the subscripts may compute anything but reads)."""
     if not isinstance(tree, tuple) or not tree:
         return False
-    if tree[0] in ("read", "int", "float", "uint"):
+    if tree[0] == "read":  # (not a lookup: a subscript that reads, camera_pipe's tone curve
+        #                     of its colour-corrected image, would recompute what it reads)
+        return not any(_reads({"values": (a,), "args": ()}) for a in tree[2])
+    if tree[0] in ("int", "float", "uint"):
         return True
     if tree[0] == "cast":
         return _only_reads(tree[2])
     if tree[0] == "select":
         return all(_only_reads(t) for t in tree[2:])
     return False
+
+
+def _operations(tree) -> int:
+    """How many arithmetic nodes a value computes outside its subscripts."""
+    if not isinstance(tree, tuple) or not tree or not isinstance(tree[0], str):
+        return 0
+    if tree[0] in ("read", "var", "int", "uint", "float"):
+        return 0
+    return 1 + sum(_operations(t) for t in tree[1:] if isinstance(t, tuple))
 
 
 def _reads_of(tree) -> set[str]:

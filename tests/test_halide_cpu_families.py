@@ -1,0 +1,143 @@
+"""The CPU families that Halide's own apps called for (issue 27): scans down columns with the
+transposes between them (iir_blur), a window reduction computed per register tile of the
+contraction that reads it and an activation computed on that contraction's tiles
+(depthwise_separable_conv), lookups that are no views (camera_pipe's tone curve), cheap
+Funcs recomputed where they are read and copied into the scatter that reads them (hist).
+Each pipeline is checked against numpy at prime sizes, below and above a tile, and the
+schedule's report says which family it got."""
+
+import halide as hl
+import numpy as np
+import pytest
+
+import tcstage as tc
+
+x, y, c = hl.Var("x"), hl.Var("y"), hl.Var("c")
+rng = np.random.default_rng(27)
+
+
+def column_scan_transposed(alpha=0.25):
+    """out(x, y, c) = scan(y, x, c): a first-order filter down each column of the input, then
+    transposed (half of iir_blur)."""
+    inp = hl.ImageParam(hl.Float(32), 3, "inp")
+    scan = hl.Func("scan")
+    scan[x, y, c] = hl.undef(hl.Float(32))
+    scan[x, 0, c] = inp[x, 0, c]
+    r = hl.RDom([(1, inp.height() - 1)], "r")
+    scan[x, r.x, c] = (1 - alpha) * scan[x, r.x - 1, c] + alpha * inp[x, r.x, c]
+    out = hl.Func("out")
+    out[x, y, c] = scan[y, x, c]
+    return out
+
+
+def column_scan_reference(a, alpha=0.25):
+    s = a.astype(np.float64).copy()  # (C, H, W): the scan runs along H
+    for i in range(1, s.shape[1]):
+        s[:, i] = (1 - alpha) * s[:, i - 1] + alpha * s[:, i]
+    return s.transpose(0, 2, 1)
+
+
+@pytest.mark.parametrize("shape", [(3, 67, 71), (2, 5, 7), (1, 131, 17)])
+def test_column_scan_in_vectors_per_strip_of_its_transpose(shape):
+    f = tc.from_halide(column_scan_transposed(), name="scan_t")
+    a = rng.random(shape, dtype=np.float32)
+    out_shape = (shape[0], shape[2], shape[1])
+    np.testing.assert_allclose(f(a, output_shape=out_shape), column_scan_reference(a),
+                               rtol=0, atol=1e-5)
+    text = f.explain(a, output_shape=out_shape)
+    assert f.last_cpu_kernel.schedule == "tcstage", text
+    if min(shape[1:]) >= 16:
+        assert "out: reads a Func transposed, in tiles of" in text
+        assert "scan: a scan, computed per strip of out" in text
+        assert "its updates in vectors of" in text
+
+
+def depthwise_separable(cm_one=True):
+    """A zero-padded 3x3 depthwise filter, a 1x1 convolution over its channels, relu
+    (depthwise_separable_conv's structure, channels innermost)."""
+    inp = hl.ImageParam(hl.Float(32), 3, "inp")  # (ch, x, y)
+    dw = hl.ImageParam(hl.Float(32), 3, "dw")  # (ch, fx, fy)
+    pw = hl.ImageParam(hl.Float(32), 2, "pw")  # (co, ch)
+    d = hl.Var("d")
+    inside = (x >= 0) & (x < inp.dim(1).extent()) & (y >= 0) & (y < inp.dim(2).extent())
+    padded = hl.Func("padded")
+    padded[d, x, y] = hl.select(inside, inp[d, hl.clamp(x, 0, inp.dim(1).max()),
+                                            hl.clamp(y, 0, inp.dim(2).max())], hl.f32(0))
+    win = hl.RDom([(0, 3), (0, 3)], "win")
+    depthwise = hl.Func("depthwise")
+    depthwise[d, x, y] += dw[d, win.x, win.y] * padded[d, x + win.x - 1, y + win.y - 1]
+    rc = hl.RDom([(0, pw.dim(1).extent())], "rc")
+    pointwise = hl.Func("pointwise")
+    pointwise[d, x, y] = hl.f32(0)
+    pointwise[d, x, y] += pw[d, rc.x] * depthwise[rc.x, x, y]
+    out = hl.Func("out")
+    out[d, x, y] = hl.max(pointwise[d, x, y], hl.f32(0))
+    return out
+
+
+@pytest.mark.parametrize("size", [(37, 13, 11), (64, 29, 3)])
+def test_depthwise_window_per_register_tile_and_relu_on_the_tiles(size):
+    ch, w, h = size
+    co = 16
+    a = rng.standard_normal((h, w, ch)).astype(np.float32)
+    dw = rng.standard_normal((3, 3, ch)).astype(np.float32)
+    pw = rng.standard_normal((ch, co)).astype(np.float32)
+    f = tc.from_halide(depthwise_separable(), name="dwsep")
+    got = f(dw, a, pw, output_shape=(h, w, co))  # (Halide's order: buffers by name)
+    p = np.pad(a.astype(np.float64), ((1, 1), (1, 1), (0, 0)))
+    conv = sum(dw[j, i] * p[j:j + h, i:i + w] for j in range(3) for i in range(3))
+    want = np.maximum(np.einsum("yxc,co->yxo", conv, pw.astype(np.float64)), 0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    text = f.explain(dw, a, pw, output_shape=(h, w, co))
+    assert f.last_cpu_kernel.schedule == "tcstage", text
+    assert "padded: a view, inlined into its readers" in text
+    assert "out computed on its tiles" in text
+    assert "depthwise: a window reduction computed per register tile of pointwise" in text
+
+
+def test_a_lookup_of_a_computed_value_is_stored_not_recomputed_by_each_reader():
+    """curved(x, y) = curve[clamp(v(x, y))] read at three rows (camera_pipe's tone curve under
+    its sharpening): a lookup is no view, so it is a line buffer, computed once a point."""
+    inp = hl.ImageParam(hl.Int(32), 2, "inp")
+    curve = hl.Func("curve")
+    curve[x] = x * x
+    v = hl.Func("v")
+    v[x, y] = inp[x, y] * 3 + 1
+    curved = hl.Func("curved")
+    curved[x, y] = curve[hl.clamp(v[x, y], 0, 255)]
+    out = hl.Func("out")
+    out[x, y] = curved[x, y] + 2 * curved[x, y + 1] + curved[x, y + 2]
+    f = tc.from_halide(out, name="toned")
+    a = rng.integers(-10, 100, (53, 41)).astype(np.int32)
+    table = np.arange(256) ** 2
+    t = table[np.clip(a * 3 + 1, 0, 255)]
+    np.testing.assert_array_equal(f(a, output_shape=(51, 41)), t[:-2] + 2 * t[1:-1] + t[2:])
+    text = f.explain(a, output_shape=(51, 41))
+    assert "curved: pointwise, a line buffer of out's strips" in text, text
+
+
+def test_cheap_luma_is_recomputed_and_copied_per_row_into_the_histogram():
+    """hist's shape: a luma of three channels read by a per-row histogram (a scatter along
+    the row) and by the output at its own point."""
+    inp = hl.ImageParam(hl.UInt(8), 3, "inp")
+    luma = hl.Func("luma")
+    luma[x, y] = (hl.f32(0.25) * inp[x, y, 0] + hl.f32(0.5) * inp[x, y, 1]
+                  + hl.f32(0.25) * inp[x, y, 2])
+    rows = hl.Func("rows")
+    rows[x, y] = 0
+    rx = hl.RDom([(0, inp.width())], "rx")
+    rows[hl.i32(hl.clamp(luma[rx.x, y], 0, 255)) // 16, y] += 1
+    shade = hl.Func("shade")  # (a line buffer of the output's strips: two rows read)
+    shade[x, y] = hl.i32(luma[x, y]) * 2 + rows[hl.i32(hl.clamp(luma[x, y], 0, 255)) // 16, y]
+    out = hl.Func("out")
+    out[x, y] = shade[x, y] + shade[x, y + 1]
+    f = tc.from_halide(out, name="rowhist")
+    a = rng.integers(0, 256, (3, 23, 67)).astype(np.uint8)
+    lum = 0.25 * a[0] + 0.5 * a[1] + 0.25 * a[2]  # exact in float32: multiples of 1/4
+    bins = np.clip(lum, 0, 255).astype(np.int64) // 16
+    counts = np.stack([np.bincount(b, minlength=16) for b in bins])
+    shaded = lum.astype(np.int64) * 2 + np.take_along_axis(counts, bins, axis=1)
+    np.testing.assert_array_equal(f(a, output_shape=(22, 67)), shaded[:-1] + shaded[1:])
+    text = f.explain(a, output_shape=(22, 67))
+    assert "luma: read at its own point only, inlined into its readers" in text, text
+    assert "luma: computed for rows per y too, in vectors" in text
