@@ -74,8 +74,9 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
                            "scatters and several reductions into one tensor have none)")
     inputs = {f: images[n] for f, n in structure.inputs.items() if n in images}
     anchors = _pointwise_anchors(structure, set(output_names))
-    # a window reduction (a depthwise filter) read by one contraction alone: computed per
-    # register tile of it, from a few neighbours, where it is read (see `_window_at_tiles`)
+    # a window reduction (a depthwise filter) read by one contraction alone: its register
+    # tiles computed per register tile of the contraction, where they are read, not stored
+    # whole (`_reduction`'s `at`)
     windows = {f.name: r for f in structure.funcs if f.window and f.name not in output_names
                and len(rs := structure.readers.get(f.name, ())) == 1
                and structure.info(r := next(iter(rs))).contraction}
@@ -119,34 +120,6 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
         report.append(f"{name}: a window reduction computed per register tile of {reader}, "
                       f"{text}")
     return realized, report
-
-
-def _window_at_tiles(f: hl.Func, info: FuncInfo, plan: _Plan, tile) -> str:
-    """A window reduction computed per register tile of the contraction that reads it: the
-    values one tile reads, its innermost dimension in vectors with the taps inside each."""
-    f.compute_at(*tile)
-    lanes = plan.lanes(f.types()[0])
-    vectorize = plan.extents.get(info.name, (0,))[0] >= lanes
-    if not vectorize or len(info.args) < 2:
-        _stages(f, info, 0, None, lanes if vectorize else 0, hl.TailStrategy.GuardWithIf)
-        return "computed per register tile" + (f", {info.args[0]} in vectors" * vectorize)
-    # WINDOW_ROWS points of the second dimension accumulate together, the taps outside them:
-    # independent sums keep the vector units busy where one sum would wait on each addition
-    guard = hl.TailStrategy.GuardWithIf
-    p0, p1, rest = hl.Var(info.args[0]), hl.Var(info.args[1]), _vars(info.args[2:])
-    lane, p1i = hl.Var(f"{info.args[0]}_lane"), hl.Var(f"{info.args[1]}_i")
-    f.vectorize(p0, lanes, guard)
-    stage = f.update(0)
-    stage.split(p0, p0, lane, lanes, guard).split(p1, p1, p1i, WINDOW_ROWS, guard)
-    stage.reorder(lane, p1i, *[hl.RVar(r) for r in info.rvars], p0, p1, *rest)
-    stage.vectorize(lane).unroll(p1i)
-    for j in range(info.epilogue):
-        f.update(1 + j).vectorize(p0, lanes, guard)
-    return (f"computed per register tile, {WINDOW_ROWS} {info.args[1]} by a vector of "
-            f"{info.args[0]} at a time, the taps outside them")
-
-
-WINDOW_ROWS = 4
 
 
 def _pointwise_anchors(structure, outputs: set[str]) -> dict[str, str]:
@@ -583,7 +556,7 @@ def _strips(f: hl.Func, info: FuncInfo, plan: _Plan) -> tuple[hl.Var, int]:
     """Schedules a strip root; returns the loop over its strips and the rows per strip
     (STRIP_ROWS, or all of them in a shorter Func)."""
     extents = plan.extents.get(info.name, ())
-    x, y = hl.Var(info.args[0]), hl.Var(info.args[1])
+    y = hl.Var(info.args[1])
     strip, row = hl.Var(info.args[1] + "_strip"), hl.Var(info.args[1] + "_row")
     f.compute_root()
     rows = max(1, min(extents[1] if len(extents) > 1 else 1, STRIP_ROWS))
