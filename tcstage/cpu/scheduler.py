@@ -51,7 +51,8 @@ class NotScheduled(TCError):
 def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
                       images: Mapping[str, hl.ImageParam | hl.Func], schedule: CpuSchedule,
                       target: hl.Target, extents: Mapping[str, tuple[int, ...]], threads: int,
-                      no_row_vectors=frozenset(), stencils: bool = False
+                      no_row_vectors=frozenset(), stencils: bool = False,
+                      align: bool = True
                       ) -> tuple[list[hl.Func], list[str]]:
     """Schedules the pipeline computing `outputs`. `funcs`: every Func it defines, by name (the
     others it reads are inputs' wrapper Funcs); `images`: by input name, the ImageParams behind
@@ -61,11 +62,15 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
     `no_row_vectors`: the tensors whose reduction along rows (see `_along_rows`) gets register
     tiles instead of a vectorised reduction loop (None: every one), for updates Halide cannot
     prove associative. `stencils`: a pipeline of pointwise Funcs only gets the stencil family
-    (`_stencil_schedule`) instead of every Func computed once."""
+    (`_stencil_schedule`) instead of every Func computed once. `align`: a Func that reads by
+    phases of its columns is computed over whole groups of vectors (see `_phases`), which may
+    reach past an input that no boundary condition clamps (Halide then refuses the call
+    before it computes anything; plan again without)."""
     structure = analyse(outputs, set(funcs))
     output_names = [f.name() for f in outputs]
     realized = list(outputs)
     plan = _Plan(schedule, target, extents, threads, no_row_vectors)
+    plan.align = align
     if stencils and all(f.family in ("pointwise", "other") or f.window for f in structure.funcs):
         return realized, _stencil_schedule(structure, funcs, set(output_names), plan)
     others = [f.name for f in structure.funcs if f.family == "other"]
@@ -147,6 +152,7 @@ class _Plan:
             schedule, target, dict(extents), threads
         self.no_row_vectors = no_row_vectors
         self.tiles: dict[str, tuple] = {}  # reduction -> (its anchor, the loop over its tiles)
+        self.align = True  # (see schedule_pipeline)
 
     def row_vectors(self, func: str) -> bool:
         return self.no_row_vectors is not None and \
@@ -299,6 +305,9 @@ class StencilPlan:
     #   computed in square tiles of vectors, not in strips of rows
     scans_at: Mapping[str, str] = {}  # a scan -> the transposer, its only reader, per strip of
     #   whose rows (the scan's columns) it is computed: the strip stays in cache between them
+    wide: Mapping[str, int] = {}  # a member -> k: it reads a Func by phases of its columns
+    #   (see `_phases`), and is vectorised k vectors wide, aligned to them
+    phased: tuple[str, ...] = ()  # read by phases (see `_phases`), inlined
 
 
 def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
@@ -311,21 +320,22 @@ def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
     transposers = [f.name for f in structure.funcs if any(
         _transposes(f, r) and (r.func not in info or info[r.func].family == "other")
         for r in f.reads)]
+    phased, wide = _phases(structure, outputs)
     for f in reversed(structure.funcs):  # consumers first
         readers = structure.readers.get(f.name, frozenset())
-        owner = _stencil_owner(f, readers, info, group, roots)
+        owner = _stencil_owner(f, readers, info, group, roots, lenient=f.name in phased)
         if f.family == "other":  # (a scatter, a scan: computed once, see `_computed_once`)
             once.append(f.name)
         elif f.name in transposers:
             roots.append(f.name)
-        elif f.name not in outputs and f.family == "pointwise" and (
-                f.view or _cheap(f, info) or readers and not f.epilogue and all(
+        elif f.name not in outputs and f.family == "pointwise" and f.name not in wide and (
+                f.view or _cheap(f, info) or f.name in phased or readers and not f.epilogue and all(
                 read.args == tuple(("var", v) for v in info[r].args)
                 for r in readers for read in info[r].reads if read.func == f.name)):
             # a view, or read only where it is computed: cheaper recomputed than stored (its
             # producers then belong where its readers do)
             inlined.append(f.name)
-            if not f.view and not _cheap(f, info) and len(readers) > 1:
+            if not f.view and not _cheap(f, info) and f.name not in phased and len(readers) > 1:
                 recomputed.append(f.name)
             if owner is not None:
                 group[f.name] = owner
@@ -356,7 +366,50 @@ def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
             if all(_transposes(info[t], read) for read in info[t].reads if read.func == name):
                 scans_at[name] = t
     return StencilPlan(tuple(inlined), tuple(roots), members, tuple(once), tuple(deep),
-                       tuple(recomputed), axes, tuple(tables), tuple(transposers), scans_at)
+                       tuple(recomputed), axes, tuple(tables), tuple(transposers), scans_at,
+                       {n: k for n, k in wide.items() if n in members},
+                       tuple(n for n in inlined if n in phased))
+
+
+def _phases(structure, outputs: set[str]) -> tuple[set[str], dict[str, int]]:
+    """The Funcs read by phases (`f[x / k, y, x % k]`, `f[x, y / k, y % k]`: an upsampling's
+    k interleaved filters), and the readers that read such a Func by phases of their columns,
+    with k. A Func read by phases is inlined into its readers: by phases of a reader's row, k
+    and the phase are values per row; of its columns, the reader is stored and vectorised k
+    vectors wide, aligned to k vectors, so that Halide sees whole groups of k (as
+    gaussian_blur's own schedule computes its upsampling in x)."""
+    phased, wide = set(), {}
+    for f in structure.funcs:
+        readers = structure.readers.get(f.name, frozenset())
+        if f.name in outputs or f.family != "pointwise" or f.epilogue or not readers:
+            continue
+        found = {}
+        for r in readers:
+            reader = structure.info(r)
+            for read in reader.reads:
+                if read.func == f.name:
+                    found.setdefault(r, []).append(_phase_of(read, reader.args))
+        if found and all(p is not None for ps in found.values() for p in ps):
+            phased.add(f.name)
+            for r, ps in found.items():
+                for axis, k in ps:
+                    if axis == 0:
+                        wide[r] = k
+    return phased, wide
+
+
+def _phase_of(read, args: tuple[str, ...]) -> tuple[int, int] | None:
+    """(0 for the reader's column or 1 for its row, k) where a read picks a phase of that
+    variable, `v % k`, beside `v / k` in another subscript; else None."""
+    for axis, var in enumerate(args[:2]):
+        v, found = ("var", var), None
+        for a in read.args:
+            if isinstance(a, tuple) and len(a) == 3 and a[0] == "mod" and a[1] == v and \
+                    a[2][0] == "int" and a[2][1] > 1:
+                found = a[2][1]
+        if found and any(a == ("div", v, ("int", found)) for a in read.args):
+            return axis, found
+    return None
 
 
 CHEAP_OPERATIONS = 8  # hist's luma: 3 conversions, 3 products, 2 sums
@@ -401,8 +454,11 @@ def _stencil_schedule(structure, funcs: Mapping[str, hl.Func], outputs: set[str]
     inlined; 1-D Funcs are computed once."""
     info = {f.name: f for f in structure.funcs}
     stencils = plan_stencils(structure, outputs)
-    report = [f"{n}: {'a view' if info[n].view else 'read at its own point only'}, inlined into "
-              "its readers" for n in stencils.inlined]
+    def why(n):
+        return "a view" if info[n].view else "read by phases" if n in stencils.phased else \
+            "cheap" if _cheap(info[n], info) else "read at its own point only"
+
+    report = [f"{n}: {why(n)}, inlined into its readers" for n in stencils.inlined]
     strips: dict[str, hl.Var] = {}
     for name in stencils.roots:
         if name in stencils.transposers:
@@ -435,10 +491,20 @@ def _stencil_schedule(structure, funcs: Mapping[str, hl.Func], outputs: set[str]
             f.reorder_storage(*_vars(_column_first(args, column)))
         lanes = plan.lanes(f.types()[0])
         vectorize = plan.extents.get(name, (0,) * len(args))[column] >= lanes
-        _stages(f, info[name], column, row, lanes if vectorize else 0)
+        k = stencils.wide.get(name, 1)
+        if plan.extents.get(name, (0,) * len(args))[column] < lanes * k:
+            k = 1  # (narrower than k vectors: the shifted last vector would leave the Func)
+        if vectorize and k > 1:
+            lanes *= k
+            if plan.align:
+                f.align_bounds(hl.Var(args[column]), lanes)
+        _stages(f, info[name], column, row, lanes if vectorize else 0,
+                extents=plan.extents.get(name, ()))
         report.append(f"{name}: {'a window reduction' if info[name].window else 'pointwise'}, "
                       f"a line buffer of {root}'s strips, {depth} deep"
-                      + (f", {args[column]} in vectors" if vectorize else ""))
+                      + (f", {args[column]} in vectors" if vectorize else "")
+                      + (f" {k} wide" + ", aligned to them" * plan.align
+                         + " (it reads by phases)" if vectorize and k > 1 else ""))
     return report
 
 
@@ -447,21 +513,29 @@ def _column_first(args: tuple[str, ...], column: int) -> tuple[str, ...]:
 
 
 def _stages(f: hl.Func, info: FuncInfo, column: int = 0, row: int | None = None,
-            lanes: int = 0, tail=hl.TailStrategy.Auto) -> list:
+            lanes: int = 0, tail=hl.TailStrategy.Auto, extents=()) -> list:
     """Gives the Func's definition and its updates their loops, and returns them: the column
     innermost, in vectors of `lanes` (0: not vectorised; `tail` for the definition, updates
     may not recompute points and guard theirs), then the other pure variables innermost
     first, but the row (if given) outermost: a row's channels are computed together, so a
     Func without channels can be computed a row at a time for all of them. A reduction's taps
-    run between a vector and the next: each vector of sums is accumulated in a register."""
+    run between a vector and the next: each vector of sums is accumulated in a register.
+    A window reduction's other dimensions of at most SMALL_DIMENSION points (`extents`, the
+    Func's) are unrolled inside its taps: gaussian_blur's two phases of one downsampling
+    then share every value read, which was read once per phase."""
+    small = []
     if not info.args:  # (a scalar: its updates' loops are its taps)
         inner, outer, lanes = None, [], 0
     else:
         inner, *outer = _vars(_column_first(info.args, column))
         if row is not None and row != column:
             outer = [v for v in outer if v.name() != info.args[row]] + [hl.Var(info.args[row])]
-    if column or row is not None:
-        f.reorder(inner, *outer)
+        if info.window and len(extents) == len(info.args):
+            small = [v for v in outer if v.name() != info.args[row if row is not None else -1]
+                     and 1 < extents[info.args.index(v.name())] <= SMALL_DIMENSION]
+            outer = [v for v in outer if v.name() not in {u.name() for u in small}]
+    if column or row is not None or small:
+        f.reorder(inner, *small, *outer)
     if lanes:
         f.vectorize(inner, lanes, tail)
     stages = [f]
@@ -474,28 +548,35 @@ def _stages(f: hl.Func, info: FuncInfo, column: int = 0, row: int | None = None,
         elif lanes and taps:
             lane = hl.Var(f"{info.args[column]}_lane")
             stage.split(inner, inner, lane, lanes, hl.TailStrategy.GuardWithIf) \
-                .reorder(lane, *taps, inner, *outer).vectorize(lane)
+                .reorder(lane, *small, *taps, inner, *outer).vectorize(lane)
         else:
-            stage.reorder(inner, *taps, *outer)
+            stage.reorder(inner, *(small if taps else ()), *taps, *(() if taps else small),
+                          *outer)
             if lanes:
                 stage.vectorize(inner, lanes, hl.TailStrategy.GuardWithIf)
+        for v in small if taps else ():
+            stage.unroll(v)
         stages.append(stage)
     return stages
 
 
-def _stencil_owner(f: FuncInfo, readers, info, group, roots
+SMALL_DIMENSION = 8  # (gaussian_blur's phases: 2 in its downsampling)
+
+
+def _stencil_owner(f: FuncInfo, readers, info, group, roots, lenient: bool = False
                    ) -> tuple[str, int, int, int] | None:
     """(strip root, depth, row, column) of the group `f` may join: that of its readers, if
     they all belong to one (or are that root) and each reads `f` at rows that follow its own
     (`_follows`: a stencil, a filter window, an upsampling; any column, channel or batch: a row
     of `f` is computed whole). `f`'s row is the dimension read along the readers' rows, its column the
-    one read along their columns."""
+    one read along their columns. `lenient`: `f` is inlined, never stored a row at a time, so
+    its dimensions and a phase of the row in another subscript do not matter."""
     owners, axes = set(), set()
     depth = 0
     for r in readers:
         reader = info.get(r)
         if reader is None or (r not in group and r not in roots) or f.family == "other" or \
-                not 2 <= len(f.args) <= len(reader.args):
+                not 2 <= len(f.args) <= (len(f.args) if lenient else len(reader.args)):
             # (a Func with more dimensions than its reader, nl_means' weights per patch
             # offset, would hold all of them in each row of the line buffer)
             return None
@@ -505,8 +586,9 @@ def _stencil_owner(f: FuncInfo, readers, info, group, roots
                 continue
             rows = [k for k, a in enumerate(read.args)
                     if _follows(a, reader.args[row], reader.args)]
-            if len(rows) != 1 or any(reader.args[row] in variables(a)
-                                     for k, a in enumerate(read.args) if k != rows[0]):
+            if len(rows) != 1 or not lenient and any(
+                    reader.args[row] in variables(a) for k, a in enumerate(read.args)
+                    if k != rows[0]):
                 # (`f[x, y / 8, y % 8]`: Halide bounds y % 8 by all its values, so each row
                 # would compute all of them)
                 return None
@@ -565,7 +647,7 @@ def _strips(f: hl.Func, info: FuncInfo, plan: _Plan) -> tuple[hl.Var, int]:
     # the pure definition may recompute rows and columns at the edges (ShiftInwards); its
     # updates may not, so theirs are guarded
     for k, stage in enumerate(_stages(f, info, 0, 1, lanes if vectorize else 0,
-                                      hl.TailStrategy.ShiftInwards)):
+                                      hl.TailStrategy.ShiftInwards, extents)):
         stage.split(y, strip, row, rows, hl.TailStrategy.GuardWithIf if k
                     else hl.TailStrategy.ShiftInwards)
         if plan.schedule.parallel_outer:

@@ -567,7 +567,10 @@ class HalideFunction:
             kernel = None
             if applied == STRUCTURED:
                 try:
-                    realized, report, constants = self._structured_copy(b, shapes, target)
+                    # (planned again after a failure: without the alignment that may have
+                    # reached past an unclamped input)
+                    realized, report, constants = self._structured_copy(b, shapes, target,
+                                                                        align=not failed)
                     kernel = CpuPipeline(self._jit(realized, target), applied, planned, note,
                                          tuple(report), constants)
                 except (NotScheduled, *HALIDE_FAILURES) as e:
@@ -652,7 +655,7 @@ class HalideFunction:
             _native.compute_root(copies, tensors)
         return copies
 
-    def _structured_copy(self, b: Binding, shapes, target
+    def _structured_copy(self, b: Binding, shapes, target, align: bool = True
                          ) -> tuple[list[hl.Func], list[str], tuple]:
         """A copy scheduled by tcstage's structure-aware scheduler for these sizes: the Funcs to
         realize, its report, and the sizes it holds as constants (`_shaping_sizes`)."""
@@ -671,7 +674,8 @@ class HalideFunction:
         extents = {name: tuple(hi - lo + 1 for lo, hi in reversed(region))
                    for name, region in regions.items() if name in funcs}
         realized, report = schedule_pipeline(copies, funcs, images, PIPELINE_STRUCTURED, target,
-                                             extents, os.cpu_count() or 1, stencils=True)
+                                             extents, os.cpu_count() or 1, stencils=True,
+                                             align=align)
         if compiled_in:
             report = [*report, "sizes compiled in as constants: "
                       + ", ".join(f"{n}={v}" for n, v in compiled_in)]
