@@ -195,3 +195,24 @@ def test_phases_are_inlined_and_their_reader_vectorised_k_vectors_wide(shape, cl
     if wide and not clamped:
         assert "4 wide (it reads by phases)" in text
         assert "failed at these" in text
+
+
+def test_a_windows_small_channel_dimension_is_unrolled_for_any_channel_count():
+    """A 3-tap window over rows of a 3-channel image (resize's class): the channels are
+    unrolled inside the taps, by the planned count, guarded for any other."""
+    inp = hl.ImageParam(hl.Float(32), 3, "inp")
+    r = hl.RDom([(0, 3)], "r")
+    rows = hl.Func("rows")
+    rows[x, y, c] = hl.f32(0)
+    rows[x, y, c] += inp[x, y + r.x, c] * (r.x + 1)
+    out = hl.Func("out")
+    out[x, y, c] = rows[x, y, c] + rows[x, y + 1, c]
+    f = tc.from_halide(out, name="window3")
+    for channels in (3, 2, 5):
+        a = rng.random((channels, 41, 37), dtype=np.float32)
+        p = a.astype(np.float64)
+        win = p[:, :-2] + 2 * p[:, 1:-1] + 3 * p[:, 2:]
+        got = f(a, output_shape=(channels, 38, 37))
+        np.testing.assert_allclose(got, win[:, :-1] + win[:, 1:], rtol=1e-5, atol=1e-5)
+        assert f.last_cpu_kernel.schedule == "tcstage"
+        assert "structured schedule failed" not in f.last_cpu_kernel.note

@@ -554,8 +554,8 @@ def _stages(f: hl.Func, info: FuncInfo, column: int = 0, row: int | None = None,
                           *outer)
             if lanes:
                 stage.vectorize(inner, lanes, hl.TailStrategy.GuardWithIf)
-        for v in small if taps else ():
-            stage.unroll(v)
+        for v in small if taps else ():  # (by the planned extent: any other is guarded)
+            stage.unroll(v, extents[info.args.index(v.name())], hl.TailStrategy.GuardWithIf)
         stages.append(stage)
     return stages
 
