@@ -286,8 +286,28 @@ def test_a_signal_prints_the_best_so_far_and_exits_with_its_status(tmp_path, sig
 
 @pytest.mark.slow  # (a tuning run or a tuner in a subprocess: the slow step)
 def test_ctrl_c_before_anything_passed_exits_130_without_a_traceback(tmp_path):
-    child = _tune_cli(tmp_path, "--budget", "100000", "--jobs", "1")
-    time.sleep(4)  # (importing and starting: no candidate has been checked yet)
+    # (every compile hangs, so nothing can have passed when the signal comes; sleeping a
+    # few seconds instead raced a fast machine, which had evaluated 8 candidates in 3 s)
+    started = tmp_path / "started"
+    script = textwrap.dedent(f"""
+        import sys, time
+        from tcstage import cli
+        from tcstage.tune import evaluate
+        def hang(job, codegen=True):
+            open({str(started)!r}, "a").close()
+            time.sleep(3600)
+        evaluate._compile = hang
+        sys.exit(cli.main(["tune", {os.path.join(ROOT, 'examples', 'tmm.tc')!r}, "--sizes",
+                           "M=64,K=32,N=128", "--measure", "model", "--budget", "100000",
+                           "--jobs", "1"]))
+    """)
+    env = dict(os.environ, TCSTAGE_CACHE_DIR=str(tmp_path))
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and child.poll() is None and not started.exists():
+        time.sleep(0.1)
+    assert started.exists(), child.communicate(timeout=60)[1]
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=60)
     assert child.returncode == 130 and "Traceback" not in err, err
