@@ -69,8 +69,7 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
     structure = analyse(outputs, set(funcs))
     output_names = [f.name() for f in outputs]
     realized = list(outputs)
-    plan = _Plan(schedule, target, extents, threads, no_row_vectors)
-    plan.align = align
+    plan = _Plan(schedule, target, extents, threads, no_row_vectors, align)
     if stencils and all(f.family in ("pointwise", "other") or f.window for f in structure.funcs):
         return realized, _stencil_schedule(structure, funcs, set(output_names), plan)
     others = [f.name for f in structure.funcs if f.family == "other"]
@@ -147,12 +146,12 @@ def _pointwise_anchors(structure, outputs: set[str]) -> dict[str, str]:
 
 class _Plan:
     def __init__(self, schedule: CpuSchedule, target: hl.Target, extents, threads: int,
-                 no_row_vectors=frozenset()):
+                 no_row_vectors=frozenset(), align: bool = True):
         self.schedule, self.target, self.extents, self.threads = \
             schedule, target, dict(extents), threads
         self.no_row_vectors = no_row_vectors
         self.tiles: dict[str, tuple] = {}  # reduction -> (its anchor, the loop over its tiles)
-        self.align = True  # (see schedule_pipeline)
+        self.align = align  # (see schedule_pipeline)
 
     def row_vectors(self, func: str) -> bool:
         return self.no_row_vectors is not None and \
