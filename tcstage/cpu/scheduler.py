@@ -328,13 +328,13 @@ def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
         elif f.name in transposers:
             roots.append(f.name)
         elif f.name not in outputs and f.family == "pointwise" and f.name not in wide and (
-                f.view or _cheap(f, info) or f.name in phased or readers and not f.epilogue and all(
+                f.view or _cheap(f, info, readers) or f.name in phased or readers and not f.epilogue and all(
                 read.args == tuple(("var", v) for v in info[r].args)
                 for r in readers for read in info[r].reads if read.func == f.name)):
             # a view, or read only where it is computed: cheaper recomputed than stored (its
             # producers then belong where its readers do)
             inlined.append(f.name)
-            if not f.view and not _cheap(f, info) and f.name not in phased and len(readers) > 1:
+            if not f.view and not _cheap(f, info, readers) and f.name not in phased and len(readers) > 1:
                 recomputed.append(f.name)
             if owner is not None:
                 group[f.name] = owner
@@ -368,6 +368,25 @@ def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
                        tuple(recomputed), axes, tuple(tables), tuple(transposers), scans_at,
                        {n: k for n, k in wide.items() if n in members},
                        tuple(n for n in inlined if n in phased))
+
+
+def downsamples(structure, name: str) -> bool:
+    """Whether some reader reads Func `name` at a multiple of its own row or column
+    (`f[2 x - 1, y]`): a level of a downsampling pyramid, or a mosaic read by plane."""
+    for r in structure.readers.get(name, frozenset()):
+        reader = structure.info(r)
+        if reader.view and downsamples(structure, r):  # (through a boundary condition)
+            return True
+        for read in reader.reads:
+            if read.func == name and any(_follows(a, v, reader.args) and _multiplies(a)
+                                         for a in read.args for v in reader.args[:2]):
+                return True
+    return False
+
+
+def _multiplies(tree) -> bool:
+    return isinstance(tree, tuple) and bool(tree) and (
+        tree[0] == "mul" or any(_multiplies(t) for t in tree[1:] if isinstance(t, tuple)))
 
 
 def _phases(structure, outputs: set[str]) -> tuple[set[str], dict[str, int]]:
@@ -412,16 +431,28 @@ def _phase_of(read, args: tuple[str, ...]) -> tuple[int, int] | None:
 
 
 CHEAP_OPERATIONS = 8  # hist's luma: 3 conversions, 3 products, 2 sums
+CHEAP_READS = 3  # interpolate's downsampling reads its finer level at 2x - 1, 2x and 2x + 1
 
 
-def _cheap(f: FuncInfo, info: Mapping[str, FuncInfo]) -> bool:
+def _cheap(f: FuncInfo, info: Mapping[str, FuncInfo], readers) -> bool:
     """Whether a pointwise Func is cheaper recomputed by each reader than stored and read
-    back: at most CHEAP_OPERATIONS operations on inputs read at its own point (a channel
-    given as a constant): a pass of its own over memory costs more (hist's luma, stored
-    whole, took 0.85 ms of 6)."""
+    back: at most CHEAP_OPERATIONS operations on inputs (or their boundary conditions) read
+    at its own point (a channel given as a constant), read at no more than CHEAP_READS points
+    by each reader and by no window reduction (whose taps would each recompute it: unsharp's
+    grey level, inlined, ran 1.3x slower). A pass of its own over memory costs more (hist's
+    luma, stored whole, took 0.85 ms of 6; interpolate's premultiplied level 0, 63 MB, made
+    the whole pyramid slower than Mullapudi2016's)."""
+    if any(info[r].window or sum(read.func == f.name for read in info[r].reads) > CHEAP_READS
+           for r in readers):
+        return False
     own = {("var", v) for v in f.args}
+
+    def an_input(name):  # (an input, or views of one: a boundary condition)
+        return name not in info or info[name].view and all(
+            an_input(r.func) for r in info[name].reads)
+
     return not f.epilogue and f.operations <= CHEAP_OPERATIONS and f.reads and all(
-        r.func not in info and all(a in own or a[0] == "int" for a in r.args) for r in f.reads)
+        an_input(r.func) and all(a in own or a[0] == "int" for a in r.args) for r in f.reads)
 
 
 def _transposes(f: FuncInfo, read) -> bool:
@@ -455,7 +486,8 @@ def _stencil_schedule(structure, funcs: Mapping[str, hl.Func], outputs: set[str]
     stencils = plan_stencils(structure, outputs)
     def why(n):
         return "a view" if info[n].view else "read by phases" if n in stencils.phased else \
-            "cheap" if _cheap(info[n], info) else "read at its own point only"
+            "cheap" if _cheap(info[n], info, structure.readers.get(n, ())) else \
+            "read at its own point only"
 
     report = [f"{n}: {why(n)}, inlined into its readers" for n in stencils.inlined]
     strips: dict[str, hl.Var] = {}
@@ -472,7 +504,8 @@ def _stencil_schedule(structure, funcs: Mapping[str, hl.Func], outputs: set[str]
         report.append(f"{n}: {_computed_once(funcs[n], info[n], plan, at and (funcs[at], strips[at]))}")
         along = info[n].parallel[-1] if info[n].family == "other" and info[n].parallel else None
         for r in {r.func for r in info[n].reads if r.func in stencils.inlined and along
-                  and _cheap(info[r.func], info) and len(info[r.func].args) >= 2}:
+                  and _cheap(info[r.func], info, structure.readers.get(r.func, ()))
+                  and len(info[r.func].args) >= 2}:
             # (a scatter reads it along a reduction: inlined, it would be computed one point
             # at a time, unvectorised; a copy per row of the scatter is, as hist's own schedule
             # does with its luma)
@@ -626,6 +659,9 @@ def _follows(tree, var: str, pure: tuple[str, ...]) -> bool:
         return _follows(a, var, pure) and free(b)
     if op == "div":
         return _follows(a, var, pure) and b[0] == "int" and b[1] > 0
+    if op == "mul":
+        return (_follows(a, var, pure) and b[0] == "int" and b[1] > 0) or \
+            (_follows(b, var, pure) and a[0] == "int" and a[1] > 0)
     return False
 
 

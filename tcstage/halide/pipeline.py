@@ -46,7 +46,8 @@ from tcstage.errors import TCArgumentError, TCError, warn
 from tcstage.halide import _native
 from tcstage.halide.exprs import halide_type
 from tcstage.cpu.options import CpuSchedule
-from tcstage.cpu.scheduler import NotScheduled, plan_stencils, schedule_pipeline
+from tcstage.cpu.scheduler import (NotScheduled, downsamples, plan_stencils,
+                                   schedule_pipeline)
 from tcstage.cpu.structure import analyse
 from tcstage.halide.jit import (AUTOSCHEDULERS, STRUCTURED, _load_autoscheduler, aligned_empty,
                                 halide_buffer, quiet_unscheduled_updates)
@@ -531,7 +532,8 @@ class HalideFunction:
             # gaussian_blur's phases, Mullapudi2016 tiles and fuses better)
             passes = set(plan.roots) - (outputs | set(plan.deep) | set(plan.tables) | windows
                                         | read_by_others)
-            return bool(plan.members or plan.transposers) and len(passes) <= 1 and \
+            return bool(plan.members or plan.transposers) and (
+                len(passes) <= 1 or all(downsamples(structure, p) for p in passes)) and \
                 set(plan.once) <= set(plan.tables) | set(plan.scans_at) and not plan.recomputed
         return "other" not in {f.family for f in structure.funcs} and \
             any(f.contraction for f in structure.funcs)
