@@ -115,14 +115,12 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
                       + (f"; {reader} computed on its tiles" if reader else ""))
     for name, reader in windows.items():
         info = structure.info(name)
-        tile = plan.tiles.get(reader)
-        if tile is None:  # (the reader got no register tiles: the window gets its own)
-            report.append(f"{name}: reduction ({info.operator}) over {', '.join(info.rvars)}, "
-                          f"{_reduction(funcs[name], funcs[name].in_(), info, plan, funcs, inputs)}")
-            continue
+        tile = plan.tiles.get(reader)  # (None: the reader got no register tiles; its own)
         text = _reduction(funcs[name], funcs[name].in_(), info, plan, funcs, inputs, at=tile)
-        report.append(f"{name}: a window reduction computed per register tile of {reader}, "
-                      f"{text}")
+        report.append(f"{name}: " + (f"a window reduction computed per register tile of "
+                                     f"{reader}, " if tile else
+                                     f"reduction ({info.operator}) over "
+                                     f"{', '.join(info.rvars)}, ") + text)
     return realized, report
 
 
@@ -233,10 +231,9 @@ def _column_scan(f: hl.Func, info: FuncInfo, plan: _Plan, lanes: int, width: int
     block = width
     if parallel:
         block = lanes * max(1, math.ceil(width / (2 * plan.threads * lanes)))
+    xo, xi, lane = (hl.Var(f"{x.name()}_{k}") for k in ("block", "i", "lane"))
     for j in range(info.epilogue):
         stage, rvars = f.update(j), f.rvars(j)
-        xo, xi, lane = hl.Var(f"{x.name()}_block"), hl.Var(f"{x.name()}_i"), \
-            hl.Var(f"{x.name()}_lane")
         stage.split(x, xo, xi, block, guard).split(xi, xi, lane, lanes, guard)
         stage.reorder(lane, xi, *rvars, xo, *rest).vectorize(lane)
         if parallel:
@@ -256,10 +253,10 @@ def _transposed_tiles(f: hl.Func, info: FuncInfo, plan: _Plan) -> tuple[hl.Var, 
     lanes = plan.lanes(f.types()[0])
     x, y = hl.Var(info.args[0]), hl.Var(info.args[1])
     rest = _vars(info.args[2:])
-    f.compute_root()
     if len(extents) < 2 or min(extents[:2]) < lanes:
         strip, rows = _strips(f, info, plan)
         return strip, f"too small for tiles: in strips of {rows} rows"
+    f.compute_root()
     rows = lanes * max(1, min(TRANSPOSE_STRIP, extents[1] // lanes))
     xo, xl = hl.Var(f"{x.name()}_tile"), hl.Var(f"{x.name()}_lane")
     yo, ym, yl = (hl.Var(f"{y.name()}_{k}") for k in ("strip", "tile", "lane"))
@@ -307,6 +304,7 @@ class StencilPlan:
     wide: Mapping[str, int] = {}  # a member -> k: it reads a Func by phases of its columns
     #   (see `_phases`), and is vectorised k vectors wide, aligned to them
     phased: tuple[str, ...] = ()  # read by phases (see `_phases`), inlined
+    cheap: tuple[str, ...] = ()  # cheaper recomputed by each reader (see `_cheap`), inlined
 
 
 def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
@@ -320,21 +318,25 @@ def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
         _transposes(f, r) and (r.func not in info or info[r.func].family == "other")
         for r in f.reads)]
     phased, wide = _phases(structure, outputs)
+    cheap_ones: list[str] = []
     for f in reversed(structure.funcs):  # consumers first
         readers = structure.readers.get(f.name, frozenset())
         owner = _stencil_owner(f, readers, info, group, roots, lenient=f.name in phased)
+        cheap = f.family == "pointwise" and _cheap(f, info, readers)
         if f.family == "other":  # (a scatter, a scan: computed once, see `_computed_once`)
             once.append(f.name)
         elif f.name in transposers:
             roots.append(f.name)
         elif f.name not in outputs and f.family == "pointwise" and f.name not in wide and (
-                f.view or _cheap(f, info, readers) or f.name in phased or readers and not f.epilogue and all(
+                f.view or cheap or f.name in phased or readers and not f.epilogue and all(
                 read.args == tuple(("var", v) for v in info[r].args)
                 for r in readers for read in info[r].reads if read.func == f.name)):
             # a view, or read only where it is computed: cheaper recomputed than stored (its
             # producers then belong where its readers do)
             inlined.append(f.name)
-            if not f.view and not _cheap(f, info, readers) and f.name not in phased and len(readers) > 1:
+            if cheap:
+                cheap_ones.append(f.name)
+            if not f.view and not cheap and f.name not in phased and len(readers) > 1:
                 recomputed.append(f.name)
             if owner is not None:
                 group[f.name] = owner
@@ -367,7 +369,7 @@ def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
     return StencilPlan(tuple(inlined), tuple(roots), members, tuple(once), tuple(deep),
                        tuple(recomputed), axes, tuple(tables), tuple(transposers), scans_at,
                        {n: k for n, k in wide.items() if n in members},
-                       tuple(n for n in inlined if n in phased))
+                       tuple(n for n in inlined if n in phased), tuple(cheap_ones))
 
 
 def downsamples(structure, name: str) -> bool:
@@ -486,8 +488,7 @@ def _stencil_schedule(structure, funcs: Mapping[str, hl.Func], outputs: set[str]
     stencils = plan_stencils(structure, outputs)
     def why(n):
         return "a view" if info[n].view else "read by phases" if n in stencils.phased else \
-            "cheap" if _cheap(info[n], info, structure.readers.get(n, ())) else \
-            "read at its own point only"
+            "cheap" if n in stencils.cheap else "read at its own point only"
 
     report = [f"{n}: {why(n)}, inlined into its readers" for n in stencils.inlined]
     strips: dict[str, hl.Var] = {}
@@ -503,8 +504,7 @@ def _stencil_schedule(structure, funcs: Mapping[str, hl.Func], outputs: set[str]
         at = stencils.scans_at.get(n)
         report.append(f"{n}: {_computed_once(funcs[n], info[n], plan, at and (funcs[at], strips[at]))}")
         along = info[n].parallel[-1] if info[n].family == "other" and info[n].parallel else None
-        for r in {r.func for r in info[n].reads if r.func in stencils.inlined and along
-                  and _cheap(info[r.func], info, structure.readers.get(r.func, ()))
+        for r in {r.func for r in info[n].reads if along and r.func in stencils.cheap
                   and len(info[r.func].args) >= 2}:
             # (a scatter reads it along a reduction: inlined, it would be computed one point
             # at a time, unvectorised; a copy per row of the scatter is, as hist's own schedule

@@ -186,7 +186,7 @@ def _only_reads(tree) -> bool:
         return False
     if tree[0] == "read":  # (not a lookup: a subscript that reads, camera_pipe's tone curve
         #                     of its colour-corrected image, would recompute what it reads)
-        return not any(_reads({"values": (a,), "args": ()}) for a in tree[2])
+        return not any(_reads_of(a) for a in tree[2])
     if tree[0] in ("int", "float", "uint"):
         return True
     if tree[0] == "cast":
