@@ -95,6 +95,55 @@ def test_depthwise_window_per_register_tile_and_relu_on_the_tiles(size):
     assert "depthwise: a window reduction computed per register tile of pointwise" in text
 
 
+def batched_depthwise_separable():
+    """depthwise_separable over a batch, its filter's taps innermost (fx, ch, fy): the taps
+    read the filter across the channels that the window's tiles vectorise."""
+    inp = hl.ImageParam(hl.Float(32), 4, "inp")  # (ch, x, y, b)
+    dw = hl.ImageParam(hl.Float(32), 3, "dw")  # (fx, ch, fy)
+    pw = hl.ImageParam(hl.Float(32), 2, "pw")  # (co, ch)
+    d, b = hl.Var("d"), hl.Var("b")
+    inside = (x >= 0) & (x < inp.dim(1).extent()) & (y >= 0) & (y < inp.dim(2).extent())
+    padded = hl.Func("padded")
+    padded[d, x, y, b] = hl.select(inside, inp[d, hl.clamp(x, 0, inp.dim(1).max()),
+                                               hl.clamp(y, 0, inp.dim(2).max()), b], hl.f32(0))
+    win = hl.RDom([(0, 3), (0, 3)], "win")
+    depthwise = hl.Func("depthwise")
+    depthwise[d, x, y, b] += dw[win.x, d, win.y] * padded[d, x + win.x - 1, y + win.y - 1, b]
+    rc = hl.RDom([(0, pw.dim(1).extent())], "rc")
+    pointwise = hl.Func("pointwise")
+    pointwise[d, x, y, b] = hl.f32(0)
+    pointwise[d, x, y, b] += pw[d, rc.x] * depthwise[rc.x, x, y, b]
+    out = hl.Func("out")
+    out[d, x, y, b] = hl.max(pointwise[d, x, y, b], hl.f32(0))
+    return out
+
+
+@pytest.mark.parametrize("size", [(37, 13, 11, 2), (32, 29, 5, 3), (7, 3, 2, 1)])
+def test_batched_depthwise_pads_rows_once_and_packs_its_filter_once(size):
+    # With a batch loop in parallel outside the rows, the padded input is a line buffer along
+    # the rows (each padded row computed once, no select per tap), the filter is packed once
+    # for all the tiles, and the window's nine taps are unrolled.
+    ch, w, h, n = size
+    co = 16
+    a = rng.standard_normal((n, h, w, ch)).astype(np.float32)
+    dw = rng.standard_normal((3, ch, 3)).astype(np.float32)  # (fy, ch, fx)
+    pw = rng.standard_normal((ch, co)).astype(np.float32)
+    f = tc.from_halide(batched_depthwise_separable(), name="dwsep_batch")
+    got = f(dw, a, pw, output_shape=(n, h, w, co))
+    p = np.pad(a.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    conv = sum(dw[j, :, i] * p[:, j:j + h, i:i + w] for j in range(3) for i in range(3))
+    want = np.maximum(np.einsum("nyxc,co->nyxo", conv, pw.astype(np.float64)), 0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    text = f.explain(dw, a, pw, output_shape=(n, h, w, co))
+    assert f.last_cpu_kernel.schedule == "tcstage", text
+    if ch < 32:  # (a sum of fewer terms is no contraction: the stencil family takes it)
+        assert "depthwise: a window reduction, a line buffer of out's strips" in text
+        return
+    assert "padded: a view, a line buffer along pointwise's y, kept per b" in text
+    assert "depthwise: a window reduction computed per register tile of pointwise" in text
+    assert "packed dw_im once, whole; its taps unrolled" in text
+
+
 def test_a_lookup_of_a_computed_value_is_stored_not_recomputed_by_each_reader():
     """curved(x, y) = curve[clamp(v(x, y))] read at three rows (camera_pipe's tone curve under
     its sharpening): a lookup is no view, so it is a line buffer, computed once a point."""
