@@ -265,3 +265,43 @@ def test_a_windows_small_channel_dimension_is_unrolled_for_any_channel_count():
         np.testing.assert_allclose(got, win[:, :-1] + win[:, 1:], rtol=1e-5, atol=1e-5)
         assert f.last_cpu_kernel.schedule == "tcstage"
         assert "structured schedule failed" not in f.last_cpu_kernel.note
+
+
+def colour_matrix():
+    """A 3-point sum along x of mixed(x, y, k) = sum over i of m(i, k) * box(x, y, i), where box
+    sums 3 rows of the input's channel i: each channel of mixed reads all three of box's
+    (camera_pipe's colour correction)."""
+    inp = hl.ImageParam(hl.Float(32), 3, "inp")
+    m = hl.ImageParam(hl.Float(32), 2, "m")
+    clamped = hl.BoundaryConditions.repeat_edge(inp)
+    box = hl.Func("box")
+    box[x, y, c] = clamped[x, y - 1, c] + clamped[x, y, c] + clamped[x, y + 1, c]
+    mixed = hl.Func("mixed")
+    mixed[x, y, c] = hl.mux(c, [m[0, k] * box[x, y, 0] + m[1, k] * box[x, y, 1]
+                                + m[2, k] * box[x, y, 2] for k in range(3)])
+    out = hl.Func("out")
+    out[x, y, c] = mixed[x - 1, y, c] + mixed[x, y, c] + mixed[x + 1, y, c]
+    return out
+
+
+def test_channels_are_held_and_unrolled_and_other_channel_counts_compile_anew():
+    # The output's three channels are bounded to 3 for the call and unrolled inside each
+    # vector, so the mux on c is resolved at compile time; a call with four channels (mux's
+    # last value serves c = 3) gets code of its own, and three channels again the first.
+    f = tc.from_halide(colour_matrix(), name="colour")
+    for channels in (3, 4, 3):
+        h, w = 13, 67
+        a = rng.standard_normal((3, h, w)).astype(np.float32)
+        m = rng.standard_normal((3, 3)).astype(np.float32)  # (k, i): channel k's weights
+        got = f(a, m, output_shape=(channels, h, w))
+        # repeat_edge clamps every coordinate, the channel too; mux's last value serves c >= 2
+        ys, xs = np.arange(h), np.arange(-1, w + 1)
+        at = a.astype(np.float64)[:, :, np.clip(xs, 0, w - 1)]  # (3, h, w + 2)
+        box = sum(at[:, np.clip(ys + d, 0, h - 1)] for d in (-1, 0, 1))
+        mixed = np.einsum("ki,iyx->kyx", m.astype(np.float64), box)
+        mixed = mixed[np.minimum(np.arange(channels), 2)]
+        want = mixed[:, :, :-2] + mixed[:, :, 1:-1] + mixed[:, :, 2:]
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        text = f.explain(a, m, output_shape=(channels, h, w))
+        assert f"out: its c held at {channels} points, unrolled in each vector" in text, text
+        assert f"sizes compiled in as constants: out.0={channels}" in text

@@ -219,7 +219,7 @@ class CpuKernel:
             while True:
                 try:
                     self._bound_params(lowered, estimates)
-                    realized, report = schedule_pipeline(
+                    realized, report, _ = schedule_pipeline(
                         lowered.outputs, _funcs_by_name(lowered), _images(lowered), schedule,
                         self.target, _func_extents(lowered, estimates), os.cpu_count() or 1,
                         no_row_vectors=no_row_vectors)

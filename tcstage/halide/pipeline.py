@@ -439,8 +439,9 @@ class HalideFunction:
         for earlier such sizes is tried first, then one planned for these sizes (or the root
         schedule where that fails too). Returns the kernel that ran."""
         rescheduled = self._cpu_rescheduled.setdefault(applied, [])
+        sizes = {**b.sizes, **dict(self._output_sizes(shapes))}
         for kernel in rescheduled:
-            if not kernel.serves(b.sizes):
+            if not kernel.serves(sizes):
                 continue
             try:
                 kernel.call(*values)
@@ -538,6 +539,11 @@ class HalideFunction:
         return "other" not in {f.family for f in structure.funcs} and \
             any(f.contraction for f in structure.funcs)
 
+    def _output_sizes(self, shapes) -> tuple[tuple[str, int], ...]:
+        """(`out.k`, extent) for every dimension of every output, in tcstage's (numpy) order."""
+        return tuple((f"{display_name(f.name())}.{k}", e)
+                     for f, shape in zip(self.outputs, shapes) for k, e in enumerate(shape))
+
     def _cpu_kernel(self, applied: str, b: Binding, shapes, failed: str = "") -> "CpuPipeline":
         """The pipeline compiled for the CPU with schedule `applied`: the main one, which serves
         every call it can, or (`failed`: why the main one did not serve) one planned for these
@@ -545,16 +551,16 @@ class HalideFunction:
         requested = applied
         main = self._cpu_kernels.get(requested)
         other_constants = ""
+        outputs = self._output_sizes(shapes)
+        sizes = {**b.sizes, **dict(outputs)}  # (a kernel may hold an output's channels too)
         if main is not None and not failed:
-            if main.serves(b.sizes):
+            if main.serves(sizes):
                 return main
             for kernel in self._cpu_rescheduled.get(requested, ()):
-                if kernel.compiled_in and kernel.serves(b.sizes):
+                if kernel.compiled_in and kernel.serves(sizes):
                     return kernel
             other_constants = ", ".join(f"{n}={v}" for n, v in main.compiled_in)
-        planned = tuple(sorted(b.sizes.items())) + tuple(
-            (f"{display_name(f.name())}.{k}", e) for f, shape in zip(self.outputs, shapes)
-            for k, e in enumerate(shape))
+        planned = tuple(sorted(b.sizes.items())) + outputs
         note = f"the schedule planned for other sizes failed at these ({failed}); " \
                f"{applied} planned for these" if failed else \
             f"the schedule planned first holds {other_constants} as constants; {applied} " \
@@ -675,9 +681,12 @@ class HalideFunction:
         regions = self.required_regions(b, shapes)
         extents = {name: tuple(hi - lo + 1 for lo, hi in reversed(region))
                    for name, region in regions.items() if name in funcs}
-        realized, report = schedule_pipeline(copies, funcs, images, PIPELINE_STRUCTURED, target,
-                                             extents, os.cpu_count() or 1, stencils=True,
-                                             align=align)
+        realized, report, held = schedule_pipeline(copies, funcs, images, PIPELINE_STRUCTURED,
+                                                   target, extents, os.cpu_count() or 1,
+                                                   stencils=True, align=align)
+        # (an output's channels held at their extents: `_output_sizes`'s names)
+        compiled_in += tuple((f"{display_name(self.outputs[k].name())}.{len(shapes[k]) - 1 - j}",
+                              e) for k, j, e in held)
         if compiled_in:
             report = [*report, "sizes compiled in as constants: "
                       + ", ".join(f"{n}={v}" for n, v in compiled_in)]
