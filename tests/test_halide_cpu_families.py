@@ -305,3 +305,51 @@ def test_channels_are_held_and_unrolled_and_other_channel_counts_compile_anew():
         text = f.explain(a, m, output_shape=(channels, h, w))
         assert f"out: its c held at {channels} points, unrolled in each vector" in text, text
         assert f"sizes compiled in as constants: out.0={channels}" in text
+
+
+def structure_tensor():
+    """harris's shape: two derivatives of an image, three products of them, each summed over
+    a 3x3 window, and a response of the three sums."""
+    inp = hl.ImageParam(hl.Float(32), 2, "inp")
+    ix, iy = hl.Func("ix"), hl.Func("iy")
+    ix[x, y] = inp[x + 2, y + 1] - inp[x, y + 1]
+    iy[x, y] = inp[x + 1, y + 2] - inp[x + 1, y]
+    ixx, iyy, ixy = hl.Func("ixx"), hl.Func("iyy"), hl.Func("ixy")
+    ixx[x, y] = ix[x, y] * ix[x, y]
+    iyy[x, y] = iy[x, y] * iy[x, y]
+    ixy[x, y] = ix[x, y] * iy[x, y]
+    sums = []
+    for name, f in (("sxx", ixx), ("syy", iyy), ("sxy", ixy)):
+        s = hl.Func(name)
+        s[x, y] = sum((f[x + i, y + j] for j in range(3) for i in range(3)), hl.f32(0))
+        sums.append(s)
+    sxx, syy, sxy = sums
+    out = hl.Func("out")
+    out[x, y] = sxx[x, y] * syy[x, y] - sxy[x, y] * sxy[x, y]
+    return out
+
+
+@pytest.mark.parametrize("shape", [(41, 37), (7, 5)])
+def test_derivatives_read_by_two_products_are_stored_and_products_summed_at_each_tap(shape):
+    # A derivative read at its own point by two products that a window's taps recompute would
+    # be computed 18 times per point: it is stored (a line buffer); the products, one
+    # operation on stored values, are inlined into the sums.
+    h, w = shape
+    a = rng.standard_normal((h + 4, w + 4)).astype(np.float32)
+    f = tc.from_halide(structure_tensor(), name="tensor")
+    got = f(a, output_shape=shape)
+    d = a.astype(np.float64)
+    ix = d[1:-1, 2:] - d[1:-1, :-2]  # (h + 2, w + 2)
+    iy = d[2:, 1:-1] - d[:-2, 1:-1]
+
+    def box(p):
+        return sum(p[j:j + h, i:i + w] for j in range(3) for i in range(3))
+
+    want = box(ix * ix) * box(iy * iy) - box(ix * iy) ** 2
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+    text = f.explain(a, output_shape=shape)
+    assert f.last_cpu_kernel.schedule == "tcstage", text
+    for name in ("ix", "iy"):
+        assert f"{name}: pointwise, a line buffer of out's strips" in text, text
+    for name in ("ixx", "iyy", "ixy"):
+        assert f"{name}: cheap, inlined into its readers" in text, text

@@ -359,7 +359,6 @@ class StencilPlan:
     members: Mapping[str, tuple[str, int]]
     once: tuple[str, ...]
     deep: tuple[str, ...] = ()  # the roots that would have joined a group but for its depth
-    recomputed: tuple[str, ...] = ()  # inlined (not views) into several readers
     axes: Mapping[str, tuple[int, int]] = {}  # member -> (its row, its column): the dimensions
     #   its readers read along their rows and columns (a sum's Func may list them in any order)
     tables: tuple[str, ...] = ()  # read by tables only, or at subscripts that depend on the
@@ -380,32 +379,50 @@ def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
     info = {f.name: f for f in structure.funcs}
     # member or inlined Func -> (strip root, depth, its row dimension, its column dimension)
     group: dict[str, tuple[str, int, int, int]] = {}
-    inlined, roots, once, deep, recomputed = [], [], [], [], []
+    inlined, roots, once, deep = [], [], [], []
     # (of what is stored as written: an input, a scan; a line buffer is stored column first)
     transposers = [f.name for f in structure.funcs if any(
         _transposes(f, r) and (r.func not in info or info[r.func].family == "other")
         for r in f.reads)]
     phased, wide = _phases(structure, outputs)
+    tables: list[str] = []
+    for f in reversed(structure.funcs):
+        readers = structure.readers.get(f.name, frozenset())
+        if f.name not in outputs and readers and all(
+                r in tables or all(len(read.direct_variables() & set(info[r].args[:2])) < 2
+                                   for read in info[r].reads if read.func == f.name)
+                for r in readers):
+            tables.append(f.name)
     cheap_ones: list[str] = []
+    computed_in: dict[str, set[str]] = {}  # inlined Func -> the stored Funcs that compute it
+    spread: set[str] = set()  # inlined Funcs that their stored readers read at several points
     for f in reversed(structure.funcs):  # consumers first
         readers = structure.readers.get(f.name, frozenset())
         owner = _stencil_owner(f, readers, info, group, roots, lenient=f.name in phased)
-        cheap = f.family == "pointwise" and _cheap(f, info, readers)
+        cheap = f.family == "pointwise" and _cheap(f, info, readers, f.name in tables)
+        where = set().union(*(computed_in.get(r, {r}) for r in readers))
+        at_own_point = not (readers & spread) and all(
+            read.args == tuple(("var", v) for v in info[r].args)
+            for r in readers for read in info[r].reads if read.func == f.name)
         if f.family == "other":  # (a scatter, a scan: computed once, see `_computed_once`)
             once.append(f.name)
         elif f.name in transposers:
             roots.append(f.name)
         elif f.name not in outputs and f.family == "pointwise" and f.name not in wide and (
-                f.view or cheap or f.name in phased or readers and not f.epilogue and all(
-                read.args == tuple(("var", v) for v in info[r].args)
-                for r in readers for read in info[r].reads if read.func == f.name)):
-            # a view, or read only where it is computed: cheaper recomputed than stored (its
-            # producers then belong where its readers do)
+                f.view or cheap or f.name in phased or readers and not f.epilogue and
+                len(where) == 1 and at_own_point):
+            # a view, or read only where it is computed, by one stored Func (perhaps through
+            # others inlined into it: harris's structure matrix in its response, which Halide's
+            # CSE computes once): cheaper recomputed than stored (its producers then belong
+            # where its readers do). Read by several stored Funcs (harris's derivatives, each
+            # read by two products), or at several points through a Func inlined into a
+            # window's taps, it is stored: recomputing it made harris 1.4x slower.
             inlined.append(f.name)
+            computed_in[f.name] = where
+            if not at_own_point:
+                spread.add(f.name)
             if cheap:
                 cheap_ones.append(f.name)
-            if not f.view and not cheap and f.name not in phased and len(readers) > 1:
-                recomputed.append(f.name)
             if owner is not None:
                 group[f.name] = owner
         elif f.name not in outputs and owner is not None and owner[1] < STENCIL_DEPTH:
@@ -418,14 +435,6 @@ def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
             once.append(f.name)
     members = {n: g[:2] for n, g in group.items() if n not in inlined}
     axes = {n: g[2:] for n, g in group.items() if n not in inlined}
-    tables: list[str] = []
-    for f in reversed(structure.funcs):
-        readers = structure.readers.get(f.name, frozenset())
-        if f.name not in outputs and readers and all(
-                r in tables or all(len(read.direct_variables() & set(info[r].args[:2])) < 2
-                                   for read in info[r].reads if read.func == f.name)
-                for r in readers):
-            tables.append(f.name)
     scans_at = {}
     for name in once:
         f, readers = info[name], structure.readers.get(name, frozenset())
@@ -435,7 +444,7 @@ def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
             if all(_transposes(info[t], read) for read in info[t].reads if read.func == name):
                 scans_at[name] = t
     return StencilPlan(tuple(inlined), tuple(roots), members, tuple(once), tuple(deep),
-                       tuple(recomputed), axes, tuple(tables), tuple(transposers), scans_at,
+                       axes, tuple(tables), tuple(transposers), scans_at,
                        {n: k for n, k in wide.items() if n in members},
                        tuple(n for n in inlined if n in phased), tuple(cheap_ones))
 
@@ -504,18 +513,26 @@ CHEAP_OPERATIONS = 8  # hist's luma: 3 conversions, 3 products, 2 sums
 CHEAP_READS = 3  # interpolate's downsampling reads its finer level at 2x - 1, 2x and 2x + 1
 
 
-def _cheap(f: FuncInfo, info: Mapping[str, FuncInfo], readers) -> bool:
+def _cheap(f: FuncInfo, info: Mapping[str, FuncInfo], readers, table: bool = False) -> bool:
     """Whether a pointwise Func is cheaper recomputed by each reader than stored and read
     back: at most CHEAP_OPERATIONS operations on inputs (or their boundary conditions) read
     at its own point (a channel given as a constant), read at no more than CHEAP_READS points
     by each reader and by no window reduction (whose taps would each recompute it: unsharp's
     grey level, inlined, ran 1.3x slower). A pass of its own over memory costs more (hist's
     luma, stored whole, took 0.85 ms of 6; interpolate's premultiplied level 0, 63 MB, made
-    the whole pyramid slower than Mullapudi2016's)."""
+    the whole pyramid slower than Mullapudi2016's). So is a Func of at most one operation on
+    values of stencils (stored: see `_stencil`) read at its own point, whoever reads it,
+    unless it is a `table` (a filter's weights normalised: its readers would divide at every
+    tap of every row)."""
+    own = {("var", v) for v in f.args}
+    if not table and not f.epilogue and f.operations <= 1 and f.reads and all(
+            a in own for r in f.reads for a in r.args) and all(
+            _stencil(info.get(r.func)) for r in f.reads):
+        return True  # (harris's products of derivatives: one operation per tap that reads it
+        #              against a pass storing it, 1.3x -> 1.15x its manual schedule)
     if any(info[r].window or sum(read.func == f.name for read in info[r].reads) > CHEAP_READS
            for r in readers):
         return False
-    own = {("var", v) for v in f.args}
 
     def an_input(name):  # (an input, or views of one: a boundary condition)
         return name not in info or info[name].view and all(
@@ -523,6 +540,13 @@ def _cheap(f: FuncInfo, info: Mapping[str, FuncInfo], readers) -> bool:
 
     return not f.epilogue and f.operations <= CHEAP_OPERATIONS and f.reads and all(
         an_input(r.func) and all(a in own or a[0] == "int" for a in r.args) for r in f.reads)
+
+
+def _stencil(f: FuncInfo | None) -> bool:
+    """Whether a pointwise Func reads a Func at points other than its own (a derivative), so
+    that the stencil family stores it rather than inline it."""
+    return f is not None and f.family == "pointwise" and not f.view and any(
+        a != ("var", v) and a[0] != "int" for r in f.reads for a, v in zip(r.args, f.args))
 
 
 def _transposes(f: FuncInfo, read) -> bool:

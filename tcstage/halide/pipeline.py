@@ -515,8 +515,7 @@ class HalideFunction:
             # output and one per STENCIL_DEPTH stages of a longer chain, with tables of weights
             # beside them (blur, erode, stencil_chain, resize, a separable Gaussian).
             # Mullapudi2016's tiling and fusion did better here where other reads break it up
-            # (a channel read from a 2-D Func, x/2 subscripts) and where it inlines a Func into
-            # several readers (harris's derivatives, recomputed)
+            # (a channel read from a 2-D Func, x/2 subscripts)
             outputs = {f.name() for f in self.outputs}
             plan = plan_stencils(structure, outputs)
             # (a window reduction whose readers' rows it does not follow, resize's first
@@ -535,7 +534,7 @@ class HalideFunction:
                                         | read_by_others)
             return bool(plan.members or plan.transposers) and (
                 len(passes) <= 1 or all(downsamples(structure, p) for p in passes)) and \
-                set(plan.once) <= set(plan.tables) | set(plan.scans_at) and not plan.recomputed
+                set(plan.once) <= set(plan.tables) | set(plan.scans_at)
         return "other" not in {f.family for f in structure.funcs} and \
             any(f.contraction for f in structure.funcs)
 
