@@ -353,3 +353,38 @@ def test_derivatives_read_by_two_products_are_stored_and_products_summed_at_each
         assert f"{name}: pointwise, a line buffer of out's strips" in text, text
     for name in ("ixx", "iyy", "ixy"):
         assert f"{name}: cheap, inlined into its readers" in text, text
+
+
+@pytest.mark.parametrize("shape", [(37, 29), (5, 3)])
+def test_downsampling_phases_join_the_strips_of_the_sum_over_them(shape):
+    # gaussian_blur's downsampling in y: phases(x, y, p) sums 4 input rows with weights per
+    # phase p, down(x, y) sums phases(x, y + p, p) over its 2 phases. The phases Func has a
+    # dimension more than its reader, a few that the reader sums: it is a line buffer of the
+    # reader's strips, not a pass of its own stored whole.
+    inp = hl.ImageParam(hl.Float(32), 2, "inp")
+    clamped = hl.BoundaryConditions.repeat_edge(inp)
+    p = hl.Var("p")
+    rf, rp = hl.RDom([(0, 4)], "rf"), hl.RDom([(0, 2)], "rp")
+    phases = hl.Func("phases")
+    phases[x, y, p] = hl.f32(0)
+    phases[x, y, p] += clamped[x, 4 * y + rf.x] * hl.f32(1 + rf.x + 4 * p)
+    down = hl.Func("down")
+    down[x, y] = hl.f32(0)
+    down[x, y] += phases[x, y + rp.x, rp.x]
+    out = hl.Func("out")
+    out[x, y] = down[x - 1, y] + down[x, y] + down[x + 1, y]
+    f = tc.from_halide(out, name="phases_down")
+    h, w = shape
+    a = rng.standard_normal((4 * h + 8, w)).astype(np.float32)
+    got = f(a, output_shape=(h, w))
+    d = a.astype(np.float64)
+    # (rows 4 y + k stay inside the input: only the columns are clamped)
+    ph = [sum(d[4 * np.arange(h + 1) + k] * (1 + k + 4 * q) for k in range(4))
+          for q in range(2)]  # ph[q]: (h + 1, w)
+    dn = ph[0][:h] + ph[1][1:h + 1]
+    cols = np.clip(np.arange(-1, w + 1), 0, w - 1)
+    dc = dn[:, cols]
+    np.testing.assert_allclose(got, dc[:, :-2] + dc[:, 1:-1] + dc[:, 2:], rtol=1e-5, atol=1e-4)
+    text = f.explain(a, output_shape=(h, w))
+    assert f.last_cpu_kernel.schedule == "tcstage", text
+    assert "phases: a window reduction, a line buffer of out's strips" in text, text

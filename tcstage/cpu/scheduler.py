@@ -708,10 +708,14 @@ def _stencil_owner(f: FuncInfo, readers, info, group, roots, lenient: bool = Fal
     depth = 0
     for r in readers:
         reader = info.get(r)
+        # (a Func with more dimensions than its reader, nl_means' weights per patch offset,
+        # would hold all of them in each row of the line buffer; but a reader of rows and
+        # columns alone that sums a few of them, gaussian_blur's downsampling phases, holds
+        # those few)
+        few = reader is not None and reader.window and len(reader.args) == 2 and \
+            None not in reader.rvar_extents and math.prod(reader.rvar_extents) <= SMALL_DIMENSION
         if reader is None or (r not in group and r not in roots) or f.family == "other" or \
-                not 2 <= len(f.args) <= (len(f.args) if lenient else len(reader.args)):
-            # (a Func with more dimensions than its reader, nl_means' weights per patch
-            # offset, would hold all of them in each row of the line buffer)
+                not 2 <= len(f.args) <= (len(f.args) if lenient or few else len(reader.args)):
             return None
         root, d, row, column = group.get(r, (r, 0, 1, 0))
         for read in reader.reads:
