@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import itertools
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -540,8 +541,13 @@ class HalideFunction:
 
     def _output_sizes(self, shapes) -> tuple[tuple[str, int], ...]:
         """(`out.k`, extent) for every dimension of every output, in tcstage's (numpy) order."""
-        return tuple((f"{display_name(f.name())}.{k}", e)
-                     for f, shape in zip(self.outputs, shapes) for k, e in enumerate(shape))
+        return tuple(zip(self._output_size_names, itertools.chain.from_iterable(shapes)))
+
+    @functools.cached_property
+    def _output_size_names(self) -> tuple[str, ...]:
+        # (made once: every call checks its kernel's constants against the outputs' sizes)
+        return tuple(f"{display_name(f.name())}.{k}" for f in self.outputs
+                     for k in range(f.dimensions()))
 
     def _cpu_kernel(self, applied: str, b: Binding, shapes, failed: str = "") -> "CpuPipeline":
         """The pipeline compiled for the CPU with schedule `applied`: the main one, which serves
