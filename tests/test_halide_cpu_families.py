@@ -388,3 +388,36 @@ def test_downsampling_phases_join_the_strips_of_the_sum_over_them(shape):
     text = f.explain(a, output_shape=(h, w))
     assert f.last_cpu_kernel.schedule == "tcstage", text
     assert "phases: a window reduction, a line buffer of out's strips" in text, text
+
+
+@pytest.mark.parametrize("radius", [12, 2])
+def test_a_wide_vertical_window_sweeps_each_row_per_tap(radius):
+    # A vertical blur of 2 radius + 1 taps weighted by the tap alone: past 16 taps, each tap
+    # sweeps the row (a stream through memory), rather than each vector reading every tap's
+    # row; a narrow one keeps its taps inside each vector.
+    inp = hl.ImageParam(hl.Float(32), 2, "inp")
+    clamped = hl.BoundaryConditions.repeat_edge(inp)
+    weight = hl.Func("weight")
+    weight[x] = hl.f32(1) / (1 + x * x)
+    r = hl.RDom([(-radius, 2 * radius + 1)], "r")
+    cols = hl.Func("cols")
+    cols[x, y] = hl.f32(0)
+    cols[x, y] += weight[r.x] * clamped[x, y + r.x]
+    out = hl.Func("out")
+    out[x, y] = cols[x, y - 1] + cols[x, y + 1]
+    f = tc.from_halide(out, name="vblur")
+    h, w = 53, 41
+    a = rng.standard_normal((h, w)).astype(np.float32)
+    got = f(a, output_shape=(h, w))
+    d = a.astype(np.float64)
+    taps = np.arange(-radius, radius + 1)
+
+    def blurred(rows):
+        return sum(d[np.clip(rows + t, 0, h - 1)] / (1 + t * t) for t in taps)
+
+    want = blurred(np.arange(h) - 1) + blurred(np.arange(h) + 1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    text = f.explain(a, output_shape=(h, w))
+    assert f.last_cpu_kernel.schedule == "tcstage", text
+    assert "cols: a window reduction, a line buffer of out's strips" in text, text
+    assert ("its taps sweeping each row" in text) == (2 * radius + 1 > 16), text
