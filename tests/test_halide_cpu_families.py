@@ -421,3 +421,32 @@ def test_a_wide_vertical_window_sweeps_each_row_per_tap(radius):
     assert f.last_cpu_kernel.schedule == "tcstage", text
     assert "cols: a window reduction, a line buffer of out's strips" in text, text
     assert ("its taps sweeping each row" in text) == (2 * radius + 1 > 16), text
+
+
+def test_a_strided_view_read_by_several_line_buffers_is_stored():
+    # camera_pipe's Bayer planes: a view of a mosaic at 2x and 2y (shuffles at every read),
+    # read by three stencils that are stored: it is stored once, not inlined into each.
+    inp = hl.ImageParam(hl.Float(32), 2, "inp")
+    planes = hl.Func("planes")
+    planes[x, y, c] = hl.mux(c, [inp[2 * x, 2 * y], inp[2 * x + 1, 2 * y],
+                                 inp[2 * x, 2 * y + 1]])
+    sums = []
+    for k, name in enumerate(("s0", "s1", "s2")):
+        s = hl.Func(name)
+        s[x, y] = planes[x, y, k] + planes[x + 1, y, k] + planes[x, y + 1, k]
+        sums.append(s)
+    out = hl.Func("out")
+    out[x, y] = sums[0][x, y] * sums[1][x, y + 1] - sums[2][x + 1, y]
+    f = tc.from_halide(out, name="bayer")
+    h, w = 23, 37
+    a = rng.standard_normal((2 * h + 6, 2 * w + 6)).astype(np.float32)
+    got = f(a, output_shape=(h, w))
+    d = a.astype(np.float64)
+    p = [d[0::2, 0::2], d[0::2, 1::2], d[1::2, 0::2]]
+    s = [q[:h + 1, :w + 1] + q[:h + 1, 1:w + 2] + q[1:h + 2, :w + 1] for q in p]
+    want = s[0][:h, :w] * s[1][1:h + 1, :w] - s[2][:h, 1:w + 1]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+    text = f.explain(a, output_shape=(h, w))
+    assert f.last_cpu_kernel.schedule == "tcstage", text
+    assert "planes: a view, inlined" not in text, text
+    assert "planes: strip root" in text, text
