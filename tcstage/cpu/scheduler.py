@@ -409,7 +409,7 @@ def plan_stencils(structure, outputs: set[str]) -> StencilPlan:
         # its mosaic, costs shuffles at every read: stored, where several stored Funcs read
         # it, it pays them once; camera_pipe 1.37x -> 1.24x its manual schedule)
         strided = len(where) >= STRIDED_VIEW_READERS and any(
-            _multiplies(a) for read in f.reads for a in read.args)
+            _has(a, "mul") for read in f.reads for a in read.args)
         if f.family == "other":  # (a scatter, a scan: computed once, see `_computed_once`)
             once.append(f.name)
         elif f.name in transposers:
@@ -464,15 +464,16 @@ def downsamples(structure, name: str) -> bool:
         if reader.view and downsamples(structure, r):  # (through a boundary condition)
             return True
         for read in reader.reads:
-            if read.func == name and any(_follows(a, v, reader.args) and _multiplies(a)
+            if read.func == name and any(_follows(a, v, reader.args) and _has(a, "mul")
                                          for a in read.args for v in reader.args[:2]):
                 return True
     return False
 
 
-def _multiplies(tree) -> bool:
+def _has(tree, op: str) -> bool:
+    """Whether a subscript's tree applies `op` ("mul": a multiple of a row, "div") anywhere."""
     return isinstance(tree, tuple) and bool(tree) and (
-        tree[0] == "mul" or any(_multiplies(t) for t in tree[1:] if isinstance(t, tuple)))
+        tree[0] == op or any(_has(t, op) for t in tree[1:] if isinstance(t, tuple)))
 
 
 def _phases(structure, outputs: set[str]) -> tuple[set[str], dict[str, int]]:
@@ -728,18 +729,13 @@ def _sweeps(info: FuncInfo, row: int, plan: _Plan) -> bool:
         if not pure:
             continue  # (a weight by the tap)
         if len(using) > 1 or pure != {y} or not _follows(a, y, info.args) or \
-                _multiplies(a) or _divides(a):
+                _has(a, "mul") or _has(a, "div"):
             return False
         read_rows = plan.extents.get(read.func, ())
         own_rows = plan.extents.get(info.name, ())
         if len(read_rows) > using[0] and len(own_rows) > row:
             taps = max(taps or 0, read_rows[using[0]] - own_rows[row] + 1)
     return taps is not None and taps > SWEEP_TAPS
-
-
-def _divides(tree) -> bool:
-    return isinstance(tree, tuple) and bool(tree) and (
-        tree[0] == "div" or any(_divides(t) for t in tree[1:] if isinstance(t, tuple)))
 
 
 SWEEP_TAPS = 16
