@@ -127,10 +127,10 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
         tile = plan.tiles.get(reader)  # (None: the reader got no register tiles; its own)
         # What one tile of the reader reads of the window: its values over the window's first
         # dimension (the reader's reduction), for each row of the tile.
-        stack = tile is not None and plan.extents.get(name, (1 << 20,))[0] * tile[3] * \
+        stack = tile is not None and plan.extents.get(name, (1 << 20,))[0] * tile.rows * \
             funcs[name].types()[0].bytes() <= STACK_BYTES
         text = _reduction(funcs[name], funcs[name].in_(), info, plan, funcs, inputs,
-                          at=tile and tile[:2], stack=stack)
+                          at=tile and (tile.anchor, tile.loop), stack=stack)
         report.append(f"{name}: " + (f"a window reduction computed per register tile of "
                                      f"{reader}, " if tile else
                                      f"reduction ({info.operator}) over "
@@ -168,7 +168,8 @@ def _padded(structure, window: FuncInfo, reader: FuncInfo, funcs) -> list[str]:
             and structure.info(name).view and structure.info(name).args]
 
 
-def _padded_rows(f: hl.Func, view: FuncInfo, reader: FuncInfo, plan: _Plan, tile) -> str:
+def _padded_rows(f: hl.Func, view: FuncInfo, reader: FuncInfo, plan: _Plan,
+                 tile: _Tiles | None) -> str:
     """A padded input (`_padded`) as a line buffer along the contraction's rows (its first
     dimension past the tile), kept per iteration of its parallel outer loop: each padded row
     is computed once, and the window's taps read it without a select and clamps per tap
@@ -176,7 +177,7 @@ def _padded_rows(f: hl.Func, view: FuncInfo, reader: FuncInfo, plan: _Plan, tile
     got no register tiles."""
     if tile is None:
         return "a view, inlined into its readers"
-    anchor = plan.tiles[reader.name][0]
+    anchor = tile.anchor
     rows, kept = reader.args[2], reader.args[-1]
     f.compute_at(anchor, hl.Var(rows)).store_at(anchor, hl.Var(kept))
     lanes = plan.lanes(f.types()[0])
@@ -209,14 +210,22 @@ def _pointwise_anchors(structure, outputs: set[str]) -> dict[str, str]:
     return anchors
 
 
+@attrs.frozen
+class _Tiles:
+    """Where a reduction's register tiles are computed: its anchor, the anchor's loop over
+    the tiles, and the rows of a tile."""
+    anchor: hl.Func
+    loop: hl.Var
+    rows: int
+
+
 class _Plan:
     def __init__(self, schedule: CpuSchedule, target: hl.Target, extents, threads: int,
                  no_row_vectors=frozenset(), align: bool = True):
         self.schedule, self.target, self.extents, self.threads = \
             schedule, target, dict(extents), threads
         self.no_row_vectors = no_row_vectors
-        self.tiles: dict[str, tuple] = {}  # reduction -> (its anchor, the loop over its tiles,
-        #                                    a tile's width and rows)
+        self.tiles: dict[str, _Tiles] = {}  # reduction -> its register tiles
         self.align = align  # (see schedule_pipeline)
 
     def row_vectors(self, func: str) -> bool:
@@ -597,10 +606,11 @@ def _stencil_schedule(structure, funcs: Mapping[str, hl.Func], outputs: set[str]
             strips[name], text = _transposed_tiles(funcs[name], info[name], plan)
             report.append(f"{name}: reads a Func transposed, {text}")
             continue
-        strips[name], rows = _strips(funcs[name], info[name], plan)
+        sweep = _sweeps(info[name], 1, plan)
+        strips[name], rows = _strips(funcs[name], info[name], plan, sweep)
         report.append(f"{name}: strip root, {info[name].args[1]} in parallel strips "
                       f"({rows} rows), {info[name].args[0]} in vectors"
-                      + (", its taps sweeping each row" if _sweeps(info[name], 1, plan) else ""))
+                      + (", its taps sweeping each row" if sweep else ""))
     for n in stencils.once:
         at = stencils.scans_at.get(n)
         report.append(f"{n}: {_computed_once(funcs[n], info[n], plan, at and (funcs[at], strips[at]))}")
@@ -819,9 +829,10 @@ STRIP_ROWS = 32  # as Halide's own blur and harris schedules: measured best here
 #                 rows and "four strips per thread" (blur 0.86 ms against 1.2 and 2.2)
 
 
-def _strips(f: hl.Func, info: FuncInfo, plan: _Plan) -> tuple[hl.Var, int]:
-    """Schedules a strip root; returns the loop over its strips and the rows per strip
-    (STRIP_ROWS, or all of them in a shorter Func)."""
+def _strips(f: hl.Func, info: FuncInfo, plan: _Plan, sweep: bool = False
+            ) -> tuple[hl.Var, int]:
+    """Schedules a strip root (`sweep`: see `_sweeps`); returns the loop over its strips and
+    the rows per strip (STRIP_ROWS, or all of them in a shorter Func)."""
     extents = plan.extents.get(info.name, ())
     y = hl.Var(info.args[1])
     strip, row = hl.Var(info.args[1] + "_strip"), hl.Var(info.args[1] + "_row")
@@ -832,8 +843,7 @@ def _strips(f: hl.Func, info: FuncInfo, plan: _Plan) -> tuple[hl.Var, int]:
     # the pure definition may recompute rows and columns at the edges (ShiftInwards); its
     # updates may not, so theirs are guarded
     for k, stage in enumerate(_stages(f, info, 0, 1, lanes if vectorize else 0,
-                                      hl.TailStrategy.ShiftInwards, extents,
-                                      _sweeps(info, 1, plan))):
+                                      hl.TailStrategy.ShiftInwards, extents, sweep)):
         stage.split(y, strip, row, rows, hl.TailStrategy.GuardWithIf if k
                     else hl.TailStrategy.ShiftInwards)
         if plan.schedule.parallel_outer:
@@ -893,6 +903,9 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
         want_vectors = 2 if small_window else max(1, min(4, plan.accumulators() // 6))
     if not want_rows and small_window:
         want_rows = 4
+    # (a few taps known at compile time, computed per tile of another reduction: unrolled,
+    # LLVM reuses the loads the tile's rows share)
+    unroll_taps = at is not None and small_window and None not in info.rvar_extents
     lanes, vectors = _tile(extents[0], plan.lanes(f.type()), want_vectors)
     width = lanes * vectors
     rows = 1
@@ -934,7 +947,7 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
         anchor.parallel(loops[-1])
 
     f.compute_at(anchor, tile_loops[0])
-    plan.tiles[info.name] = (anchor, tile_loops[0], width, rows)
+    plan.tiles[info.name] = _Tiles(anchor, tile_loops[0], rows)
     # A fixed-size tile (the last row of tiles may compute fewer rows): Halide then puts it on
     # the stack, where LLVM keeps it in registers, not in a heap allocation per tile. (Forcing
     # MemoryType.Stack as well made the MLP layers 1.5x slower.)
@@ -954,8 +967,8 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
                 stage.unroll(inner[0])
         if rows > 1:
             stage.unroll(inner[1])
-        if k == 1 and at is not None and small_window and None not in info.rvar_extents:
-            for r in info.rvars:  # (a few taps: LLVM reuses the loads the tile's rows share)
+        if k == 1 and unroll_taps:
+            for r in info.rvars:
                 stage.unroll(hl.RVar(r))
         if k == 1 and s.unroll_reduction > 1:
             stage.unroll(hl.RVar(info.rvars[0]), s.unroll_reduction, hl.TailStrategy.GuardWithIf)
@@ -971,7 +984,7 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
                                         for r, _ in packs) \
             + (" per column of tiles" if not packed_whole else " once, whole" + (
                 "" if at is not None else " (too few columns of tiles to share among the cores)"))
-    if at is not None and small_window and None not in info.rvar_extents:
+    if unroll_taps:
         text += "; its taps unrolled"
     if s.unroll_reduction > 1:
         text += f"; {info.rvars[0]} unrolled by {s.unroll_reduction}"

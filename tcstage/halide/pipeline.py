@@ -440,7 +440,7 @@ class HalideFunction:
         for earlier such sizes is tried first, then one planned for these sizes (or the root
         schedule where that fails too). Returns the kernel that ran."""
         rescheduled = self._cpu_rescheduled.setdefault(applied, [])
-        sizes = {**b.sizes, **dict(self._output_sizes(shapes))}
+        sizes = self._call_sizes(b, shapes)
         for kernel in rescheduled:
             if not kernel.serves(sizes):
                 continue
@@ -539,6 +539,11 @@ class HalideFunction:
         return "other" not in {f.family for f in structure.funcs} and \
             any(f.contraction for f in structure.funcs)
 
+    def _call_sizes(self, b: Binding, shapes) -> dict[str, int]:
+        """The sizes a kernel's constants are checked against: the inputs' and (a kernel may
+        hold an output's channels) the outputs'."""
+        return {**b.sizes, **dict(self._output_sizes(shapes))}
+
     def _output_sizes(self, shapes) -> tuple[tuple[str, int], ...]:
         """(`out.k`, extent) for every dimension of every output, in tcstage's (numpy) order."""
         return tuple(zip(self._output_size_names, itertools.chain.from_iterable(shapes)))
@@ -556,8 +561,7 @@ class HalideFunction:
         requested = applied
         main = self._cpu_kernels.get(requested)
         other_constants = ""
-        outputs = self._output_sizes(shapes)
-        sizes = {**b.sizes, **dict(outputs)}  # (a kernel may hold an output's channels too)
+        sizes = self._call_sizes(b, shapes)
         if main is not None and not failed:
             if main.serves(sizes):
                 return main
@@ -565,7 +569,7 @@ class HalideFunction:
                 if kernel.compiled_in and kernel.serves(sizes):
                     return kernel
             other_constants = ", ".join(f"{n}={v}" for n, v in main.compiled_in)
-        planned = tuple(sorted(b.sizes.items())) + outputs
+        planned = tuple(sorted(b.sizes.items())) + self._output_sizes(shapes)
         note = f"the schedule planned for other sizes failed at these ({failed}); " \
                f"{applied} planned for these" if failed else \
             f"the schedule planned first holds {other_constants} as constants; {applied} " \
