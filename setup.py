@@ -10,6 +10,7 @@ it works both in pip's isolated build environment (where pip installs
 
 import importlib.util
 import os
+import re
 import sysconfig
 
 from setuptools import Extension, find_packages, setup
@@ -119,14 +120,43 @@ class _SharedRuntimeBuild(build_ext):
             print(f"tcstage: ignoring {' '.join(sorted(dropped))} from the build environment: "
                   "the extension must share libHalide's C++ runtime")
         super().build_extension(ext)
+        if self._links_shared_runtime(ext):
+            return
+        # A compiler installed without a shared libstdc++ (the H200 image's /opt/gcc, 2026-11-28)
+        # resolves -lstdc++ to its static archive whatever the flags say. Link the shared one that
+        # libHalide itself loads, named by its path, so that it comes before the driver's own.
+        runtime = _halide_cxx_runtime(ext.library_dirs[0])
+        if runtime is not None:
+            print(f"tcstage: the compiler linked libstdc++ statically; relinking with {runtime}")
+            ext.libraries = [lib for lib in ext.libraries if lib != "stdc++"]
+            ext.extra_objects = [*ext.extra_objects, runtime]
+            self.force = True
+            super().build_extension(ext)
+            if self._links_shared_runtime(ext):
+                return
         path = self.get_ext_fullpath(ext.name)
-        needed = _needed_libraries(path)
-        if not any(n.startswith("libstdc++.so") for n in needed):
-            raise RuntimeError(
-                f"{path} was linked without the shared libstdc++ (it needs {needed}): a static "
-                "copy of the C++ runtime beside libHalide's crashes at run time. Check LDFLAGS "
-                "and the compiler's defaults for -static-libstdc++.")
+        raise RuntimeError(
+            f"{path} was linked without the shared libstdc++ (it needs "
+            f"{_needed_libraries(path)}; libHalide's is {runtime}): a static copy of the C++ "
+            "runtime beside libHalide's crashes at run time. Check LDFLAGS and the compiler's "
+            "defaults for -static-libstdc++, or build with another compiler (CXX=/usr/bin/g++).")
 
+    def _links_shared_runtime(self, ext):
+        needed = _needed_libraries(self.get_ext_fullpath(ext.name))
+        return any(n.startswith("libstdc++.so") for n in needed)
+
+
+def _halide_cxx_runtime(libdir):
+    """The path of the shared libstdc++ that libHalide.so loads (as ldd resolves it), or None."""
+    import subprocess
+
+    try:
+        listing = subprocess.run(["ldd", os.path.join(libdir, "libHalide.so")],
+                                 capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    match = re.search(r"^\s*libstdc\+\+\.so\S*\s+=>\s+(/\S+)", listing, re.MULTILINE)
+    return match.group(1) if match else None
 
 setup(
     packages=find_packages(where=HERE, include=["tcstage", "tcstage.*"]),

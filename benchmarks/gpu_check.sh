@@ -188,6 +188,7 @@ setup_gpu_machine() {  # .gpu/ unpacked, the test tools it carries, tcstage inst
         fi
     fi
     env | grep -E '^(LDFLAGS|CFLAGS|CXXFLAGS|CPPFLAGS|LDSHARED|CC|CXX)=' || true  # (the build's)
+    echo "the C++ compiler's shared libstdc++: $("${CXX:-g++}" -print-file-name=libstdc++.so 2>&1)"
     python3 -m pip install -q --no-deps --no-build-isolation -e . \
         || python3 -m pip install -q --no-deps --no-build-isolation --break-system-packages -e . \
         || return 1

@@ -699,6 +699,9 @@ def array_info(a) -> tuple[tuple[int, ...], np.dtype] | None:
     (PyTorch CUDA tensors, CuPy arrays, pycuda GPUArrays); None for anything else."""
     if isinstance(a, np.ndarray):
         return a.shape, a.dtype
+    if type(a).__module__.split(".")[0] == "torch" and str(getattr(a, "dtype", "")) == \
+            "torch.bfloat16" and a.is_cuda:  # (its interface says "|V2", or raises, by version)
+        return tuple(a.shape), _BFLOAT16
     iface = getattr(a, "__cuda_array_interface__", None)
     if isinstance(iface, dict) and "shape" in iface and "typestr" in iface:
         return tuple(int(n) for n in iface["shape"]), np.dtype(iface["typestr"])

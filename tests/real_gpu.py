@@ -129,7 +129,10 @@ class PycudaLauncher:
         for i, (p, a) in enumerate(zip(params, args)):
             if not p.pointer:
                 value = np.array(a, dtype=p.dtype)
-                if not isinstance(value[()], np.number):  # (ml_dtypes' bfloat16: its bits)
+                # (half and ml_dtypes' bfloat16 as their bits: pycuda's argument packing knows
+                # neither)
+                if value.dtype.kind not in "biu" and value.itemsize == 2 \
+                        or not isinstance(value[()], np.number):
                     value = value.view(f"u{value.itemsize}")
                 values.append(value[()])
                 continue

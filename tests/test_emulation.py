@@ -270,7 +270,7 @@ def test_vector_add_with_ragged_grid():
 # address is based on -f1, which GCC's late pure/const and modref analyses took for a NULL
 # dereference ("terminating BB"), so the store was never seen and the call was deleted as pure.
 # Reduced from Halide fuzz seed 950132, where one of four launches silently did nothing.
-STRIDED_DIFFERENCE = r"""
+STRIDED_DIFFERENCE = r"""#include <cstdint>
 extern "C" __global__ void strided_difference(const uint8_t* f1, int16_t* f2) {
   for (int c0 = 0; c0 <= 16; c0 += 1)
     for (int c1 = 0; c1 <= 6; c1 += 1)

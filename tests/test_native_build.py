@@ -4,7 +4,8 @@ On the first GPU machine tcstage ran on (an H200 image whose build flags link li
 statically), `pip install -e .` produced a `_native` carrying its own libstdc++; with PyTorch or
 the CUDA driver loaded, the two runtimes' locale tables mixed and every GPU test process crashed
 inside `std::ostringstream` (`type_to_str`). setup.py now drops such flags, links the shared
-libstdc++ by name and refuses a build without it; these tests hold it to that.
+libstdc++ by name (by its path where the compiler finds only a static one) and refuses a build
+without it; these tests hold it to that.
 """
 
 import os
@@ -41,21 +42,54 @@ def test_the_elf_reader_against_readelf(tmp_path):
         elf.needed_libraries(str(text))
 
 
-@pytest.mark.slow
-def test_a_build_environment_asking_for_a_static_libstdcxx_still_gets_the_shared_one(tmp_path):
-    """LDFLAGS=-static-libstdc++ (what the H200 image's builds amounted to): setup.py says it
-    ignores the flag, and the extension it builds needs libstdc++.so."""
+def _source_copy(tmp_path) -> Path:
+    """setup.py, pyproject.toml and the package, as tracked, copied under tmp_path."""
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
     if tracked.returncode != 0:
         pytest.skip("not a git checkout")
+    tree = tmp_path / "src"
     for name in tracked.stdout.split():
         if name.startswith(("setup.py", "pyproject.toml", "tcstage/")):
-            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, tmp_path / name)
-    env = {**os.environ, "LDFLAGS": "-static-libstdc++"}
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, tree / name)
+    return tree
+
+
+def _build(tree: Path, env: dict) -> tuple[subprocess.CompletedProcess, list[str]]:
     r = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+                       cwd=tree, env={**os.environ, **env}, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    built = next((tree / "tcstage" / "halide").glob("_native*.so"))
+    return r, elf.needed_libraries(str(built))
+
+
+@pytest.mark.slow
+def test_a_build_environment_asking_for_a_static_libstdcxx_still_gets_the_shared_one(tmp_path):
+    """LDFLAGS=-static-libstdc++ (what the H200 image's builds amounted to on 2026-11-26):
+    setup.py says it ignores the flag, and the extension it builds needs libstdc++.so."""
+    r, needed = _build(_source_copy(tmp_path), {"LDFLAGS": "-static-libstdc++"})
     assert "ignoring -static-libstdc++" in r.stdout
-    built = next((tmp_path / "tcstage" / "halide").glob("_native*.so"))
-    assert any(n.startswith("libstdc++.so") for n in elf.needed_libraries(str(built)))
+    assert any(n.startswith("libstdc++.so") for n in needed), needed
+
+
+@pytest.mark.slow
+def test_a_compiler_with_only_a_static_libstdcxx_still_links_the_shared_one(tmp_path):
+    """The H200 image of 2026-11-28 set CXX to a g++ whose -lstdc++ finds only libstdc++.a: here
+    a g++ given a library folder holding nothing but that archive. setup.py relinks with the
+    shared libstdc++ libHalide loads, named by its path."""
+    gxx, archive = shutil.which("g++"), None
+    if gxx is not None:
+        archive = subprocess.run([gxx, "-print-file-name=libstdc++.a"], capture_output=True,
+                                 text=True).stdout.strip()
+    if not archive or not os.path.isabs(archive):
+        pytest.skip("no g++ with a static libstdc++ to imitate the image's compiler with")
+    static_only = tmp_path / "static-only"
+    static_only.mkdir()
+    (static_only / "libstdc++.a").symlink_to(archive)
+    wrapper = tmp_path / "g++"
+    wrapper.write_text(f'#!/bin/sh\nexec {gxx} -L{static_only} "$@"\n')
+    wrapper.chmod(0o755)
+    r, needed = _build(_source_copy(tmp_path), {"CXX": str(wrapper)})
+    assert "relinking with" in r.stdout
+    assert any(n.startswith("libstdc++.so") for n in needed), needed

@@ -125,5 +125,9 @@ def schedule_gpu(app: App) -> None:
     staged = image.in_()
     s0, s1, s2, _ = staged.args()
     so, si, st = hl.Var("so"), hl.Var("si"), hl.Var("st")
-    (staged.compute_at(conv, rxo).vectorize(s0, 2).split(s1, so, si, 4).fuse(s0, si, st)
+    # (its 16 channels bounded: the original compiles for fixed sizes, and without a known
+    # extent Halide's bounds of the fused lane's row go negative, so the pipeline asks for the
+    # input at x = -31 and stops, as it did on an H200)
+    (staged.compute_at(conv, rxo).bound_extent(s0, 16).vectorize(s0, 2).split(s1, so, si, 4)
+     .fuse(s0, si, st)
      .gpu_lanes(st).unroll(so).unroll(s2))

@@ -20,21 +20,23 @@ from tcstage.errors import TCArgumentError, TCError
 
 # numpy dtype -> struct code of pycuda's prepared calls (a bfloat16 scalar travels as its bits)
 _STRUCT = {"int8": "b", "uint8": "B", "int16": "h", "uint16": "H", "int32": "i", "uint32": "I",
-           "int64": "q", "uint64": "Q", "float16": "e", "float32": "f", "float64": "d",
-           "bool": "?", "bfloat16": "H"}
+           "int64": "q", "uint64": "Q", "float16": "H", "float32": "f", "float64": "d",
+           "bool": "?", "bfloat16": "H"}  # (16-bit floats as their bits: pycuda packs no half)
+_FLOAT16 = ("float16", "bfloat16")
 _POINTERS = ("output", "temp", "input", "scratch")
 
 
-def _bits16(value) -> int:
-    """A bfloat16 scalar's bits (it reaches the launch as the float of its rounded value)."""
+def _bits16(value, dtype: str) -> int:
+    """A half or bfloat16 scalar's bits (it reaches the launch as a number)."""
     import ml_dtypes
-    return int(np.array(value, ml_dtypes.bfloat16).view(np.uint16))
+    kind = np.float16 if dtype == "float16" else ml_dtypes.bfloat16
+    return int(np.array(value, kind).view(np.uint16))
 
 
 def _host(dtype) -> np.dtype:
-    """The dtype pycuda moves an array as: bfloat16 (ml_dtypes, which pycuda's kernels for
-    filling and copying do not know) as its 16-bit words."""
-    return np.dtype(np.uint16) if np.dtype(dtype).name == "bfloat16" else np.dtype(dtype)
+    """The dtype pycuda moves an array as: half and bfloat16 (which pycuda's kernels for filling
+    and copying do not know: "unable to map dtype 'float16'" on an H200) as their 16-bit words."""
+    return np.dtype(np.uint16) if np.dtype(dtype).name in _FLOAT16 else np.dtype(dtype)
 
 
 @functools.cache  # a failure raises, and is not cached: a later call tries again
@@ -109,12 +111,13 @@ class Launcher:
             self.function = module.get_function(cuda.name)
             self.function.prepare("".join("P" if p.kind in _POINTERS else _STRUCT[p.dtype]
                                           for p in cuda.parameters))
-        self.bits16 = [p.kind == "scalar" and p.dtype == "bfloat16" for p in cuda.parameters]
+        self.bits16 = [p.dtype if p.kind == "scalar" and p.dtype in _FLOAT16 else None
+                       for p in cuda.parameters]
 
     def __call__(self, values, grid=None) -> None:
         """Launches on `grid` (a dynamic kernel's, for the call's sizes), else the compiled one."""
         grid = self.cuda.grid if grid is None else grid
-        values = [_bits16(v) if b else v for v, b in zip(values, self.bits16)]
+        values = [_bits16(v, b) if b else v for v, b in zip(values, self.bits16)]
         with driver_errors(f"launching kernel '{self.cuda.name}' on grid {grid}, "
                            f"block {self.cuda.block}"):
             self.function.prepared_call(grid, self.cuda.block, *values)
