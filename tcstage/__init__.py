@@ -11,6 +11,7 @@
     f = tc.from_halide(halide_func)    # a Halide pipeline: f(img, output_shape=(H, W)) on the CPU,
     k = tc.compile(f, img, output_shape=(H, W), options=...)   # or one CUDA kernel
     text = tc.gradient(src, "mm")      # the backward function, as TC source (tcstage.grad)
+    text = tc.jvp(src, "mm")           # the forward-mode derivative (tangents), as TC source
 """
 
 from tcstage.errors import (TCArgumentError, TCError, TCPartitionError, TCRangeError,
@@ -23,8 +24,8 @@ from tcstage.program import PolymorphicFunction, Program, TCFunction, define
 from tcstage.halide.pipeline import HalideFunction, from_halide
 from tcstage.tune.tuner import TuneResult, autotune
 from tcstage.tune.compare import compare
-from tcstage.grad import gradient
+from tcstage.grad import gradient, jvp
 
-__all__ = ["CpuSchedule", "define", "gradient", "from_halide", "HalideFunction", "compile", "autotune", "compare", "TuneResult", "Kernel", "Program", "TCFunction", "PolymorphicFunction", "TCError", "TCSyntaxError", "TCSemanticError",
+__all__ = ["CpuSchedule", "define", "gradient", "jvp", "from_halide", "HalideFunction", "compile", "autotune", "compare", "TuneResult", "Kernel", "Program", "TCFunction", "PolymorphicFunction", "TCError", "TCSyntaxError", "TCSemanticError",
            "TCRangeError", "TCPartitionError", "TCArgumentError", "TCWarning", "MappingOptions", "FusionStrategy"]
 __version__ = "0.1.0"
