@@ -14,8 +14,8 @@
     text = tc.jvp(src, "mm")           # the forward-mode derivative (tangents), as TC source
 """
 
-from tcstage.errors import (TCArgumentError, TCError, TCPartitionError, TCRangeError,
-                            TCSemanticError, TCSyntaxError, TCWarning)
+from tcstage.errors import (TCArgumentError, TCError, TCIndexError, TCPartitionError,
+                            TCRangeError, TCSemanticError, TCSyntaxError, TCWarning)
 from tcstage.options import FusionStrategy, MappingOptions
 from tcstage.cpu.options import CpuSchedule
 from tcstage.cuda.runtime import Kernel
@@ -27,5 +27,5 @@ from tcstage.tune.compare import compare
 from tcstage.grad import gradient, jvp
 
 __all__ = ["CpuSchedule", "define", "gradient", "jvp", "from_halide", "HalideFunction", "compile", "autotune", "compare", "TuneResult", "Kernel", "Program", "TCFunction", "PolymorphicFunction", "TCError", "TCSyntaxError", "TCSemanticError",
-           "TCRangeError", "TCPartitionError", "TCArgumentError", "TCWarning", "MappingOptions", "FusionStrategy"]
+           "TCRangeError", "TCPartitionError", "TCArgumentError", "TCIndexError", "TCWarning", "MappingOptions", "FusionStrategy"]
 __version__ = "0.1.0"

@@ -122,6 +122,11 @@ class TCArgumentError(TCError):
     """A call passed tensors or values that do not match the function's signature."""
 
 
+class TCIndexError(TCArgumentError, IndexError):
+    """An index tensor holds a value outside the dimension it indexes (an IndexError too, as
+    PyTorch's own gathers raise)."""
+
+
 class TCWarning(UserWarning):
     """A precondition tcstage cannot check, such as reads that range inference did not bound."""
 

@@ -486,3 +486,57 @@ def test_generated_backward_without_a_gradient_for_some_inputs():
     op(x, y).sum().backward()
     assert x.grad is None
     torch.testing.assert_close(y.grad, (x.detach() > 0).double() * 2)
+
+
+# -- index tensors are checked, as PyTorch's gathers check them ---------------------------------
+
+@pytest.mark.parametrize("bad", [10, -1, 100])
+def test_an_index_out_of_its_table_is_an_index_error_naming_it(lut2, bad):
+    LUT1, I1, LUT2, I2 = _lut_inputs()
+    I2 = I2.clone()
+    I2[2, 1] = bad
+    with pytest.raises(IndexError, match=rf"index {bad} in I2\[2, 1\] is out of range for "
+                                         r"dimension 0 of LUT2, which is \[0, 8\)"):
+        lut2(LUT1, I1, LUT2, I2)
+    with pytest.raises(IndexError):  # (PyTorch's own gather agrees it is out of range)
+        torch.nn.functional.embedding(I2.long(), LUT2)
+
+
+def test_the_backward_checks_its_indices_too(lut2):
+    """The backward TC scatters through the same indices: called on its own with a bad one, it
+    is refused as well, not clamped into a wrong gradient."""
+    LUT1, I1, LUT2, I2 = (t.requires_grad_() if t.is_floating_point() else t
+                          for t in _lut_inputs())
+    O1, O2 = lut2(LUT1, I1, LUT2, I2)
+    bad = I1.clone()
+    bad[0, 0] = 10
+    with pytest.raises(IndexError, match=r"I1\[0, 0\]"):
+        lut2.backward_op(LUT1.detach(), bad, LUT2.detach(), I2, O1.detach(), O2.detach(),
+                         torch.ones_like(O1), torch.ones_like(O2))
+
+
+def test_labels_are_checked_over_the_elements_read():
+    """Only the elements a statement reads are checked: L(n) for n in 0:2 here, so a bad
+    label past them is no error, and one within them is."""
+    with warnings.catch_warnings():  # (that L has at least 2 elements is not checked)
+        warnings.simplefilter("ignore", tc.TCWarning)
+        op = tct.op("def pick(float(N,C) X, int32(M) L) -> (O) { O(n) = X(n, L(n)) "
+                    "where n in 0:2 }", "pick")
+    X = torch.arange(12.0).reshape(2, 6)
+    L = torch.tensor([5, 0, 99], dtype=torch.int32)
+    torch.testing.assert_close(op(X, L), torch.tensor([5.0, 6.0]))
+    L[1] = 6
+    with pytest.raises(tc.TCIndexError, match=r"index 6 in L\[1\] .* dimension 1 of X"):
+        op(X, L)
+
+
+def test_the_index_check_can_be_skipped(lut2):
+    LUT1, I1, LUT2, I2 = _lut_inputs()
+    I1 = I1.clone()
+    I1[0, 0] = 10
+    lut2.check_indices = False
+    try:
+        O1, _ = lut2(LUT1, I1, LUT2, I2)  # (no error: the read is clamped, as documented)
+        assert O1.shape == (3, 4)
+    finally:
+        lut2.check_indices = True

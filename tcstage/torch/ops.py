@@ -40,6 +40,7 @@ from tcstage.lang.retype import SPELLING, retype
 from tcstage.lang.types import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, ScalarType
 from tcstage.program import PolymorphicFunction, Program, define, resolve
 from tcstage.torch.backward import backward_from_text, check_backward
+from tcstage.torch.indices import check as check_index_values, index_reads
 from tcstage.torch.shapes import evaluate_symbolic
 
 NAMESPACE = "tcstage"
@@ -61,7 +62,7 @@ def op(source_or_program, name: str, options=None, backward=None) -> "TCOp":
     `(inputs..., outputs..., d_outputs...) -> (d_input per floating-point input)`.
     """
     program = source_or_program if isinstance(source_or_program, Program) \
-        else define(source_or_program)
+        else _define_checked(source_or_program, name)
     if program.source is None:
         raise TCError("tct.op needs the TC source of the program; define it with tc.define")
     program[name]  # a TCError naming the defined functions if there is none
@@ -81,6 +82,24 @@ def op(source_or_program, name: str, options=None, backward=None) -> "TCOp":
             existing = _ops[op_name] = TCOp(program, name, options_text, op_name,
                                             backward=_resolve_backward(program, name, backward))
         return existing
+
+
+def _define_checked(source: str, name: str) -> Program:
+    """tc.define, without the warnings that an operator's index check makes untrue (that a
+    value-dependent subscript of `name` is not checked: the operator checks it)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        program = define(source)
+    try:
+        fn = program[name]
+    except TCError:
+        fn = None
+    checked = () if fn is None or isinstance(fn, PolymorphicFunction) else \
+        tuple(r.unchecked_warning(name) for r in index_reads(fn.checked))
+    for w in caught:
+        if not str(w.message).startswith(checked):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return program
 
 
 def _options_text(options) -> str | None:
@@ -142,6 +161,10 @@ class TCOp:
         self._jvp: Jvp | TCError | None = None  # (generated at the first forward-mode call)
         self._jvp_op: TCOp | None = None
         self.role = "forward"  # or, for a derivative's operator, "backward" or "jvp"
+        # Index tensors' values are checked before each run (tcstage/torch/indices.py); a
+        # derivative's operator follows the operator it differentiates.
+        self.check_indices = True
+        self._index_reads: dict[int, tuple] = {}
         inout = [o for o in self.checked.outputs if self.checked.tensors[o].inout]
         if inout:
             raise TCError(f"output '{inout[0]}' of '{name}' starts from the caller's values (it "
@@ -329,6 +352,8 @@ class TCOp:
     # -- implementations -----------------------------------------------------------------------
     def _run(self, *args):
         ftype = self.float_type(args)
+        if (self.forward or self).check_indices:
+            self._check_index_values(args)
         fn = self.program_for(ftype)[self.name]
         device = _device(args)
         if device.type == "cpu":
@@ -362,6 +387,22 @@ class TCOp:
             outputs.append(like.new_empty(shape, dtype=dtype) if like is not None
                            else torch.empty(shape, dtype=dtype))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _check_index_values(self, args) -> None:
+        checked = self._checked_for(args)
+        with _ops_lock:
+            reads = self._index_reads.get(id(checked))
+            if reads is None:
+                reads = self._index_reads[id(checked)] = index_reads(checked)
+        if not reads:
+            return
+        values = _sizes(checked, args)
+        scalars = {t.name: int(a) for t, a in zip(checked.inputs, args)
+                   if t.rank == 0 and t.type.is_int and not isinstance(a, bool)}
+        values.update(scalars)
+        spec = tuple(sorted((s, scalars[s]) for s in R.needs_specialization(checked)))
+        check_index_values(checked, reads, self._inferred(checked, spec),
+                           {t.name: a for t, a in zip(checked.inputs, args)}, values)
 
     def _inferred(self, checked: C.Function, spec: tuple) -> R.FunctionRanges:
         key = (id(checked), spec)  # (a polymorphic function keeps its instances: ids stay)
