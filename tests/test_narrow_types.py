@@ -299,3 +299,15 @@ def test_tuning_checks_narrow_outputs_within_a_few_ulps():
         neighbour = (np.float64(want) * (1 + ulp)).astype(dtype)
         assert compare([neighbour], [want], ["C"]) == ""
         assert "C[2]" in compare([(np.float64(want) * [1, 1, 2]).astype(dtype)], [want], ["C"])
+
+
+def test_halides_note_that_narrow_floats_are_emulated_stays_out_of_the_output(capsys):
+    """Halide prints "(b)float16 type operation is emulated" for every narrow compile on a CPU
+    without native support (issue 29): dropped, while other output of the compile stays."""
+    fn = define("def quiet_bf16(bfloat16(N,K) X, bfloat16(M,K) Y) -> (O) {\n"
+                "  O(i,j) +=! X(i,k) * Y(j,k)\n}").quiet_bf16
+    X = np.ones((4, 8), ml_dtypes.bfloat16)
+    print("before")
+    np.testing.assert_array_equal(fn(X, X).astype(np.float32), np.full((4, 4), 8.0))
+    out, err = capsys.readouterr()
+    assert out == "before\n" and "emulated" not in err

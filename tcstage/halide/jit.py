@@ -40,6 +40,7 @@ from tcstage.cpu.scheduler import NotScheduled, schedule_pipeline
 from tcstage.errors import TCArgumentError, TCError, warn
 from tcstage.halide.lower import HALIDE_FAILURES, Lowered, lower, scalar_argument, storage_type
 from tcstage.halide.solver import evaluate
+from tcstage.halide.stderr import narrow_float_notes_dropped
 
 AUTOSCHEDULERS = ("Mullapudi2016", "Adams2019", "Li2018")
 # tcstage's own structure-aware scheduler (tcstage/cpu/): CpuSchedule() with every parameter
@@ -390,6 +391,9 @@ def _jit(pipeline: hl.Pipeline, lowered: Lowered, target: hl.Target) -> hl.Calla
     concurrent calls of one kernel do not share its Params.)"""
     arguments = [lowered.params[t.name] for t in lowered.fn.inputs]
     arguments += [lowered.inout_params[name] for name in lowered.inout_params]
+    if any(t.type.is_float and t.type.bits == 16 for t in lowered.fn.tensors.values()):
+        with narrow_float_notes_dropped():
+            return pipeline.compile_to_callable(arguments, target)
     return pipeline.compile_to_callable(arguments, target)
 
 
