@@ -144,6 +144,44 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores"
 
 
+ADD = "def add(float(N) X, float(N) Y) -> (O) { O(i) = X(i) + Y(i) }"
+
+
+def per_call_us(f, calls: int = 20000, rounds: int = 5) -> float:
+    """The best of `rounds` mean times of `calls` calls, in microseconds."""
+    for _ in range(200):
+        f()
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            f()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best * 1e6
+
+
+def overhead() -> list[tuple[str, float]]:
+    """Per-call cost of a 4-element add, where the kernel is nothing: what a call costs above
+    its kernel, through each layer, against PyTorch's and numpy's own add and an empty
+    custom operator (the dispatcher's floor)."""
+    import tcstage as tc
+
+    @torch.library.custom_op("tcstage_bench::empty", mutates_args=())
+    def empty(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x)
+    empty.register_fake(lambda x, y: torch.empty_like(x))
+    empty.register_autograd(lambda ctx, g: (g, g), setup_context=lambda ctx, inputs, output: None)
+    x, y = torch.randn(4), torch.randn(4)
+    xn, yn = x.numpy(), y.numpy()
+    op, fn = tct.op(ADD, "add"), tc.define(ADD).add
+    return [("torch.add", per_call_us(lambda: torch.add(x, y))),
+            ("an empty torch.library.custom_op", per_call_us(lambda: empty(x, y))),
+            ("tcstage.torch.op", per_call_us(lambda: op(x, y))),
+            ("numpy.add", per_call_us(lambda: np.add(xn, yn))),
+            ("tc.define(...).add on numpy arrays", per_call_us(lambda: fn(xn, yn))),
+            ("tc.define(...).add on torch tensors", per_call_us(lambda: fn(x, y)))]
+
+
 def main() -> None:
     global DEVICE
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -151,9 +189,19 @@ def main() -> None:
     ap.add_argument("--layers", default=",".join(LAYERS))
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--overhead", action="store_true",
+                    help="only the per-call overhead (a 4-element add, CPU)")
     a = ap.parse_args()
     DEVICE = a.device
     where = torch.cuda.get_device_name() if DEVICE == "cuda" else machine()
+    calls = overhead() if DEVICE == "cpu" else []
+    overhead_lines = ["", "Per-call cost of a 4-element add (the kernel is nothing; best of 5 "
+                      "means of 20000 calls):", "", "| call | us |", "|---|---|"]
+    overhead_lines += [f"| {what} | {us:.1f} |" for what, us in calls]
+    if a.overhead:
+        print("\n".join([f"Machine: {where}; torch {torch.__version__}, "
+                         f"{torch.get_num_threads()} threads", *overhead_lines]), flush=True)
+        return
     rows = []
     for name in a.layers.split(","):
         row = bench_layer(name, a.runs)
@@ -176,7 +224,7 @@ def main() -> None:
                          f"{row['torch_ms']:.3f} | {row['ratio']:.2f} |")
     lines += ["", f"Recompilations of MLP1 (forward and backward TC) over batch sizes "
               f"{rec['batches']}: {rec['after_first']} compilations at the first call, "
-              f"{rec['recompilations']} after it.", ""]
+              f"{rec['recompilations']} after it."] + (overhead_lines if calls else []) + [""]
     text = "\n".join(lines)
     print(text)
     if not a.no_write:

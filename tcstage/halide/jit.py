@@ -118,6 +118,34 @@ def needs_large_buffers(fn, ranges, values: Mapping[str, int]) -> bool:
     return large
 
 
+@attrs.frozen
+class _CallPlan:
+    """What a run needs to know of a function's tensors, worked out once per pipeline: a call
+    then touches only its arrays (a small kernel's run is a few microseconds, so per-call
+    lookups of types and dtypes were most of it)."""
+
+    inputs: tuple  # (name, type, numpy dtype Halide's buffer takes, or None for a scalar)
+    inouts: tuple  # (name, type)
+    outputs: tuple  # (name, storage dtype, dtype returned: None where it is the storage's)
+
+    @staticmethod
+    def of(lowered: Lowered) -> "_CallPlan":
+        fn = lowered.fn
+        inputs = tuple((t.name, t.type, _native_storage(t.type) if t.rank else None)
+                       for t in fn.inputs)
+        inouts = tuple((n, fn.tensors[n].type) for n in lowered.inout_params)
+        outputs = []
+        for n in fn.outputs:
+            stored, wanted = storage_type(fn.tensors[n].type).numpy, fn.tensors[n].type.numpy
+            outputs.append((n, stored, None if stored == wanted else wanted))
+        return _CallPlan(inputs, inouts, tuple(outputs))
+
+
+def _native_storage(t) -> np.dtype:
+    """The dtype of an input array Halide's buffer takes as it is (see _storage_view)."""
+    return np.dtype(np.int64) if t.name == "uint64" else t.numpy.newbyteorder("=")
+
+
 @attrs.frozen(eq=False)
 class _Compiled:
     """One JIT-compiled pipeline and the Funcs and parameters it was built from."""
@@ -129,6 +157,11 @@ class _Compiled:
     estimates: dict  # the sizes it was scheduled for
     note: str = ""  # why the schedule asked for was not the one applied
     report: tuple = ()  # the structured scheduler's decisions, one line per Func
+    plan: _CallPlan = attrs.field(init=False)
+
+    @plan.default
+    def _plan(self) -> _CallPlan:
+        return _CallPlan.of(self.lowered)
 
 
 class CpuKernel:
@@ -308,15 +341,16 @@ class CpuKernel:
 
     def __call__(self, arrays: Mapping[str, np.ndarray], scalars: Mapping[str, object],
                  inout: Mapping[str, np.ndarray], values: Mapping[str, int] | None = None,
-                 allocate=None) -> list[np.ndarray]:
+                 allocate=None, sorted_sizes: tuple | None = None) -> list[np.ndarray]:
         """Runs on a call's arrays; `values`: its sizes (those it was compiled at if None; a
-        specialised kernel takes no others). `allocate(shape, dtype)` makes the output arrays
-        (aligned_empty by default; a PyTorch caller's allocator, so outputs are its tensors)."""
-        values = self.values if values is None else dict(values)
+        specialised kernel takes no others), `sorted_sizes` the same sorted into a tuple where
+        the caller has it already. `allocate(shape, dtype)` makes the output arrays (aligned_empty
+        by default; a PyTorch caller's allocator, so outputs are its tensors)."""
+        values = self.values if values is None else values
         if self.specialize_shapes and values != self.values:
             raise TCError(f"a kernel of '{self.fn.name}' specialised to sizes {self.values} "
                           f"was called with {values}", notes=("this is a bug in tcstage",))
-        sizes = tuple(sorted(values.items()))
+        sizes = tuple(sorted(values.items())) if sorted_sizes is None else sorted_sizes
         compiled = self._serving.get(sizes, self._main)
         bounds = self._bounds.get(sizes)
         if bounds is None:
@@ -401,24 +435,27 @@ def _run(compiled: _Compiled, arrays, scalars, inout, output_bounds, allocate=No
          name: str | None = None) -> list[np.ndarray]:
     """Runs the pipeline on numpy arrays into fresh outputs of `output_bounds`. `name`:
     Halide's failures are the arguments' fault (a TCArgumentError naming the function)."""
-    low = compiled.lowered
+    plan = compiled.plan
     keep = []  # the buffers' memory must outlive the run: storage views may be copies
     arguments = []
-    for t in low.fn.inputs:
-        if t.rank == 0:
-            arguments.append(scalar_argument(scalars[t.name], t.type))
-        else:
-            keep.append(_storage_view(arrays[t.name], t.type))
-            arguments.append(halide_buffer(keep[-1]))
-    for tname in low.inout_params:
-        keep.append(_storage_view(inout[tname], low.fn.tensors[tname].type))
+    for tname, t, dtype in plan.inputs:
+        if dtype is None:
+            arguments.append(scalar_argument(scalars[tname], t))
+            continue
+        a = arrays[tname]
+        flags = a.flags
+        if not (a.dtype == dtype and flags.c_contiguous and flags.aligned and flags.writeable):
+            a = _storage_view(a, t)
+        keep.append(a)
+        arguments.append(halide_buffer(a))
+    for tname, t in plan.inouts:
+        keep.append(_storage_view(inout[tname], t))
         arguments.append(halide_buffer(keep[-1]))
     outs = []
-    for tname, (mins, extents) in zip(low.fn.outputs, output_bounds):
-        dtype = storage_type(low.fn.tensors[tname].type).numpy
-        out = (allocate or aligned_empty)(extents, dtype)
+    for (tname, stored, _), (mins, extents) in zip(plan.outputs, output_bounds):
+        out = (allocate or aligned_empty)(extents, stored)
         buf = halide_buffer(out)
-        if mins:
+        if any(mins):
             buf.set_min(list(reversed(mins)))
         outs.append(out)
         arguments.append(buf)
@@ -430,8 +467,8 @@ def _run(compiled: _Compiled, arrays, scalars, inout, output_bounds, allocate=No
         raise TCArgumentError(f"running '{name}' failed: {_halide_message(e)}") from None
     finally:
         del keep
-    return [o.view(low.fn.tensors[n].type.numpy) if o.dtype != low.fn.tensors[n].type.numpy
-            else o for n, o in zip(low.fn.outputs, outs)]
+    return [o if wanted is None else o.view(wanted)
+            for (_, _, wanted), o in zip(plan.outputs, outs)]
 
 
 def quiet_unscheduled_updates(funcs) -> None:

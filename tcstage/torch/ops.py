@@ -38,7 +38,7 @@ from tcstage.halide import ranges as R
 from tcstage.lang import checked as C
 from tcstage.lang.retype import SPELLING, retype
 from tcstage.lang.types import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, ScalarType
-from tcstage.program import PolymorphicFunction, Program, define, resolve
+from tcstage.program import PolymorphicFunction, Program, _fast_key, define, resolve
 from tcstage.torch.backward import backward_from_text, check_backward
 from tcstage.torch.indices import check as check_index_values, index_reads
 from tcstage.torch.shapes import evaluate_symbolic
@@ -165,6 +165,7 @@ class TCOp:
         # derivative's operator follows the operator it differentiates.
         self.check_indices = True
         self._index_reads: dict[int, tuple] = {}
+        self._cpu_calls: dict[tuple, tuple] = {}  # _fast_key -> (program._FastCall, has reads)
         inout = [o for o in self.checked.outputs if self.checked.tensors[o].inout]
         if inout:
             raise TCError(f"output '{inout[0]}' of '{name}' starts from the caller's values (it "
@@ -351,6 +352,13 @@ class TCOp:
 
     # -- implementations -----------------------------------------------------------------------
     def _run(self, *args):
+        key = _fast_key(args)  # (None unless every tensor is a dense CPU one)
+        fast = self._cpu_calls.get(key) if key is not None else None
+        if fast is not None:  # a call like an earlier one: its checks and binding hold
+            run, reads_indices = fast
+            if reads_indices and (self.forward or self).check_indices:
+                self._check_index_values(args)
+            return run(args)
         ftype = self.float_type(args)
         if (self.forward or self).check_indices:
             self._check_index_values(args)
@@ -358,6 +366,12 @@ class TCOp:
         device = _device(args)
         if device.type == "cpu":
             results = _run_cpu(fn, args)
+            run = fn._fast_calls.get(key) if key is not None else None
+            if run is not None:
+                if len(self._cpu_calls) > 1024:  # a memo for loops over a few shapes
+                    self._cpu_calls.clear()
+                self._cpu_calls[key] = (run, bool(self._index_reads.get(
+                    id(self._checked_for(args)), True)))
         elif device.type == "cuda":
             results = _run_cuda(self.program_for(ftype), self.name, args,
                                 "auto" if self.options is None else self.options)
