@@ -366,7 +366,8 @@ class TCOp:
         device = _device(args)
         if device.type == "cpu":
             results = _run_cpu(fn, args)
-            run = fn._fast_calls.get(key) if key is not None else None
+            # (a rank-polymorphic function's instances keep their own: not memoised here)
+            run = getattr(fn, "_fast_calls", {}).get(key) if key is not None else None
             if run is not None:
                 if len(self._cpu_calls) > 1024:  # a memo for loops over a few shapes
                     self._cpu_calls.clear()
