@@ -12,6 +12,7 @@ import os
 import pytest
 
 from tcstage.cuda import emulate, runtime
+from tcstage.halide import aot
 
 import nvcc_batches  # tests/
 import real_gpu  # tests/
@@ -174,6 +175,11 @@ def _nvcc_checks_every_kernel(monkeypatch, request, _generated_kernels):
 # they point TCSTAGE_CACHE_DIR at (each compiling every kernel afresh would take the suite
 # many times as long). tests/test_emulation.py tests the real `cache_dir` (`.original`).
 _SHARED_EMULATOR_CACHE = emulate.cache_dir()
+# The same for compiled CPU pipelines (tcstage/halide/aot.py): each test's own cache would
+# rebuild the Halide runtime library (about a second) and every kernel. Their keys hold the
+# function, its schedule and a digest of tcstage's code, so sharing cannot mix kernels up;
+# tests/test_cpu_cache.py tests a cache of its own.
+_SHARED_CPU_CACHE = aot.CACHE.path()
 
 
 def _shared_emulator_cache() -> str:
@@ -190,6 +196,8 @@ def _private_tuning_cache(monkeypatch, tmp_path_factory):
     own = tmp_path_factory.mktemp("tcstage-cache")
     os.makedirs(_SHARED_EMULATOR_CACHE, exist_ok=True)  # (subprocesses find it through emu/)
     (own / "emu").symlink_to(_SHARED_EMULATOR_CACHE, target_is_directory=True)
+    os.makedirs(_SHARED_CPU_CACHE, exist_ok=True)
+    (own / "cpu").symlink_to(_SHARED_CPU_CACHE, target_is_directory=True)
     monkeypatch.setenv("TCSTAGE_CACHE_DIR", str(own))
     monkeypatch.setattr(emulate, "cache_dir", _shared_emulator_cache)
 

@@ -647,7 +647,7 @@ def test_a_damaged_or_foreign_cached_kernel_is_rebuilt_with_a_warning(monkeypatc
         os.remove(path[:-3] + ".sha256")
     emu._libraries.clear()  # as in a new process
     c, a, b = np.zeros(10, np.float32), rand(10), rand(10)
-    with pytest.warns(tc.TCWarning, match="not the one it built"):
+    with pytest.warns(tc.TCWarning, match="not the one tcstage built"):
         emulate(source, "vadd", 1, 16, [c, a, b, 10])
     np.testing.assert_array_equal(c, a + b)
     assert os.path.getsize(path) == size
@@ -661,7 +661,7 @@ def test_an_unwritable_kernel_cache_warns_and_compiles_elsewhere(monkeypatch, tm
     blocker.write_text("not a directory")
     monkeypatch.setenv("TCSTAGE_CACHE_DIR", str(blocker))
     monkeypatch.setattr(emu, "_libraries", {})
-    monkeypatch.setattr(emu, "_writable", {})
+    monkeypatch.setattr(emu._CACHE, "writable", {})
     c, a, b = np.zeros(10, np.float32), rand(10), rand(10)
     with pytest.warns(tc.TCWarning, match="cannot write its kernel cache"):
         emulate(VADD.replace("c[i] = a[i] + b[i]", "c[i] = a[i] + b[i] + 0"), "vadd", 1, 16,

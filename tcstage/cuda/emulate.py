@@ -52,8 +52,8 @@ expressions nvcc finds ambiguous (`bf16 + float`) fail here too.
 Compiled kernels are cached in `cache_dir()` ($TCSTAGE_CACHE_DIR/emu, else
 $XDG_CACHE_HOME/tcstage/emu or ~/.cache/tcstage/emu), keyed by the source, the runtime header,
 the compiler and its flags, each written atomically with the digest of its bytes beside it and
-loaded only where they match (`_cached`); an unwritable cache is left alone, with a warning.
-Linux only (x86-64 uses a hand-written context switch, other architectures ucontext).
+loaded only where they match (tcstage.diskcache); an unwritable cache is left alone, with a
+warning. Linux only (x86-64 uses a hand-written context switch, other architectures ucontext).
 
     emulate(source, "vadd", grid=(4, 1, 1), block=(128, 1, 1), args=[c, a, b, n])
 """
@@ -76,8 +76,9 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
+from tcstage import diskcache
 from tcstage.cuda.tool import run_tool
-from tcstage.errors import TCError, warn
+from tcstage.errors import TCError
 
 __all__ = [
     "EmulationError", "EmulationRaceError", "EmulatedKernel", "KernelSignature", "Param",
@@ -298,40 +299,8 @@ _PROVIDED_HEADERS = re.compile(
 
 def cache_dir() -> str:
     """Where compiled kernels live: $TCSTAGE_CACHE_DIR/emu (beside the tuning cache), else
-    $XDG_CACHE_HOME/tcstage/emu, else ~/.cache/tcstage/emu."""
-    own = os.environ.get("TCSTAGE_CACHE_DIR")
-    if own:
-        return os.path.join(own, "emu")
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(root, "tcstage", "emu")
-
-
-def _digest(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-def _cached(path: str, digest_path: str) -> bool:
-    """Whether the cached library at `path` is whole and the one built here: its bytes match
-    the digest recorded beside it when it was built. Anything else there (a zero-byte or half
-    copied file, a library planted under the name, a file without its digest) is removed, with
-    a warning, to be built again: loading it could crash the process or run foreign code."""
-    if not os.path.exists(path):
-        return False
-    try:
-        with open(digest_path) as f:
-            recorded = f.read().strip()
-        if recorded and _digest(path) == recorded:
-            return True
-        why = "its bytes do not match the digest recorded when it was built"
-    except OSError:
-        why = "it has no digest recorded beside it"
-    warn(f"the CUDA emulator's cached kernel {path} is not the one it built ({why}); building it "
-         "again")
-    for stale in (path, digest_path):
-        with contextlib.suppress(OSError):
-            os.remove(stale)
-    return False
+    $XDG_CACHE_HOME/tcstage/emu, else ~/.cache/tcstage/emu (tcstage.diskcache)."""
+    return os.path.join(diskcache.root(), "emu")
 
 
 def _compiler() -> str:
@@ -438,7 +407,7 @@ def _compile(tu: str, defines: Sequence[str]) -> tuple[ctypes.CDLL, int]:
         path = os.path.join(directory, f"{key}.so")
         stack_path = os.path.join(directory, f"{key}.stack")
         digest_path = os.path.join(directory, f"{key}.sha256")
-        if not _cached(path, digest_path):
+        if not diskcache.verified(path, digest_path, "the CUDA emulator's cached kernel"):
             # Build under temporary names and rename: concurrent processes never load half a file.
             with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as tmp:
                 src = os.path.join(tmp, "kernel.cpp")
@@ -458,12 +427,9 @@ def _compile(tu: str, defines: Sequence[str]) -> tuple[ctypes.CDLL, int]:
                                   + (r.stderr or r.stdout).replace(src, "<emulator>").strip())
                 with open(os.path.join(tmp, "stack"), "w") as f:
                     f.write(str(_stack_estimate(tmp)))
-                with open(os.path.join(tmp, "digest"), "w") as f:
-                    f.write(_digest(out))
                 # The .stack and the digest go first, so that every cached .so has them.
                 os.replace(os.path.join(tmp, "stack"), stack_path)
-                os.replace(os.path.join(tmp, "digest"), digest_path)
-                os.replace(out, path)
+                diskcache.publish(out, path, digest_path)
         try:
             with open(stack_path) as f:
                 stack = int(f.read())
@@ -473,31 +439,13 @@ def _compile(tu: str, defines: Sequence[str]) -> tuple[ctypes.CDLL, int]:
         return _libraries[key]
 
 
-# directory -> whether kernels can be written there (checked once per directory and process)
-_writable: dict[str, bool] = {}
-_private: list[str] = []  # a directory of this process's own, where the cache is not writable
+_CACHE = diskcache.LibraryCache("emu", "the CUDA emulator")
 
 
 def _kernel_directory() -> str:
-    """cache_dir(), created, where kernels can be written there; else, with a warning (once
-    per directory), a directory of this process's own."""
-    directory = cache_dir()
-    if directory not in _writable:
-        try:
-            os.makedirs(directory, exist_ok=True)
-            with tempfile.TemporaryFile(dir=directory):
-                pass
-            _writable[directory] = True
-        except OSError as e:
-            _writable[directory] = False
-            warn(f"the CUDA emulator cannot write its kernel cache {directory} ({e.strerror or e}); "
-                 "it compiles kernels into a directory of this process's own instead (set "
-                 "TCSTAGE_CACHE_DIR to a writable directory to keep them)")
-    if _writable[directory]:
-        return directory
-    if not _private:
-        _private.append(tempfile.mkdtemp(prefix="tcstage-emu-"))
-    return _private[0]
+    """cache_dir(), created, where kernels can be written there; else, with a warning, a
+    directory of this process's own."""
+    return _CACHE.directory(cache_dir())
 
 
 def _run_compiler(cmd: list[str], cwd: str):

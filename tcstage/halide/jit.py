@@ -39,6 +39,7 @@ from tcstage.cpu.options import CpuSchedule
 from tcstage.cpu.scheduler import NotScheduled, schedule_pipeline
 from tcstage.errors import TCArgumentError, TCError, warn
 from tcstage.halide.lower import HALIDE_FAILURES, Lowered, lower, scalar_argument, storage_type
+from tcstage.halide import aot
 from tcstage.halide.solver import evaluate
 from tcstage.halide.stderr import narrow_float_notes_dropped
 
@@ -151,7 +152,8 @@ class _Compiled:
     """One JIT-compiled pipeline and the Funcs and parameters it was built from."""
 
     lowered: Lowered
-    call: hl.Callable  # the JIT-compiled pipeline: inputs, in/out values, then outputs
+    call: object  # the compiled pipeline (an hl.Callable or an aot.AotPipeline): inputs, in/out
+    #               values, then outputs
     schedule: str | CpuSchedule | None  # what was applied (an autoscheduler where the
     #                                     structured scheduler had no family for a Func)
     estimates: dict  # the sizes it was scheduled for
@@ -257,7 +259,11 @@ class CpuKernel:
                         lowered.outputs, _funcs_by_name(lowered), _images(lowered), schedule,
                         self.target, _func_extents(lowered, estimates), os.cpu_count() or 1,
                         no_row_vectors=no_row_vectors)
-                    return _Compiled(lowered, _jit(hl.Pipeline(realized), lowered, self.target),
+                    key = ("structured", str(schedule), sorted(estimates.items()),
+                           self.specialize_shapes, sorted(no_row_vectors or ()),
+                           no_row_vectors is None, os.cpu_count())
+                    return _Compiled(lowered, _jit(hl.Pipeline(realized), lowered, self.target,
+                                                   key),
                                      schedule, dict(estimates), report=tuple(report))
                 except NotScheduled as e:
                     reason = e.message
@@ -304,7 +310,9 @@ class CpuKernel:
             params = {"parallelism": str(os.cpu_count() or 1)}
             pipeline.apply_autoscheduler(self.target, hl.AutoschedulerParams(schedule, params))
             quiet_unscheduled_updates(v.func for vs in lowered.versions.values() for v in vs)
-        return _jit(pipeline, lowered, self.target)
+        key = ("autoscheduled", schedule, sorted(estimates.items()), self.specialize_shapes,
+               os.cpu_count())
+        return _jit(pipeline, lowered, self.target, key)
 
     def _bound_params(self, lowered: Lowered, estimates: Mapping[str, int]) -> None:
         """The autoschedulers' estimates, and the bounds Halide may rely on."""
@@ -418,17 +426,24 @@ def _func_extents(lowered: Lowered, values: Mapping[str, int]) -> dict[str, tupl
     return extents
 
 
-def _jit(pipeline: hl.Pipeline, lowered: Lowered, target: hl.Target) -> hl.Callable:
-    """The pipeline compiled to a Callable taking the inputs in signature order, then the
-    in/out outputs' values, then the output buffers. (A Callable costs a few microseconds per
-    call where Pipeline.realize costs tens, and it keeps no argument values between calls, so
-    concurrent calls of one kernel do not share its Params.)"""
+def _jit(pipeline: hl.Pipeline, lowered: Lowered, target: hl.Target, key: tuple):
+    """The pipeline compiled to a callable taking the inputs in signature order, then the
+    in/out outputs' values, then the output buffers: from the disk cache (tcstage/halide/aot.py,
+    where `key` says how the pipeline was scheduled), else a JIT Callable. (Either costs a few
+    microseconds per call where Pipeline.realize costs tens, and keeps no argument values
+    between calls, so concurrent calls of one kernel do not share its Params.)"""
     arguments = [lowered.params[t.name] for t in lowered.fn.inputs]
     arguments += [lowered.inout_params[name] for name in lowered.inout_params]
+
+    def compiled():
+        if aot.enabled():
+            return aot.compile_pipeline(pipeline, arguments, target, (
+                repr(lowered.fn), sorted(lowered.ranges.scalars), *key))
+        return pipeline.compile_to_callable(arguments, target)
     if any(t.type.is_float and t.type.bits == 16 for t in lowered.fn.tensors.values()):
         with narrow_float_notes_dropped():
-            return pipeline.compile_to_callable(arguments, target)
-    return pipeline.compile_to_callable(arguments, target)
+            return compiled()
+    return compiled()
 
 
 def _run(compiled: _Compiled, arrays, scalars, inout, output_bounds, allocate=None,

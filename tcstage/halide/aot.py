@@ -1,0 +1,205 @@
+"""CPU pipelines compiled ahead of time into shared libraries kept on disk, so that a second
+process, a test run or a training restart pays no compile.
+
+Halide's JIT (`Pipeline.compile_to_callable`) compiles again in every process: 2 to 3 s of
+LLVM per kernel on the 2-core development machine, most of a convolution layer's first call. Here
+the scheduled pipeline is compiled once into an object file (`Pipeline.compile_to`), linked into
+a shared library with the C compiler, and kept in `$TCSTAGE_CACHE_DIR/cpu` (tcstage.diskcache:
+written atomically, loaded after a digest check). The libraries are keyed by what determines
+the pipeline (the caller's key: the checked function, its schedule and the sizes that planned
+it), the target, the Halide version and a digest of tcstage's own code, so that any change to
+the compiler compiles afresh.
+
+Every library links against one Halide runtime library of the same cache and target (built with
+`compile_standalone_runtime`), loaded once: one thread pool, and one error handler, which turns
+a failed check into a `RuntimeError` with Halide's message, as the JIT's `HalideError` carries
+it. A pipeline is called through its `<name>_argv` entry point (`AotPipeline`), with the same
+arguments a JIT Callable takes: scalars, then `hl.Buffer`s.
+
+TCSTAGE_CPU_CACHE=0 turns the disk cache off (the JIT compiles in-process, as before).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import importlib.metadata
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+import threading
+
+import halide as hl
+
+from tcstage.diskcache import LibraryCache, publish, verified
+from tcstage.errors import TCError
+
+FORMAT = "aot-1"  # (bumped when the libraries' layout or calling convention changes)
+ENTRY = "tcstage_pipeline"
+CACHE = LibraryCache("cpu", "the CPU kernel cache")
+_lock = threading.Lock()
+_loaded: dict[str, "AotPipeline"] = {}
+builds = 0  # libraries this process compiled (the runtime's included), for tests and reports
+
+
+def enabled() -> bool:
+    return os.environ.get("TCSTAGE_CPU_CACHE", "1") != "0"
+
+
+@functools.cache
+def _code_digest() -> str:
+    """sha256 of tcstage's own sources and native extension, and of the Halide version."""
+    h = hashlib.sha256(importlib.metadata.version("halide").encode())
+    package = pathlib.Path(__file__).resolve().parent.parent
+    for path in sorted(package.rglob("*")):
+        if path.suffix in (".py", ".so", ".h", ".cpp") and path.is_file():
+            h.update(str(path.relative_to(package)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _aot_target(target: hl.Target) -> hl.Target:
+    """The JIT target as an ahead-of-time one: no JIT, no user context argument, and no
+    runtime in each pipeline's object (the shared runtime library has it)."""
+    t = target.without_feature(hl.TargetFeature.JIT)
+    t = t.without_feature(hl.TargetFeature.UserContext)
+    return t.with_feature(hl.TargetFeature.NoRuntime)
+
+
+def _compiler() -> str:
+    cc = os.environ.get("TCSTAGE_CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise TCError("the CPU kernel cache links compiled pipelines with a C compiler, and none "
+                      "was found ($TCSTAGE_CC, cc, gcc)",
+                      notes=("TCSTAGE_CPU_CACHE=0 compiles in-process instead",))
+    return cc
+
+
+def _link(objects: list[str], out: str, extra: list[str], cwd: str) -> None:
+    cmd = [_compiler(), "-shared", "-o", out, *objects, *extra, "-lpthread", "-ldl", "-lm"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=600)
+    if r.returncode != 0:
+        raise TCError("linking a compiled CPU pipeline failed:\n" + (r.stderr or r.stdout),
+                      notes=("TCSTAGE_CPU_CACHE=0 compiles in-process instead",))
+
+
+def _build(directory: str, key: str, make_object, extra: list[str]) -> str:
+    """The library `key`.so of `directory`, built (make_object(path) writes its object) unless a
+    verified one is there."""
+    path = os.path.join(directory, f"{key}.so")
+    digest_path = os.path.join(directory, f"{key}.sha256")
+    if not verified(path, digest_path, "the CPU kernel cache's library"):
+        global builds
+        builds += 1
+        with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as tmp:
+            obj = os.path.join(tmp, "pipeline.o")
+            make_object(obj)
+            built = os.path.join(tmp, "pipeline.so")
+            _link([obj], built, extra, tmp)
+            publish(built, path, digest_path)
+    return path
+
+
+# -- the shared runtime ---------------------------------------------------------------------------
+
+_ERROR_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)
+_messages = threading.local()
+
+
+@_ERROR_HANDLER
+def _record_error(_user_context, message) -> None:
+    previous = getattr(_messages, "text", "")
+    _messages.text = previous + (message.decode("utf-8", "replace") if message else "")
+
+
+_runtimes: dict[str, tuple[ctypes.CDLL, str]] = {}
+
+
+def _runtime(directory: str, target: hl.Target) -> str:
+    """The runtime library for `target` in `directory`, built and loaded once; its file name."""
+    key = hashlib.sha256(f"{FORMAT}\0{target}\0{_code_digest()}".encode()).hexdigest()[:24]
+    name = f"runtime-{key}"
+    directory = os.path.realpath(directory)
+    if directory not in _runtimes:
+        path = _build(directory, name, lambda obj: hl.compile_standalone_runtime(obj, target),
+                      [f"-Wl,-soname,{name}.so"])
+        # (loaded by its path before any pipeline, so theirs resolves to this one)
+        lib = ctypes.CDLL(path)
+        lib.halide_set_error_handler.restype = ctypes.c_void_p
+        lib.halide_set_error_handler(_record_error)
+        _runtimes[directory] = (lib, name)
+    return _runtimes[directory][1]
+
+
+# -- pipelines --------------------------------------------------------------------------------------
+
+_CTYPES = {("int", 8): ctypes.c_int8, ("int", 16): ctypes.c_int16, ("int", 32): ctypes.c_int32,
+           ("int", 64): ctypes.c_int64, ("uint", 1): ctypes.c_bool, ("uint", 8): ctypes.c_uint8,
+           ("uint", 16): ctypes.c_uint16, ("uint", 32): ctypes.c_uint32,
+           ("uint", 64): ctypes.c_uint64, ("float", 32): ctypes.c_float,
+           ("float", 64): ctypes.c_double}
+
+
+def _scalar_kind(t: hl.Type):
+    code = "float" if t.is_float() else "uint" if t.is_uint() or t.is_bool() else "int"
+    kind = _CTYPES.get((code, t.bits()))
+    if kind is None:
+        raise TCError(f"the CPU kernel cache cannot pass a scalar of Halide type {t}",
+                      notes=("this is a bug in tcstage",))
+    return kind
+
+
+class AotPipeline:
+    """A compiled pipeline's entry point, called like a JIT `hl.Callable`: its arguments'
+    values (scalars as numbers, buffers as `hl.Buffer`s), then the output buffers."""
+
+    def __init__(self, path: str, kinds: list):
+        self.library = ctypes.CDLL(path)
+        self.entry = getattr(self.library, f"{ENTRY}_argv")
+        self.entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        self.entry.restype = ctypes.c_int
+        self.kinds = kinds  # per argument: a ctypes scalar type, or None for a buffer
+        self.path = path
+
+    def __call__(self, *args) -> None:
+        argv = (ctypes.c_void_p * len(args))()
+        keep = []
+        for k, (a, kind) in enumerate(zip(args, self.kinds)):
+            if kind is None:
+                argv[k] = a._get_raw_halide_buffer_t()
+            else:
+                keep.append(kind(a))
+                argv[k] = ctypes.addressof(keep[-1])
+        _messages.text = ""
+        status = self.entry(argv)
+        if status != 0:
+            message = _messages.text.strip() or f"the pipeline returned error code {status}"
+            raise RuntimeError(f"Error: {message}")
+
+
+def compile_pipeline(pipeline: hl.Pipeline, arguments: list, target: hl.Target,
+                     key: tuple) -> AotPipeline:
+    """`pipeline`, compiled for `arguments` (Params and ImageParams, in order; the outputs
+    follow) and `target`, from the disk cache where `key` and this tcstage and Halide built it
+    before, else compiled now and kept there."""
+    aot = _aot_target(target)
+    digest = hashlib.sha256("\0".join(
+        [FORMAT, repr(key), str(aot), _code_digest()]).encode()).hexdigest()[:32]
+    kinds = [None if isinstance(a, hl.ImageParam) else _scalar_kind(a.type()) for a in arguments]
+    kinds += [None] * sum(len(f.types()) for f in pipeline.outputs())
+    with _lock:
+        found = _loaded.get(digest)
+        if found is not None:
+            return found
+        directory = CACHE.directory()
+        runtime = _runtime(directory, aot)
+
+        def make_object(obj: str) -> None:
+            pipeline.compile_to({hl.OutputFileType.object: obj}, arguments, ENTRY, aot)
+        path = _build(directory, digest, make_object,
+                      [f"-L{directory}", f"-l:{runtime}.so", "-Wl,-rpath,$ORIGIN"])
+        found = _loaded[digest] = AotPipeline(path, kinds)
+        return found

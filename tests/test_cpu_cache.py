@@ -1,0 +1,104 @@
+"""The CPU kernel cache (tcstage/halide/aot.py): compiled pipelines persist on disk, so a second
+process compiles nothing; a damaged library is rebuilt, not loaded; Halide's run-time errors
+keep their message; TCSTAGE_CPU_CACHE=0 compiles in-process. Results are checked against numpy.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import halide as hl
+import numpy as np
+import pytest
+
+import tcstage as tc
+from tcstage.halide import aot
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = textwrap.dedent("""
+    import numpy as np, tcstage as tc
+    from tcstage.halide import aot
+    f = tc.define("def mv(float(M,K) A, float(K) x) -> (y) { y(m) +=! A(m,k) * x(k) }").mv
+    A = np.arange(12, dtype=np.float32).reshape(3, 4); x = np.arange(4, dtype=np.float32)
+    assert np.array_equal(f(A, x), A @ x)
+    print(aot.builds)
+""")
+
+
+def _run_script(cache: str, **env) -> str:
+    r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
+                       cwd=ROOT, timeout=600,
+                       env={**os.environ, "TCSTAGE_CACHE_DIR": cache, **env})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout.strip()
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    """A cache directory of the test's own (not the session's shared one), and no library
+    loaded in this process yet."""
+    monkeypatch.setenv("TCSTAGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(aot, "_loaded", {})
+    monkeypatch.setattr(aot, "_runtimes", {})
+    return tmp_path / "cache" / "cpu"
+
+
+def test_a_second_process_compiles_nothing(tmp_path):
+    cache = str(tmp_path / "cache")
+    assert int(_run_script(cache)) == 2  # the runtime library and the kernel
+    files = sorted(os.listdir(os.path.join(cache, "cpu")))
+    assert int(_run_script(cache)) == 0
+    assert sorted(os.listdir(os.path.join(cache, "cpu"))) == files
+
+
+def test_the_cache_can_be_turned_off(tmp_path):
+    cache = str(tmp_path / "cache")
+    assert int(_run_script(cache, TCSTAGE_CPU_CACHE="0")) == 0
+    assert not os.path.exists(os.path.join(cache, "cpu"))
+
+
+def _fresh_function():
+    return tc.define("def sq(float(N) X) -> (O) { O(i) = X(i) * X(i) + 1 }").sq
+
+
+def test_a_damaged_library_is_rebuilt_with_a_warning(own_cache, monkeypatch):
+    X = np.arange(5, dtype=np.float32)
+    np.testing.assert_array_equal(_fresh_function()(X), X * X + 1)
+    (kernel,) = [n for n in os.listdir(own_cache) if n.endswith(".so")
+                 and not n.startswith("runtime-")]
+    with open(own_cache / kernel, "r+b") as f:  # (a bit flipped in the middle of the library)
+        f.seek(os.path.getsize(own_cache / kernel) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 1]))
+    monkeypatch.setattr(aot, "_loaded", {})
+    with pytest.warns(tc.TCWarning, match="is not the one tcstage built"):
+        np.testing.assert_array_equal(_fresh_function()(X), X * X + 1)
+
+
+def test_an_unwritable_cache_warns_and_compiles_elsewhere(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("TCSTAGE_CACHE_DIR", str(blocker))
+    monkeypatch.setattr(aot, "_loaded", {})
+    monkeypatch.setattr(aot.CACHE, "writable", {})
+    X = np.arange(4, dtype=np.float32)
+    with pytest.warns(tc.TCWarning, match="cannot write its kernel cache"):
+        np.testing.assert_array_equal(_fresh_function()(X), X * X + 1)
+    assert blocker.read_text() == "not a directory"
+
+
+def test_halides_run_time_errors_keep_their_message(own_cache):
+    image = hl.ImageParam(hl.Float(32), 1, "image")
+    x = hl.Var("x")
+    f = hl.Func("f")
+    f[x] = image[x] * 2
+    run = aot.compile_pipeline(hl.Pipeline(f), [image], hl.get_jit_target_from_environment(),
+                               ("test", "halides_run_time_errors"))
+    a, out = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
+    run(hl.Buffer(a), hl.Buffer(out))
+    np.testing.assert_array_equal(out, a * 2)
+    with pytest.raises(RuntimeError, match="image requires a buffer of exactly 1 dimensions"):
+        run(hl.Buffer(np.zeros((2, 2), np.float32)), hl.Buffer(out))  # the wrong rank
