@@ -83,6 +83,9 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
     if others:
         raise NotScheduled(f"no CPU schedule family for {', '.join(others)} (partial writes, "
                            "scatters and several reductions into one tensor have none)")
+    if len(outputs) == 1 and _row_local(structure, output_names[0]):
+        anchor, report = _fused_rows(structure, funcs, outputs[0], plan)
+        return [anchor], report, ()
     inputs = {f: images[n] for f, n in structure.inputs.items() if n in images}
     anchors = _pointwise_anchors(structure, set(output_names))
     # a window reduction (a depthwise filter) read by one contraction alone: its register
@@ -190,6 +193,97 @@ def _padded_rows(f: hl.Func, view: FuncInfo, reader: FuncInfo, plan: _Plan,
 
 STACK_BYTES = 64 << 10  # a window's values per tile of its reader, put on the stack up to
 #                        this size (Halide's worker threads have megabytes of it)
+
+
+# Rows a task of a fused row pipeline computes at least, and the bytes of one Func's values in a
+# block of rows beyond which the block shrinks (a block's values should stay in L2).
+FUSED_MIN_TASKS_PER_THREAD, FUSED_BLOCK_BYTES = 4, 256 << 10
+
+
+def _row_local(structure, output: str) -> bool:
+    """Whether the pipeline is a chain of row-wise Funcs: softmax, log-softmax, layer norm,
+    cross-entropy and their gradients. At least two Funcs, one of them a reduction, each
+    pointwise or a reduction along its rows (no contraction: those take register tiles), with at least two dimensions or
+    exactly one, the row, and every Func reading the others only in its own row: its outermost
+    variable as their outermost subscript. Then one task can compute every Func for a block of
+    rows while they are in cache, instead of one pass over memory per Func."""
+    funcs = structure.funcs
+    if len(funcs) < 2 or output not in {f.name for f in funcs} or \
+            not any(f.family == "reduction" for f in funcs):
+        return False
+    computed = {f.name: f for f in funcs}
+    for f in funcs:
+        if not f.args or (f.epilogue and f.family != "pointwise") or \
+                f.family not in ("pointwise", "reduction") or \
+                f.contraction or (f.family == "reduction" and (
+                    f.operator not in ("add", "max", "min")
+                    or not _along_rows(f, f.args[0], f.args[1] if len(f.args) > 1 else None))):
+            return False
+        row = ("var", f.args[-1])
+        for r in f.reads:
+            other = computed.get(r.func)
+            if other is not None and (not r.args or r.args[-1] != row
+                                      or len(r.args) != len(other.args)):
+                return False
+    return True
+
+
+def _fused_rows(structure, funcs, output: hl.Func, plan: _Plan) -> tuple[hl.Func, list[str]]:
+    """The row pipeline of `_row_local`: the output's rows in blocks, the blocks in parallel,
+    every other Func computed per block (its row reductions vectorised along the row as in
+    `_row_reduction`, its pointwise values along their innermost dimension). An output with
+    updates of its own (a gradient's `d_X += ...`) is realized through a wrapper, whose blocks
+    hold all its stages. Returns the Func to realize and what it did."""
+    info = structure.info(output.name())
+    extents = plan.extents.get(info.name) or (1,) * len(info.args)
+    rows = extents[-1] or 1
+    row_bytes = max(math.prod(plan.extents.get(f.name, (1,))[:-1] or (1,)) * 4
+                    for f in structure.funcs)
+    block = max(1, min(rows // max(1, plan.threads * FUSED_MIN_TASKS_PER_THREAD),
+                       FUSED_BLOCK_BYTES // max(1, row_bytes)))
+    anchor = output.in_() if info.epilogue else output
+    n, no, ni = hl.Var(info.args[-1]), hl.Var(f"{info.args[-1]}_o"), hl.Var(f"{info.args[-1]}_i")
+    anchor.compute_root()
+    anchor.split(n, no, ni, block, hl.TailStrategy.GuardWithIf)
+    if plan.schedule.parallel_outer:
+        anchor.parallel(no)
+    lanes = plan.lanes(output.types()[0])
+    if len(info.args) > 1 and extents[0] >= lanes:
+        anchor.vectorize(hl.Var(info.args[0]), lanes, hl.TailStrategy.GuardWithIf)
+    report = [f"{info.name}: a fused row pipeline, rows in blocks of {block}"
+              + (f", {no.name()} in parallel" if plan.schedule.parallel_outer else "")
+              + (f", {info.args[0]} in vectors of {lanes}"
+                 if len(info.args) > 1 and extents[0] >= lanes else "")
+              + (" (through a wrapper holding its updates)" if info.epilogue else "")]
+    for f in structure.funcs:
+        if f.name == info.name and not info.epilogue:
+            continue
+        func = funcs[f.name]
+        func.compute_at(anchor, no)
+        lanes = plan.lanes(func.types()[0])
+        own = plan.extents.get(f.name) or (1,) * len(f.args)
+        where = f"per block of rows of {anchor.name()}"
+        if f.family == "reduction":
+            vectorized = plan.row_vectors(f.name) and not func.type().is_bfloat() and \
+                (f.rvar_extents[0] or 1 << 20) >= lanes
+            if vectorized:
+                func.update(0).atomic().vectorize(hl.RVar(f.rvars[0]), lanes)
+            report.append(f"{f.name}: reduction ({f.operator}) over {', '.join(f.rvars)}, "
+                          f"{where}" + (f", the reduction over {f.rvars[0]} in vectors of "
+                                        f"{lanes} lanes" if vectorized else ""))
+        else:
+            vectorized = len(f.args) > 1 and own[0] >= lanes
+            if vectorized:
+                x = hl.Var(f.args[0])
+                func.vectorize(x, lanes, hl.TailStrategy.GuardWithIf)
+                for k in range(f.epilogue):
+                    func.update(k).vectorize(x, lanes, hl.TailStrategy.GuardWithIf)
+            report.append(f"{f.name}: pointwise" + (f" with {f.epilogue} update"
+                                                    f"{'s' * (f.epilogue > 1)}"
+                                                    if f.epilogue else "")
+                          + f", {where}"
+                          + (f", {f.args[0]} in vectors of {lanes}" if vectorized else ""))
+    return anchor, report
 
 
 def _pointwise_anchors(structure, outputs: set[str]) -> dict[str, str]:
