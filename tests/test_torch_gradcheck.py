@@ -1,4 +1,5 @@
-"""torch.autograd.gradcheck (float64, CPU) of TC operators whose backward is the generated TC:
+"""torch.autograd.gradcheck (float64, CPU), in reverse and forward mode, of TC operators whose
+derivatives are the generated TCs (backward and jvp):
 the paper's kernels, softmax, layernorm and a padded convolution, each written in float and run
 in float64 because the operators are generic over floating types."""
 
@@ -46,12 +47,17 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_gradcheck(case):
+@pytest.mark.parametrize("mode", ["reverse", "forward"])
+def test_gradcheck(case, mode):
+    """Reverse mode through the backward TC; forward mode (torch.func.jvp, forward_ad) through
+    the tc.jvp TC (tests/test_torch_jvp.py has more of it)."""
     src, name, make = CASES[case]
     torch.manual_seed(0)
     layer = tct.op(src, name)
     args = make()
-    assert torch.autograd.gradcheck(layer, args, eps=1e-6, atol=1e-7, rtol=1e-5)
+    forward = {} if mode == "reverse" else dict(
+        check_forward_ad=True, check_backward_ad=False, check_undefined_grad=False)
+    assert torch.autograd.gradcheck(layer, args, eps=1e-6, atol=1e-7, rtol=1e-5, **forward)
 
 
 def test_generated_backward_matches_torch_autograd():

@@ -1,7 +1,7 @@
-"""Forward-mode AD through tcstage.torch operators (the generated tc.jvp TC): PyTorch's own
-gradcheck with check_forward_ad (numerical Jacobians, float64) on the gradcheck cases, and
+"""Forward-mode AD through tcstage.torch operators (the generated tc.jvp TC):
 torch.func.jvp / torch.autograd.forward_ad against the same layers written with PyTorch's
-operators."""
+operators, and the errors. (PyTorch's gradcheck with check_forward_ad runs on every gradcheck
+case in tests/test_torch_gradcheck.py.)"""
 
 import pytest
 
@@ -10,18 +10,7 @@ import torch.autograd.forward_ad as fwAD  # noqa: E402
 
 import tcstage as tc  # noqa: E402
 import tcstage.torch as tct  # noqa: E402
-from test_torch_gradcheck import CASES, LAYERS  # noqa: E402  (tests/)
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_gradcheck_forward_ad(case):
-    src, name, make = CASES[case]
-    torch.manual_seed(0)
-    layer = tct.op(src, name)
-    args = make()
-    assert torch.autograd.gradcheck(layer, args, eps=1e-6, atol=1e-7, rtol=1e-5,
-                                    check_forward_ad=True, check_backward_ad=False,
-                                    check_undefined_grad=False, check_batched_grad=False)
+from test_torch_gradcheck import LAYERS  # noqa: E402  (tests/)
 
 
 def _f64(*shape):
