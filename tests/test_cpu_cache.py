@@ -59,6 +59,19 @@ def test_the_cache_can_be_turned_off(tmp_path):
     assert not os.path.exists(os.path.join(cache, "cpu"))
 
 
+def test_without_a_c_compiler_kernels_compile_in_process(monkeypatch, own_cache):
+    monkeypatch.delenv("TCSTAGE_CC", raising=False)
+    monkeypatch.setattr(aot.shutil, "which", lambda name: None)
+    aot._linker.cache_clear()
+    try:
+        X = np.arange(3, dtype=np.float32)
+        with pytest.warns(tc.TCWarning, match="compiled in each process instead"):
+            np.testing.assert_array_equal(_fresh_function()(X), X * X + 1)
+        assert not own_cache.exists()
+    finally:
+        aot._linker.cache_clear()
+
+
 def _fresh_function():
     return tc.define("def sq(float(N) X) -> (O) { O(i) = X(i) * X(i) + 1 }").sq
 

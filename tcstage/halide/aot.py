@@ -35,7 +35,7 @@ import threading
 import halide as hl
 
 from tcstage.diskcache import LibraryCache, publish, verified
-from tcstage.errors import TCError
+from tcstage.errors import TCError, warn
 
 FORMAT = "aot-1"  # (bumped when the libraries' layout or calling convention changes)
 ENTRY = "tcstage_pipeline"
@@ -46,7 +46,18 @@ builds = 0  # libraries this process compiled (the runtime's included), for test
 
 
 def enabled() -> bool:
-    return os.environ.get("TCSTAGE_CPU_CACHE", "1") != "0"
+    """Whether pipelines go through the disk cache: unless TCSTAGE_CPU_CACHE=0, and where a C
+    compiler can link them (without one, a warning, once, and the JIT as before)."""
+    return os.environ.get("TCSTAGE_CPU_CACHE", "1") != "0" and _linker() is not None
+
+
+@functools.cache
+def _linker() -> str | None:
+    cc = os.environ.get("TCSTAGE_CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        warn("the CPU kernel cache links compiled pipelines with a C compiler, and none was "
+             "found ($TCSTAGE_CC, cc, gcc): kernels are compiled in each process instead")
+    return cc
 
 
 @functools.cache
@@ -69,17 +80,8 @@ def _aot_target(target: hl.Target) -> hl.Target:
     return t.with_feature(hl.TargetFeature.NoRuntime)
 
 
-def _compiler() -> str:
-    cc = os.environ.get("TCSTAGE_CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        raise TCError("the CPU kernel cache links compiled pipelines with a C compiler, and none "
-                      "was found ($TCSTAGE_CC, cc, gcc)",
-                      notes=("TCSTAGE_CPU_CACHE=0 compiles in-process instead",))
-    return cc
-
-
 def _link(objects: list[str], out: str, extra: list[str], cwd: str) -> None:
-    cmd = [_compiler(), "-shared", "-o", out, *objects, *extra, "-lpthread", "-ldl", "-lm"]
+    cmd = [_linker(), "-shared", "-o", out, *objects, *extra, "-lpthread", "-ldl", "-lm"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=600)
     if r.returncode != 0:
         raise TCError("linking a compiled CPU pipeline failed:\n" + (r.stderr or r.stdout),
