@@ -376,7 +376,7 @@ class TCFunction:
         key = (spec, schedule, large, shapes)
         kernel = self._kernels.get(key)
         if kernel is None:
-            lowered = lower(self.checked, self._infer(spec), dict(spec))
+            lowered = lower(self.checked, self._infer(spec), dict(spec), cpu=True)
             kernel = CpuKernel(lowered, b.sizes, schedule, specialize_shapes=bool(specialize_shapes),
                                large_buffers=large)
             self._kernels[key] = kernel

@@ -230,7 +230,7 @@ class CpuKernel:
 
     def _fresh(self) -> Lowered:
         """New Funcs (a schedule, even a failed attempt, changes the Funcs it is applied to)."""
-        return lower(self.fn, self.ranges, dict(self.ranges.scalars))
+        return lower(self.fn, self.ranges, dict(self.ranges.scalars), cpu=True)
 
     def _unscheduled_pipeline(self) -> _Compiled:
         """Halide's unscheduled code (a schedule only makes the code fast), compiled once."""

@@ -136,8 +136,11 @@ class Lowered:
         return "\n".join(lines)
 
 
-def lower(fn: C.Function, ranges: FunctionRanges, scalars: Mapping[str, int] | None = None
-          ) -> Lowered:
+def lower(fn: C.Function, ranges: FunctionRanges, scalars: Mapping[str, int] | None = None,
+          cpu: bool = False) -> Lowered:
+    """The Halide Funcs of `fn`. `cpu`: for the CPU back end alone, whose builtins may take
+    forms Halide vectorises there but the CUDA printer would not print as CUDA's own functions
+    (exprs.to_halide's `cpu`)."""
     scalars = dict(scalars or {})
     params, symbols = {}, {}
     for t in fn.inputs:
@@ -182,7 +185,7 @@ def lower(fn: C.Function, ranges: FunctionRanges, scalars: Mapping[str, int] | N
         before = _count_definitions(funcs[st.tensor])
         try:
             rdom_names, reads = _lower_statement(fn, st, sr, ranges, params, inout_params,
-                                                 funcs, symbols, partial, fresh)
+                                                 funcs, symbols, partial, fresh, cpu)
         except HALIDE_FAILURES as e:
             raise TCError(f"internal error lowering '{fn.name}' to Halide, at statement "
                           f"{n + 1}: {str(e).strip()}", st.span) from e
@@ -276,7 +279,7 @@ def _combine(op: str, a: hl.Expr, b: hl.Expr) -> hl.Expr:
 
 
 def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, inout_params,
-                     funcs, symbols, partial: list[str], fresh: bool
+                     funcs, symbols, partial: list[str], fresh: bool, cpu: bool = False
                      ) -> tuple[dict[str, str], frozenset]:
     """Adds the statement's definitions to its tensor's Func (`fresh`: a Func without
     definitions yet). Left-hand variables that cover the whole tensor stay pure (parallel)
@@ -365,19 +368,19 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
             return read(p.read, args, padded_dims=frozenset())
         return hl.select(inside, read(p.read, args, padded_dims=frozenset(tested)), value)
 
-    rhs = to_halide(st.rhs, names, read=read, dim=dim, padded=padded)
+    rhs = to_halide(st.rhs, names, read=read, dim=dim, padded=padded, cpu=cpu)
     # (a read of the statement's own Func stays: it is no other Func's bounds, and without it
     # Halide warns on stderr that the update hides the earlier definitions, O0() = O0 * 0)
     dead = frozenset(read_tensors) - solver.read_names(solver.simplify(rhs)) - {func.name()}
     if dead:
         read_tensors.clear()
-        rhs = to_halide(st.rhs, names, read=read, dim=dim, padded=padded)
+        rhs = to_halide(st.rhs, names, read=read, dim=dim, padded=padded, cpu=cpu)
     if st.scatter:  # written where its subscripts say: clamped into the tensor (an index
         # out of range is undefined in TC, and must not make Halide allocate its whole type)
         b = ranges.tensors[st.tensor]
-        lhs_args = [_clamp(to_halide(a, names, read=read, dim=dim, padded=padded),
+        lhs_args = [_clamp(to_halide(a, names, read=read, dim=dim, padded=padded, cpu=cpu),
                            b.mins[k], b.extents[k], tree) if C.has_read(a) else
-                    _simplified(to_halide(a, names, read=read, dim=dim, padded=padded), variables)
+                    _simplified(to_halide(a, names, read=read, dim=dim, padded=padded, cpu=cpu), variables)
                     for k, a in enumerate(st.scatter)]
     if full_rdom is not None and st.reduction is not None:
         rhs = _with_multiplicity(st.reduction, full_rdom, rhs, lhs_args)
