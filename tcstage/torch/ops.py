@@ -147,7 +147,8 @@ class TCOp:
     """A TC function registered as the operator `torch.ops.tcstage.<op_name>`."""
 
     def __init__(self, program: Program, name: str, options: str | None, op_name: str,
-                 backward: Backward | TCError | None = None, forward: "TCOp | None" = None):
+                 backward: Backward | TCError | None = None, forward: "TCOp | None" = None,
+                 role: str = "forward"):
         self.program, self.name, self.options, self.op_name = program, name, options, op_name
         # (a rank-polymorphic function's is its one-dimensional instance: the parameters, types
         # and outputs every instance shares; calls use their own instance, `_checked_for`)
@@ -160,7 +161,7 @@ class TCOp:
         self.forward = forward  # for a derivative's operator: the operator it differentiates
         self._jvp: Jvp | TCError | None = None  # (generated at the first forward-mode call)
         self._jvp_op: TCOp | None = None
-        self.role = "forward"  # or, for a derivative's operator, "backward" or "jvp"
+        self.role = role  # or, for a derivative's operator, "backward" or "jvp"
         # Index tensors' values are checked before each run (tcstage/torch/indices.py); a
         # derivative's operator follows the operator it differentiates.
         self.check_indices = True
@@ -500,8 +501,8 @@ def _derivative_op(forward: TCOp, source: str, name: str, role: str) -> TCOp:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", TCWarning)
                 program = define(source, f"<{role} of {forward.name}>")
-            existing = _ops[op_name] = TCOp(program, name, None, op_name, forward=forward)
-            existing.role = role
+            existing = _ops[op_name] = TCOp(program, name, None, op_name, forward=forward,
+                                            role=role)
         return existing
 
 
