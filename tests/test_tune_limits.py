@@ -254,7 +254,7 @@ def test_every_evaluated_candidate_is_recorded_and_exported(tmp_path, monkeypatc
 # -- signals, workers, logs --------------------------------------------------------------------
 
 def _tune_cli(tmp_path, *extra):
-    env = dict(os.environ, TCSTAGE_CACHE_DIR=str(tmp_path))
+    env = dict(os.environ, TCSTAGE_CACHE_DIR=str(tmp_path), PYTHONFAULTHANDLER="1")
     return subprocess.Popen([sys.executable, "-m", "tcstage.cli", "tune",
                              os.path.join(ROOT, "examples", "tmm.tc"), "--sizes",
                              "M=64,K=32,N=128", "--measure", "model", *extra],
@@ -272,16 +272,62 @@ def _wait_for_an_entry(path, child, seconds=120):
     raise AssertionError("no entry reached the cache")
 
 
+def _communicate_or_dump(child, seconds=60):
+    """The child's output once it ends; if it has not within `seconds`, its threads' stacks
+    (SIGABRT, with PYTHONFAULTHANDLER set by _tune_cli) and the processes still holding its
+    pipes are the failure's message."""
+    try:
+        return child.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        table = subprocess.run(["ps", "-eo", "pid,ppid,pgid,etimes,args"], capture_output=True,
+                               text=True).stdout
+        child.send_signal(signal.SIGABRT)
+        try:
+            out, err = child.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            out, err = child.communicate()
+        raise AssertionError(f"still running {seconds} s after the signal\n--- stdout:\n{out}"
+                             f"\n--- stderr:\n{err[-8000:]}\n--- processes:\n{table}") from None
+
+
 @pytest.mark.slow  # (a tuning run or a tuner in a subprocess: the slow step)
 @pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_prints_the_best_so_far_and_exits_with_its_status(tmp_path, sig, status):
     child = _tune_cli(tmp_path, "--budget", "100000", "--jobs", "1")
     _wait_for_an_entry(tmp_path / "tune.sqlite", child)
     child.send_signal(sig)
-    out, err = child.communicate(timeout=60)
+    out, err = _communicate_or_dump(child)
     assert child.returncode == status, err
     assert out.startswith("best for tmm (K=32, M=64, N=128): ") and "interrupted" in out
     assert "Traceback" not in err
+
+
+@pytest.mark.slow  # (a tuning run or a tuner in a subprocess: the slow step)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # (the drop)
+def test_ctrl_c_that_python_drops_in_a_finalizer_still_stops_the_search(monkeypatch):
+    # A KeyboardInterrupt raised while a __del__ runs is printed and dropped by Python: the
+    # search must stop anyway, at the next candidate (it ran on to its limits before).
+    from tcstage.tune import progress
+    calls, dropped = [], []
+
+    class SignalsInItsFinalizer:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:  # (the handler runs here, between bytecodes)
+                dropped.append(1)
+
+    def update(self, candidate, best):
+        calls.append(candidate)
+        if len(calls) == 3:
+            SignalsInItsFinalizer()  # (made and collected at once)
+    monkeypatch.setattr(progress.Progress, "update", update)
+    started = time.monotonic()
+    res = tc.autotune(TMM, "tmm", np.zeros((16, 8), np.float32), np.zeros((24, 8), np.float32),
+                      budget=100000, time_budget=60, jobs=1, **QUIET)
+    assert res.interrupted and res.stopped == "interrupted", res.stopped
+    assert len(calls) == 3 and time.monotonic() - started < 30  # (it stopped at that one)
 
 
 @pytest.mark.slow  # (a tuning run or a tuner in a subprocess: the slow step)

@@ -107,6 +107,7 @@ class SearchState:
         self._reserved: list[float] = []
         self.best: Candidate | None = None
         self.best_unchecked: Candidate | None = None
+        self.signals: list[str] = []  # the stopping signals that came (see _stop_on_signals)
 
     @property
     def evaluated(self) -> int:
@@ -132,6 +133,8 @@ class SearchState:
         if self.keep is not None:
             self.keep(c)
         bar.update(c, self.best or self.best_unchecked)
+        if self.signals:  # (the handler's own KeyboardInterrupt was lost: see _stop_on_signals)
+            raise KeyboardInterrupt
         return c
 
     def would_rank(self, t: float) -> bool:
@@ -162,7 +165,7 @@ def run(genes: dict, known, propose, evaluate, warm, limits: Limits, strategy: s
     distributions = {name: optuna.distributions.CategoricalDistribution(values)
                      for name, values in genes.items()}
     stopped = "list" if listed else ""
-    with bar, _stop_on_signals() as caught:
+    with bar, _stop_on_signals(state.signals) as caught:
         try:
             records = evaluate([(o, origin, "") for o, origin in warm], 0, state, bar, deadline)
             by_options = {r.options: r for r in records if r is not None}
@@ -198,7 +201,8 @@ def run(genes: dict, known, propose, evaluate, warm, limits: Limits, strategy: s
                 bar.generation(generation)
                 generation += 1
         except KeyboardInterrupt:
-            stopped = "interrupted" + (f" ({caught[0]})" if caught else "")
+            named = [name for name in caught if name != "SIGINT"]  # (Ctrl-C needs no name)
+            stopped = "interrupted" + (f" ({named[0]})" if named else "")
     return state, stopped, time.monotonic() - started
 
 
@@ -221,11 +225,13 @@ def sampler(strategy: str, population: int, seed: int):
 
 
 @contextlib.contextmanager
-def _stop_on_signals():
-    """SIGTERM and SIGHUP stop the search as Ctrl-C does (the best so far is returned and is
-    already in the cache), where this is the main thread (only it may set handlers); the list
-    yielded names the signal that came."""
-    caught: list[str] = []
+def _stop_on_signals(caught: list[str]):
+    """SIGINT, SIGTERM and SIGHUP stop the search (the best so far is returned and is already
+    in the cache), where this is the main thread (only it may set handlers); `caught` gets the
+    name of each signal that came. The handler raises KeyboardInterrupt at once, and the
+    search also checks `caught` after each candidate: a KeyboardInterrupt raised while Python
+    runs a finalizer (a generator closed by the garbage collector, a connection's __del__) is
+    printed and dropped, and once that left a tuning run going after Ctrl-C."""
     if threading.current_thread() is not threading.main_thread():
         yield caught
         return
@@ -235,8 +241,9 @@ def _stop_on_signals():
         raise KeyboardInterrupt
 
     previous = {}
-    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-        if sig is not None:
+    for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        # (a signal the caller ignores stays ignored, as `nohup` and background jobs expect)
+        if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
             previous[sig] = signal.signal(sig, stop)
     try:
         yield caught
