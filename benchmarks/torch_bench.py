@@ -2,14 +2,20 @@
 """Benchmark (not a test): TC layers as PyTorch operators against the same PyTorch layers.
 
     python3 benchmarks/torch_bench.py [--device cpu|cuda] [--layers tmm,MLP1] [--runs 7]
-                                      [--no-write]
+                                      [--first-call conv_s2,groupnorm] [--no-write]
 
-For each layer, in one process: forward+backward time (median of --runs after two warm-up
-calls) of the tcstage operator (`tcstage.torch.op`, backward = the generated backward TC) and of
-the same layer written with PyTorch's own operators, on the same inputs; ratio = tcstage /
-PyTorch (above 1: tcstage is slower). Outputs and gradients of the two are compared first; a
-mismatch is reported instead of a time. Then a loop over varying batch sizes (an epoch's last
-batch, train vs eval) counts the recompilations after the first call (goal: 0).
+For each layer, in one process: forward time and forward+backward time (medians of --runs
+after two warm-up calls) of the tcstage operator (`tcstage.torch.op`, backward = the generated
+backward TC) and of the same layer written with PyTorch's own operators, on the same inputs;
+ratio = tcstage / PyTorch (above 1: tcstage is slower). Outputs and gradients of the two are
+compared first; a mismatch is reported instead of a time. The layers after the paper's are
+those of issue 29's table, at its sizes (examples/nn.tc, examples/layers.tc).
+
+Then a loop over varying batch sizes (an epoch's last batch, train vs eval) counts the
+recompilations after the first call (goal: 0), and the first forward+backward call of the
+--first-call layers is timed in new processes: with an empty kernel cache (everything
+compiled), and again with the cache the first left (what a second process or a restarted
+training run pays).
 
 Results go to benchmarks/results/torch-<device>-<machine>-<date>.md unless --no-write.
 """
@@ -44,6 +50,20 @@ def embedding_bag(table, index):
     return F.embedding(index.long(), table).sum(1)
 
 
+def embedding_bag_mean(table, index):
+    return F.embedding_bag(index.long(), table, mode="mean")
+
+
+def gelu(x):
+    return F.gelu(x, approximate="tanh")
+
+
+def group_norm(x, gamma, beta):  # x (N, G, D, H, W): PyTorch's layout is (N, G*D, H, W)
+    n, g, d, h, w = x.shape
+    return F.group_norm(x.reshape(n, g * d, h, w), g, gamma.reshape(-1), beta.reshape(-1),
+                        eps=1e-5).reshape(x.shape)
+
+
 # name -> (TC source, function, input maker(device), PyTorch reference)
 LAYERS = {
     "tmm": (example("tmm"), "tmm", lambda: (r(128, 256), r(256, 256)),
@@ -61,6 +81,24 @@ LAYERS = {
                 lambda x: F.max_pool2d(x, 2)),
     "1LUT": (example("lut"), "1LUT", lambda: (r(1000, 64), idx(1000, 128, 20)),
              embedding_bag),
+    # issue 29's table, at its sizes
+    "conv_s2": (example("nn"), "conv_s2", lambda: (r(32, 32, 32, 32), r(64, 32, 3, 3)),
+                lambda x, w: F.conv2d(x, w, stride=2, padding=1)),
+    "padconv": (example("layers"), "padconv", lambda: (r(32, 32, 32, 32), r(32, 32, 3, 3)),
+                lambda x, w: F.conv2d(x, w, padding=1)),
+    "groupnorm": (example("nn"), "groupnorm",
+                  lambda: (r(32, 8, 8, 16, 16), r(8, 8), r(8, 8)), group_norm),
+    "gelu": (example("nn"), "gelu", lambda: (r(512, 1024),), gelu),
+    "softmax-512": (example("layers"), "softmax", lambda: (r(512, 1024),),
+                    lambda x: torch.softmax(x, 1)),
+    "logsoftmax": (example("nn"), "logsoftmax", lambda: (r(512, 1024),),
+                   lambda x: torch.log_softmax(x, 1)),
+    "layernorm-512": (example("layers"), "layernorm", lambda: (r(512, 1024), r(1024), r(1024)),
+                      lambda x, g, b: F.layer_norm(x, (x.shape[1],), g, b, eps=1e-5)),
+    "cross_entropy": (example("nn"), "cross_entropy", lambda: (r(512, 1000), idx(1000, 512)),
+                      lambda x, label: F.cross_entropy(x, label.long())),
+    "embedding_bag": (example("nn"), "embedding_bag_mean",
+                      lambda: (r(10000, 64), idx(10000, 256, 50)), embedding_bag_mean),
 }
 DEVICE = "cpu"
 
@@ -80,15 +118,20 @@ def forward_backward(fn, args, grad_out):
     return outs, torch.autograd.grad(outs, wants, grad_out)
 
 
-def timed(fn, args, grad_out, runs: int) -> float:
+def forward(fn, args, _grad_out):
+    with torch.no_grad():
+        return fn(*args)
+
+
+def timed(call, fn, args, grad_out, runs: int) -> float:
     for _ in range(2):
-        forward_backward(fn, args, grad_out)
+        call(fn, args, grad_out)
     times = []
     for _ in range(runs):
         if DEVICE == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        forward_backward(fn, args, grad_out)
+        call(fn, args, grad_out)
         if DEVICE == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
@@ -106,11 +149,42 @@ def bench_layer(name: str, runs: int) -> dict:
     for a, b in zip((*outs, *grads), (*ref_outs, *ref_grads)):
         if not torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-3):
             return {"layer": name, "error": "differs from PyTorch"}
-    t_tc = timed(layer, args, grad_out, runs)
-    t_torch = timed(reference, args, grad_out, runs)
-    return {"layer": name, "tcstage_ms": 1e3 * t_tc, "torch_ms": 1e3 * t_torch,
-            "ratio": t_tc / t_torch,
-            "shapes": ", ".join("x".join(map(str, a.shape)) for a in args)}
+    row = {"layer": name, "shapes": ", ".join("x".join(map(str, a.shape)) for a in args)}
+    for what, call in (("fwd", forward), ("fwdbwd", forward_backward)):
+        t_tc = timed(call, layer, args, grad_out, runs)  # (the two sides alternate per kind)
+        t_torch = timed(call, reference, args, grad_out, runs)
+        row.update({f"{what}_tcstage_ms": 1e3 * t_tc, f"{what}_torch_ms": 1e3 * t_torch,
+                    f"{what}_ratio": t_tc / t_torch})
+    return row
+
+
+FIRST_CALL = """
+import sys, time
+t0 = time.perf_counter()
+sys.path.insert(0, {bench!r})
+import torch_bench as b
+args = b.LAYERS[{name!r}][2]()
+layer = b.tct.op(*b.LAYERS[{name!r}][:2])
+t1 = time.perf_counter()
+out = layer(*args)
+(out if isinstance(out, torch.Tensor) else out[0]).sum().backward()
+print(time.perf_counter() - t1, t1 - t0)
+""".replace("import sys", "import sys, torch")
+
+
+def first_call(name: str) -> dict:
+    """Seconds of the first forward+backward call of `name` in a new process, with an empty
+    kernel cache, then in another process with the cache the first left."""
+    import tempfile
+    row = {"layer": name}
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, TCSTAGE_CACHE_DIR=cache)
+        for what in ("cold", "warm"):
+            out = subprocess.run([sys.executable, "-c", FIRST_CALL.format(
+                bench=str(ROOT / "benchmarks"), name=name)], capture_output=True, text=True,
+                env=env, check=True).stdout.split()
+            row[f"{what}_s"], row["import_s"] = float(out[-2]), float(out[-1])
+    return row
 
 
 def _random_like_output(reference, args):
@@ -188,6 +262,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--layers", default=",".join(LAYERS))
     ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--first-call", default="conv_s2,padconv,groupnorm,softmax-512,gelu",
+                    help="layers whose first call is timed in new processes ('' for none)")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--overhead", action="store_true",
                     help="only the per-call overhead (a 4-element add, CPU)")
@@ -209,19 +285,33 @@ def main() -> None:
         print(row, flush=True)
     rec = recompilations()
     print(rec, flush=True)
+    firsts = [first_call(name) for name in a.first_call.split(",") if name] \
+        if DEVICE == "cpu" else []
+    for row in firsts:
+        print(row, flush=True)
     lines = [f"# tcstage.torch operators vs PyTorch ({DEVICE})", "",
              f"Machine: {where}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
              f"{datetime.date.today()}. `python3 benchmarks/torch_bench.py --device {DEVICE}`.",
-             "", "Forward + backward of one call (median of "
+             "", "Forward, and forward + backward, of one call (medians of "
              f"{a.runs} after 2 warm-ups); ratio = tcstage / PyTorch, same run, same inputs; "
              "outputs and gradients checked against PyTorch's first.", "",
-             "| layer | inputs | tcstage ms | PyTorch ms | ratio |", "|---|---|---|---|---|"]
+             "| layer | inputs | fwd tcstage ms | fwd PyTorch ms | fwd ratio | "
+             "fwd+bwd tcstage ms | fwd+bwd PyTorch ms | fwd+bwd ratio |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['layer']} | | {row['error']} | | |")
+            lines.append(f"| {row['layer']} | | {row['error']} | | | | | |")
         else:
-            lines.append(f"| {row['layer']} | {row['shapes']} | {row['tcstage_ms']:.3f} | "
-                         f"{row['torch_ms']:.3f} | {row['ratio']:.2f} |")
+            lines.append(f"| {row['layer']} | {row['shapes']} | " + " | ".join(
+                f"{row[f'{w}_tcstage_ms']:.3f} | {row[f'{w}_torch_ms']:.3f} | "
+                f"{row[f'{w}_ratio']:.2f}" for w in ("fwd", "fwdbwd")) + " |")
+    if firsts:
+        lines += ["", "First forward+backward call in a new process (seconds, after importing "
+                  "and defining; import and definition in parentheses): with an empty kernel "
+                  "cache, then with the cache the first process left.", "",
+                  "| layer | empty cache s | warm cache s |", "|---|---|---|"]
+        lines += [f"| {f['layer']} | {f['cold_s']:.2f} | {f['warm_s']:.2f} "
+                  f"({f['import_s']:.1f}) |" for f in firsts]
     lines += ["", f"Recompilations of MLP1 (forward and backward TC) over batch sizes "
               f"{rec['batches']}: {rec['after_first']} compilations at the first call, "
               f"{rec['recompilations']} after it."] + (overhead_lines if calls else []) + [""]
