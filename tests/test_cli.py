@@ -49,7 +49,7 @@ def test_run_every_example(capsys):
             assert main(argv) == 0, (argv, capsys.readouterr().err)
             assert "defaults:" not in capsys.readouterr().out
             ran += 1
-    assert ran == 20  # (layers.tc: softmax, layernorm, padconv; any_rank.tc: 7 layers)
+    assert ran == 26  # (layers.tc: softmax, layernorm, padconv; nn.tc: 6; any_rank.tc: 7 layers)
 
 
 def test_run_warns_only_about_the_function_it_runs(capsys):

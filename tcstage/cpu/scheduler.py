@@ -213,14 +213,15 @@ def _row_local(structure, output: str) -> bool:
         return False
     computed = {f.name: f for f in funcs}
     for f in funcs:
-        if not f.args or (f.epilogue and f.family != "pointwise") or \
+        if not f.args or (f.epilogue and f.family not in ("pointwise", "reduction")) or \
                 f.family not in ("pointwise", "reduction") or \
                 f.contraction or (f.family == "reduction" and (
                     f.operator not in ("add", "max", "min")
-                    or not _along_rows(f, f.args[0], f.args[1] if len(f.args) > 1 else None))):
+                    or not _along_rows(f, f.args[0], f.args[1] if len(f.args) > 1 else None,
+                                       _rvars_by_memory(f)[0]))):
             return False
         row = ("var", f.args[-1])
-        for r in f.reads:
+        for r in f.reads + f.epilogue_reads:
             other = computed.get(r.func)
             if other is not None and (not r.args or r.args[-1] != row
                                       or len(r.args) != len(other.args)):
@@ -264,13 +265,19 @@ def _fused_rows(structure, funcs, output: hl.Func, plan: _Plan) -> tuple[hl.Func
         own = plan.extents.get(f.name) or (1,) * len(f.args)
         where = f"per block of rows of {anchor.name()}"
         if f.family == "reduction":
+            order = _rvars_by_memory(f) if plan.row_vectors(f.name) else f.rvars
+            if order != f.rvars:  # (sums in another order: as any vectorised reduction does)
+                func.update(0).reorder(*[hl.RVar(r) for r in order], *_vars(f.args))
+            inner = order[0]
             vectorized = plan.row_vectors(f.name) and not func.type().is_bfloat() and \
-                (f.rvar_extents[0] or 1 << 20) >= lanes
+                (f.rvar_extents[f.rvars.index(inner)] or 1 << 20) >= lanes
             if vectorized:
-                func.update(0).atomic().vectorize(hl.RVar(f.rvars[0]), lanes)
-            report.append(f"{f.name}: reduction ({f.operator}) over {', '.join(f.rvars)}, "
-                          f"{where}" + (f", the reduction over {f.rvars[0]} in vectors of "
-                                        f"{lanes} lanes" if vectorized else ""))
+                func.update(0).atomic().vectorize(hl.RVar(inner), lanes)
+            report.append(f"{f.name}: reduction ({f.operator}) over {', '.join(order)}"
+                          + (" (reordered: innermost in memory first)" if order != f.rvars
+                             else "") + f", {where}"
+                          + (f", the reduction over {inner} in vectors of {lanes} lanes"
+                             if vectorized else ""))
         else:
             vectorized = len(f.args) > 1 and own[0] >= lanes
             if vectorized:
@@ -985,7 +992,7 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
     # ran a softmax gradient's scalar exps 15% slower than the packed, vectorised tiles. So
     # does bfloat16, whose vector reductions Halide 21 gives LLVM with an integer intrinsic.)
     if plan.row_vectors(info.name) and info.operator in ("add", "mul", "max", "min") \
-            and not f.type().is_bfloat() and _along_rows(info, p0, p1):
+            and not f.type().is_bfloat() and _along_rows(info, p0, p1, _rvars_by_memory(info)[0]):
         return _row_reduction(f, anchor, info, plan)
     want_vectors, want_rows = s.register_tile
     # A small window (pooling's 2x2) reuses a tile's accumulators only a few times: the time
@@ -1087,15 +1094,29 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
     return text
 
 
-def _along_rows(info: FuncInfo, p0: str, p1: str | None) -> bool:
-    """Whether the reduction runs along rows of its input: a read contiguous in the innermost
-    reduction variable and strided in p0, with no second output dimension that would reuse it
-    (a row sum, softmax's statistics, a matrix-vector product). Vectorising p0 would pack
-    (transpose) the whole input for a single use; the reduction loop is vectorised instead."""
-    r0 = info.rvars[0]
+def _along_rows(info: FuncInfo, p0: str, p1: str | None, r0: str | None = None) -> bool:
+    """Whether the reduction runs along rows of its input: a read contiguous in reduction
+    variable `r0` (default: the innermost) and strided in p0, with no second output dimension
+    that would reuse it (a row sum, softmax's statistics, a matrix-vector product). Vectorising
+    p0 would pack (transpose) the whole input for a single use; the reduction loop is
+    vectorised instead."""
+    r0 = r0 or info.rvars[0]
     return any(r.args and r.args[0] == ("var", r0) and r.dims_using(p0)
                and min(r.dims_using(p0)) > 0 and (p1 is None or r.dims_using(p1))
                for r in info.reads)
+
+
+def _rvars_by_memory(info: FuncInfo) -> tuple[str, ...]:
+    """The reduction's variables, innermost first, in the order of the subscripts they index
+    in the read that uses most of them. TC's reduction variables come in the order they appear
+    (group norm's `X(n,g,d,h,w)` sums with d innermost, across rows of memory); this is the
+    order that walks the input contiguously."""
+    reads = [r for r in info.reads if any(r.dims_using(v) for v in info.rvars)]
+    if not reads:
+        return info.rvars
+    read = max(reads, key=lambda r: sum(bool(r.dims_using(v)) for v in info.rvars))
+    return tuple(sorted(info.rvars, key=lambda v: (min(read.dims_using(v), default=len(read.args)),
+                                                   info.rvars.index(v))))
 
 
 def _row_reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan) -> str:
@@ -1112,12 +1133,16 @@ def _row_reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan) -> 
         anchor.parallel(outer[-1] if outer else xo)
     f.compute_at(anchor, xo)
     f.bound_storage(x, block)
-    f.update(0).atomic().vectorize(hl.RVar(info.rvars[0]), lanes)
+    order = _rvars_by_memory(info)
+    if order != info.rvars:  # (sums in another order: as any vectorised reduction does)
+        f.update(0).reorder(*[hl.RVar(r) for r in order], *_vars(info.args))
+    f.update(0).atomic().vectorize(hl.RVar(order[0]), lanes)
     for k in range(info.epilogue):
         f.update(1 + k).reorder(x, *outer)
-    return (f"rows in blocks of {block}, the reduction over {info.rvars[0]} in vectors of "
-            f"{lanes} lanes" + (f"; {(outer[-1] if outer else xo).name()} in parallel"
-                                if parallel else ""))
+    return (f"rows in blocks of {block}, the reduction over {order[0]} in vectors of "
+            f"{lanes} lanes" + (f" (its variables reordered, innermost in memory first: "
+                                f"{', '.join(order)})" if order != info.rvars else "")
+            + (f"; {(outer[-1] if outer else xo).name()} in parallel" if parallel else ""))
 
 
 def _pack(panel: hl.Func, dim: int, anchor: hl.Func, level: hl.Var | None,

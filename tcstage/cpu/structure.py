@@ -66,6 +66,7 @@ class FuncInfo:
     #                                 at its own point, along which they may run in parallel
     operations: int = 0  # pointwise: the arithmetic its values compute, in nodes (subscripts
     #                      and the values they read not counted)
+    epilogue_reads: tuple[Read, ...] = ()  # a reduction: what its in-place updates read
 
     @property
     def contraction(self) -> bool:
@@ -153,7 +154,8 @@ def _classify(d: dict) -> FuncInfo:
         reads = tuple(r for r in _reads(first) if r.func != name)
         extents = tuple(_constant(rv[2]) for rv in first["rvars"])
         return FuncInfo(name, args, "reduction", tuple(rv[0] for rv in first["rvars"]),
-                        extents, reads, len(rest), operator)
+                        extents, reads, len(rest), operator, epilogue_reads=tuple(
+                            r for u in rest for r in _reads(u) if r.func != name))
     # A scatter or a scan: its updates may still write each point of some pure variables at
     # that point alone (a histogram per row: `h(bin(r, y), y) += 1` along y)
     # (Halide makes every read of the Func itself in them keep that point too)

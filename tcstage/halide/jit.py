@@ -248,9 +248,10 @@ class CpuKernel:
         self.compilations += 1
         note = ""
         if isinstance(schedule, CpuSchedule):
-            # Vectorising a row reduction needs Halide to prove its update associative, which it
-            # cannot always do (`d_S(n) + (0 - x)` under a let, in a softmax gradient): the
-            # Func it names goes without, then (an error naming none) every Func does.
+            # Vectorising a row reduction (or summing it in memory order) needs Halide to
+            # prove its update associative, which it cannot always do (`d_S(n) + (0 - x)`
+            # under a let, in a softmax gradient): the Func it names goes without, then (an
+            # error naming none) every Func does.
             no_row_vectors: set | None = set()
             while True:
                 try:
@@ -271,7 +272,9 @@ class CpuKernel:
                 except HALIDE_FAILURES as e:
                     reason = (f"the structured schedule failed ({_halide_message(e)}; a bug in "
                               "tcstage)")
-                    named = re.search(r"atomic\(\) on (\S+?)\.update", str(e))
+                    # (Halide also refuses to reorder the RVars of such an update)
+                    named = re.search(r"atomic\(\) on (\S+?)\.update", str(e)) or re.search(
+                        r"schedule for (\S+?)\.update\(\d+\), can't reorder RVars", str(e))
                     if no_row_vectors is None:
                         break
                     # (by tensor name: every attempt lowers new Funcs, named 'd_S$7', 'd_S$8')

@@ -368,6 +368,15 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
             return read(p.read, args, padded_dims=frozenset())
         return hl.select(inside, read(p.read, args, padded_dims=frozenset(tested)), value)
 
+    # A sum of negations, `d_mean(n) +=! -d_xc(n,c)` (gradients are full of them), is summed
+    # as the negation of a sum: the same values exactly (negation is exact), and an update
+    # Halide can prove associative. It refused to vectorise `R + (0 - x)` or reorder its
+    # RVars, which left such sums crossing rows of memory (CPU only: the CUDA path keeps one
+    # definition per statement).
+    negated = cpu and fresh and not partial and st.init and st.reduction == "+" and \
+        isinstance(st.rhs, C.Unary) and st.rhs.op == "-" and tensor.type.is_float
+    if negated:
+        st = attrs.evolve(st, rhs=st.rhs.operand)
     rhs = to_halide(st.rhs, names, read=read, dim=dim, padded=padded, cpu=cpu)
     # (a read of the statement's own Func stays: it is no other Func's bounds, and without it
     # Halide warns on stderr that the update hides the earlier definitions, O0() = O0 * 0)
@@ -412,6 +421,8 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
             # prove associative and vectorise, and that CUDA's fmaxf folds alike
             rhs = hl.select(hl.is_nan(rhs), _identity(st.reduction, tensor.type), rhs)
         func[lhs] = _combine(st.reduction, hl.Expr(func[lhs]), rhs)
+        if negated:
+            func[pure_lhs] = -func[pure_lhs]
     return rdom_names, frozenset(read_tensors.values())
 
 
