@@ -147,7 +147,10 @@ def bench_layer(name: str, runs: int) -> dict:
     outs, grads = forward_backward(layer, args, grad_out)
     ref_outs, ref_grads = forward_backward(reference, args, grad_out)
     for a, b in zip((*outs, *grads), (*ref_outs, *ref_grads)):
-        if not torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-3):
+        # (absolute error scaled by the largest value: a weight gradient sums 32768 terms of
+        # up to 750, and float32 leaves a few thousandths on its elements near zero)
+        scale = float(b.detach().abs().max()) if b.numel() else 0.0
+        if not torch.allclose(a.float(), b.float(), rtol=1e-3, atol=1e-3 + 1e-4 * scale):
             return {"layer": name, "error": "differs from PyTorch"}
     row = {"layer": name, "shapes": ", ".join("x".join(map(str, a.shape)) for a in args)}
     for what, call in (("fwd", forward), ("fwdbwd", forward_backward)):

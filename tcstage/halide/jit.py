@@ -502,7 +502,7 @@ def quiet_unscheduled_updates(funcs) -> None:
 
 def _funcs_by_name(lowered: Lowered) -> dict[str, hl.Func]:
     found = {v.func.name(): v.func for vs in lowered.versions.values() for v in vs}
-    found.update({f.name(): f for f in lowered.outputs})
+    found.update({f.name(): f for f in (*lowered.outputs, *lowered.pads)})
     return found
 
 
