@@ -167,3 +167,25 @@ def test_group_norm_sums_its_groups_in_memory_order(shape):
     np.testing.assert_allclose(dX, want_dX, rtol=1e-3, atol=1e-4)
     text = grad.explain(X, gamma, beta, want.astype(np.float32), dY)
     assert "note:" not in text and "reordered, innermost in memory first" in text, text
+
+
+def test_a_weight_gradient_sums_along_memory_in_vectors():
+    """d_Wt(f,c,kh,kw) +=! d_O(n,f,h,w) * (I(n,c,h+kh-1,w+kw-1) ?? 0): an output too narrow
+    to vectorise (kw has 3 points) summed over n, h, w. Its register tiles ran one lane wide;
+    it now sums along w, contiguous in both reads, in vectors. Against numpy on np.pad."""
+    grad = tc.define(tc.gradient(LAYERS, "padconv")).padconv_grad
+    I, Wt, dO = f32(2, 5, 9, 37), f32(4, 5, 3, 3), f32(2, 4, 9, 37)
+    dI, dWt = grad(I, Wt, dO, dO)  # (O, the forward's output, is not read)
+    P = np.pad(I.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = np.zeros(Wt.shape)
+    for kh in range(3):
+        for kw in range(3):
+            want[:, :, kh, kw] = np.einsum("nfhw,nchw->fc", dO, P[:, :, kh:kh + 9, kw:kw + 37])
+    np.testing.assert_allclose(dWt, want, rtol=1e-4, atol=1e-3)
+    Q = np.pad(dO.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want_dI = sum(np.einsum("nfhw,fc->nchw", Q[:, :, 2 - kh:11 - kh, 2 - kw:39 - kw],
+                            Wt[:, :, kh, kw]) for kh in range(3) for kw in range(3))
+    np.testing.assert_allclose(dI, want_dI, rtol=1e-4, atol=1e-3)
+    lines = {line.split(":")[0].strip().split("$")[0]: line
+             for line in grad.explain(I, Wt, dO, dO).splitlines()[1:]}
+    assert "in vectors of" in lines["d_Wt"], lines

@@ -986,15 +986,19 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
     if not info.args:  # a single value: nothing to tile
         f.compute_root()
         return "computed once"
-    p0, p1 = info.args[0], _tile_rows(info)
-    outer = tuple(a for a in info.args[1:] if a != p1)
+    p0, p1 = info.args[0], (info.args[1] if len(info.args) > 1 else None)
     extents = plan.extents.get(info.name) or (1,) * len(info.args)
     extent = dict(zip(info.args, extents))
     # (An update Halide cannot prove associative keeps the register tiles below: serial rows
     # ran a softmax gradient's scalar exps 15% slower than the packed, vectorised tiles. So
     # does bfloat16, whose vector reductions Halide 21 gives LLVM with an integer intrinsic.)
     if plan.row_vectors(info.name) and info.operator in ("add", "mul", "max", "min") \
-            and not f.type().is_bfloat() and _along_rows(info, p0, p1, _rvars_by_memory(info)[0]):
+            and not f.type().is_bfloat() and (
+                _along_rows(info, p0, p1, _rvars_by_memory(info)[0]) or
+                (extents[0] or 1 << 20) * 2 < plan.lanes(f.type()) and _contiguous(info)):
+        # (the second: an output too narrow to vectorise, summed along memory, a weight
+        # gradient's d_W(f,c,kh,kw) +=! d_O(n,f,h,w) * I(n,c,h+kh,w+kw) over n, h, w, whose
+        # register tiles ran one lane wide, along kw)
         return _row_reduction(f, anchor, info, plan)
     want_vectors, want_rows = s.register_tile
     # A small window (pooling's 2x2) reuses a tile's accumulators only a few times: the time
@@ -1013,7 +1017,10 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
     width = lanes * vectors
     rows = 1
     if p1 is not None:
+        p1 = _tile_rows(info, vectors, lambda q: max(1, min(
+            want_rows or plan.accumulators() // vectors, extent[q] or 1 << 20)))
         rows = max(1, min(want_rows or plan.accumulators() // vectors, extent[p1]))
+    outer = tuple(a for a in info.args[1:] if a != p1)
     vectorized = lanes > 1
 
     # Reads strided in p0 that do not depend on p1: packed per column of tiles.
@@ -1097,19 +1104,56 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
     return text
 
 
-def _tile_rows(info: FuncInfo) -> str | None:
-    """The output dimension along which a register tile has its rows: the first (innermost)
-    one that some read using p0 does not use, so that each vector it loads serves every row,
-    while another read does use it (tmm's `m`: B(n,k) is loaded once for all rows, A(m,k)
-    broadcast per row). A convolution's is its output channels, not its output rows, which
-    every input read uses: with rows of channels each input vector serves the whole tile
-    (2.3x faster on a 3x3 convolution). Else the second dimension."""
+def _tile_rows(info: FuncInfo, vectors: int, rows_of) -> str:
+    """The output dimension along which a register tile has its rows (`rows_of(q)` of them):
+    the one that needs the fewest loads per accumulator at each step of the reduction. A read
+    that uses the vectorised dimension p0 loads `vectors` vectors per row if it also uses the
+    rows' dimension, else once for the whole tile, and a strided one (a stride-2
+    convolution's `2*w + kw`) costs twice; a read without p0 is one broadcast per row, or one.
+    A convolution's rows are then its output channels, which no input read uses (a 3x3
+    convolution at 32x32x32x32 ran 2.3x faster than with rows of output rows), and a matrix
+    product's its second dimension. The second dimension keeps them unless another needs a
+    quarter fewer loads."""
     p0 = info.args[0]
-    for q in info.args[1:]:
-        if any(r.dims_using(p0) and not r.dims_using(q) for r in info.reads) and \
-                any(r.dims_using(q) for r in info.reads):
-            return q
-    return info.args[1] if len(info.args) > 1 else None
+
+    def loads(q: str) -> float:
+        rows = rows_of(q)
+        total = 0.0
+        for r in info.reads:
+            per_row = rows if r.dims_using(q) else 1
+            if r.dims_using(p0):
+                unit = all(_unit_stride(r.args[k], p0) for k in r.dims_using(p0))
+                total += vectors * per_row * (1 if unit else 2)
+            else:
+                total += per_row
+        return total / (vectors * rows)
+
+    second = info.args[1]
+    best = min(info.args[1:], key=loads)
+    return best if loads(best) < 0.75 * loads(second) else second
+
+
+def _contiguous(info: FuncInfo) -> bool:
+    """Whether the reduction's innermost variable in memory (`_rvars_by_memory`) moves every
+    read that uses it along its innermost dimension only, one of them by one element: a loop
+    that vector loads serve (a stride-2 read costs Halide two loads and a shuffle)."""
+    r0 = _rvars_by_memory(info)[0]
+    using = [r for r in info.reads if r.dims_using(r0)]
+    return bool(using) and all(r.dims_using(r0) == (0,) for r in using) and \
+        any(_unit_stride(r.args[0], r0) for r in using)
+
+
+def _unit_stride(tree, var: str) -> bool:
+    """Whether a subscript moves by 1 when `var` does: `var`, or a sum with it as a term."""
+    if tree == ("var", var):
+        return True
+    if isinstance(tree, tuple) and tree and tree[0] in ("add", "sub"):
+        a, b = tree[1], tree[2]
+        if var not in variables(b):
+            return _unit_stride(a, var)
+        if tree[0] == "add" and var not in variables(a):
+            return _unit_stride(b, var)
+    return False
 
 
 def _along_rows(info: FuncInfo, p0: str, p1: str | None, r0: str | None = None) -> bool:
