@@ -175,6 +175,20 @@ def test_conv_input_gradient_at_the_borders():
     np.testing.assert_allclose(g["weight"], d_w, rtol=1e-12)
 
 
+def test_conv_input_gradient_pads_the_output_gradient_instead_of_guarding():
+    """A valid convolution's input gradient reads d_out at y - kh over its whole dimension: it
+    is written `(d_out(...) ?? 0)`, not `y - kh >= 0 && y - kh < out_2 && ... ? ... : 0`,
+    which the CPU computes as a padded copy read densely. A stride of 2 keeps its
+    divisibility guards. (The values: test_conv_input_gradient_at_the_borders.)"""
+    text = tc.gradient(example("conv"), "conv2d")
+    assert "d_in(b, ip, y, x) +=! (d_out(b, op, y - kh, x - kw) ?? 0) * weight(op, ip, kh, kw)" \
+        in text and " : 0" not in text, text
+    strided = tc.gradient("""def s(float(N,C,H,W) I, float(F,C,KH,KW) Wt) -> (O) {
+      O(n,f,h,w) +=! I(n,c,2*h+kh,2*w+kw) * Wt(f,c,kh,kw) where h in 0:(H-KH)/2+1, w in 0:(W-KW)/2+1
+    }""", "s")
+    assert "% 2 == 0" in strided, strided
+
+
 def test_table_gradient_is_a_scatter_add():
     rng = np.random.default_rng(3)
     table = rng.standard_normal((7, 4))

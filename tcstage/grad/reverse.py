@@ -497,7 +497,14 @@ class _Generator:
             subst[x] = value
             solved.append(x)
         guards = [S.substitute(gd, subst) for gd in guards]
+        # A solved index kept within its forward range only because a factor of g reads the
+        # gradient (or an input) at exactly that index over that tensor's whole dimension
+        # (`d_out(b, op, h, w)` with h in 0:out_2): the factor read with `?? 0` says the same,
+        # and the CPU computes it as a padded copy instead of testing every point.
+        padded_reads, implied = self.padded_instead(n, g, solved, modulo=bool(guards))
         for x in solved:
+            if x in implied:
+                continue
             lo, hi = self.var_range(n, x)
             e = subst[x]
             guards.append(S.compare("<=", lo, e) if not S.is_const(lo, 0)
@@ -524,9 +531,48 @@ class _Generator:
         rhs = S.select(S.conj(guards), g, S.const(0)) if guards else g
         rhs, where = _count_absent(rhs, set(lhs), where)
         first = d_target not in self.grad_started
+        padded = frozenset(S.to_tc(S.substitute(
+            S.rebuild(r, lambda m: at_u if m == leaf else None), subst)) for r in padded_reads)
         self.emit(GradStatement(d_target, tuple(lhs), "+=!" if first else "+=", rhs,
-                                 tuple(where)))
+                                 tuple(where), padded))
         self.grad_started.add(d_target)
+
+    def padded_instead(self, n: int, g: C.Expr, solved: list[str], modulo: bool):
+        """(reads of g to pad, the solved indices whose range guards they replace): each a
+        factor of g's top-level product that reads the statement's output gradient or an
+        input with a solved index as a plain subscript whose forward range is the whole
+        dimension. None where a divisibility guard (`modulo`) stays anyway."""
+        if modulo or not solved:
+            return (), set()
+        st = self.fn.statements[n]
+        own = self.grad_names.get(self.version_of[n])
+        factors, stack = [], [g]
+        while stack:
+            e = stack.pop()
+            if isinstance(e, C.Binary) and e.op == "*":
+                stack += [e.lhs, e.rhs]
+            else:
+                factors.append(e)
+        reads, implied = [], set()
+        for r in factors:
+            if not isinstance(r, C.Read) or any(map(C.has_read, r.args)):
+                continue
+            forward = self.fn.tensors.get(r.tensor)
+            tensor = st.tensor if r.tensor == own else \
+                r.tensor if forward is not None and forward.kind == "input" else None
+            if tensor is None:
+                continue
+            covered = set()
+            for d, a in enumerate(r.args):
+                if isinstance(a, C.IndexVar) and a.name in solved:
+                    lo, hi = self.var_range(n, a.name)
+                    dlo, dhi = self.dim_range(tensor, d)
+                    if S.to_tc(lo) == S.to_tc(dlo) and S.to_tc(hi) == S.to_tc(dhi):
+                        covered.add(a.name)
+            if covered:
+                reads.append(r)
+                implied |= covered
+        return tuple(reads), implied
 
     def scatter_to(self, n: int, target, leaf: C.Read, g: C.Expr) -> None:
         """d_target(subscripts of the read) += g over the forward statement's points: the
