@@ -76,12 +76,17 @@ def test_an_update_halide_cannot_prove_associative_keeps_the_structured_schedule
     # `0 - A(n,c)` is no negation to lower as one: Halide sees `O(n) + (0 - A(n,c))`, cannot
     # prove it associative and refuses the vectorised reduction. That Func goes without (its
     # register tiles), and nothing falls back to Mullapudi2016.
-    f = tc.define("def f(float(N,C) A) -> (O) { O(n) +=! 0 - A(n,c) }").f
-    A = f32(40, 512)
-    text = f.explain(A)
+    f = tc.define("def f(float(N,C) A, float(N,C) B) -> (O, P) {\n"
+                  "  O(n) +=! 0 - A(n,c)\n  P(n) +=! B(n,c)\n}").f
+    A, B = f32(40, 512), f32(40, 513)[:, :512].copy()
+    text = f.explain(A, B)
     assert text.startswith("CPU schedule: tcstage") and "note:" not in text, text
-    assert "in vectors of" not in text.splitlines()[1] and "tiles of" in text, text
-    np.testing.assert_allclose(f(A), -A.astype(np.float64).sum(1), rtol=1e-5, atol=1e-4)
+    lines = {line.split(":")[0].strip().split("$")[0]: line for line in text.splitlines()[1:]}
+    assert "in vectors of" not in lines["O"] and "tiles of" in lines["O"], text
+    assert "in vectors of" in lines["P"], text  # (the other reduction keeps them)
+    O, P = f(A, B)
+    np.testing.assert_allclose(O, -A.astype(np.float64).sum(1), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(P, B.astype(np.float64).sum(1), rtol=1e-5, atol=1e-4)
 
 
 LAYERS = (Path(__file__).parent.parent / "examples" / "layers.tc").read_text()

@@ -272,9 +272,11 @@ class CpuKernel:
                 except HALIDE_FAILURES as e:
                     reason = (f"the structured schedule failed ({_halide_message(e)}; a bug in "
                               "tcstage)")
-                    # (Halide also refuses to reorder the RVars of such an update)
+                    # (Halide also refuses to reorder the RVars of such an update, or to
+                    # rfactor it: see the scheduler's _lane_partials)
                     named = re.search(r"atomic\(\) on (\S+?)\.update", str(e)) or re.search(
-                        r"schedule for (\S+?)\.update\(\d+\), can't reorder RVars", str(e))
+                        r"schedule for (\S+?)\.update\(\d+\)[,:] can't (?:reorder RVars|"
+                        r"perform rfactor)", str(e))
                     if no_row_vectors is None:
                         break
                     # (by tensor name: every attempt lowers new Funcs, named 'd_S$7', 'd_S$8')
