@@ -25,6 +25,8 @@ from tcstage.compiler import compile_cuda
 from tcstage.tune import evaluate, model, tuner
 from tcstage.tune.cache import Cache, Key
 
+from ctrl_c import default_sigint  # tests/
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TMM = open(os.path.join(ROOT, "examples", "tmm.tc")).read()
 TBMM = open(os.path.join(ROOT, "examples", "tbmm.tc")).read()
@@ -194,7 +196,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_the_best_in_the_cache(tmp_path):
         print("INTERRUPTED" if res.interrupted else "FINISHED", res.options, flush=True)
     """)
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+                             stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # wait until a best is in the cache
         time.sleep(1)

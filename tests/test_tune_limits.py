@@ -25,6 +25,8 @@ from tcstage.tune import evaluate, model, tuner
 from tcstage.tune.cache import Cache, Entry, Key
 from tcstage.tune.workers import LocalPool, default_memory
 
+from ctrl_c import default_sigint, interruptible  # tests/
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TMM = open(os.path.join(ROOT, "examples", "tmm.tc")).read()
 MLP = open(os.path.join(ROOT, "examples", "mlp.tc")).read()
@@ -258,7 +260,8 @@ def _tune_cli(tmp_path, *extra):
     return subprocess.Popen([sys.executable, "-m", "tcstage.cli", "tune",
                              os.path.join(ROOT, "examples", "tmm.tc"), "--sizes",
                              "M=64,K=32,N=128", "--measure", "model", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=default_sigint)
 
 
 def _wait_for_an_entry(path, child, seconds=120):
@@ -324,8 +327,10 @@ def test_ctrl_c_that_python_drops_in_a_finalizer_still_stops_the_search(monkeypa
             SignalsInItsFinalizer()  # (made and collected at once)
     monkeypatch.setattr(progress.Progress, "update", update)
     started = time.monotonic()
-    res = tc.autotune(TMM, "tmm", np.zeros((16, 8), np.float32), np.zeros((24, 8), np.float32),
-                      budget=100000, time_budget=60, jobs=1, **QUIET)
+    with interruptible():
+        res = tc.autotune(TMM, "tmm", np.zeros((16, 8), np.float32),
+                          np.zeros((24, 8), np.float32), budget=100000, time_budget=60, jobs=1,
+                          **QUIET)
     assert res.interrupted and res.stopped == "interrupted", res.stopped
     assert len(calls) == 3 and time.monotonic() - started < 30  # (it stopped at that one)
 
@@ -349,7 +354,8 @@ def test_ctrl_c_before_anything_passed_exits_130_without_a_traceback(tmp_path):
     """)
     env = dict(os.environ, TCSTAGE_CACHE_DIR=str(tmp_path))
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env)
+                             stderr=subprocess.PIPE, text=True, env=env,
+                             preexec_fn=default_sigint)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and child.poll() is None and not started.exists():
         time.sleep(0.1)
