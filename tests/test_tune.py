@@ -25,7 +25,7 @@ from tcstage.compiler import compile_cuda
 from tcstage.tune import evaluate, model, tuner
 from tcstage.tune.cache import Cache, Key
 
-from ctrl_c import default_sigint  # tests/
+from ctrl_c import communicate_or_dump, default_sigint  # tests/
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TMM = open(os.path.join(ROOT, "examples", "tmm.tc")).read()
@@ -196,7 +196,8 @@ def test_ctrl_c_stops_cleanly_and_keeps_the_best_in_the_cache(tmp_path):
         print("INTERRUPTED" if res.interrupted else "FINISHED", res.options, flush=True)
     """)
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
+                             stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
+                             env=dict(os.environ, PYTHONFAULTHANDLER="1"))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # wait until a best is in the cache
         time.sleep(1)
@@ -205,7 +206,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_the_best_in_the_cache(tmp_path):
                 if cache.entries():
                     break
     child.send_signal(signal.SIGINT)
-    out, err = child.communicate(timeout=60)
+    out, err = communicate_or_dump(child)
     assert child.returncode == 0, err
     assert out.startswith("INTERRUPTED"), (out, err)
     with Cache(path) as cache:

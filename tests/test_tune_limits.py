@@ -25,7 +25,7 @@ from tcstage.tune import evaluate, model, tuner
 from tcstage.tune.cache import Cache, Entry, Key
 from tcstage.tune.workers import LocalPool, default_memory
 
-from ctrl_c import default_sigint, interruptible  # tests/
+from ctrl_c import communicate_or_dump, default_sigint, interruptible  # tests/
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TMM = open(os.path.join(ROOT, "examples", "tmm.tc")).read()
@@ -275,32 +275,13 @@ def _wait_for_an_entry(path, child, seconds=120):
     raise AssertionError("no entry reached the cache")
 
 
-def _communicate_or_dump(child, seconds=60):
-    """The child's output once it ends; if it has not within `seconds`, its threads' stacks
-    (SIGABRT, with PYTHONFAULTHANDLER set by _tune_cli) and the processes still holding its
-    pipes are the failure's message."""
-    try:
-        return child.communicate(timeout=seconds)
-    except subprocess.TimeoutExpired:
-        table = subprocess.run(["ps", "-eo", "pid,ppid,pgid,etimes,args"], capture_output=True,
-                               text=True).stdout
-        child.send_signal(signal.SIGABRT)
-        try:
-            out, err = child.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            out, err = child.communicate()
-        raise AssertionError(f"still running {seconds} s after the signal\n--- stdout:\n{out}"
-                             f"\n--- stderr:\n{err[-8000:]}\n--- processes:\n{table}") from None
-
-
 @pytest.mark.slow  # (a tuning run or a tuner in a subprocess: the slow step)
 @pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_prints_the_best_so_far_and_exits_with_its_status(tmp_path, sig, status):
     child = _tune_cli(tmp_path, "--budget", "100000", "--jobs", "1")
     _wait_for_an_entry(tmp_path / "tune.sqlite", child)
     child.send_signal(sig)
-    out, err = _communicate_or_dump(child)
+    out, err = communicate_or_dump(child)
     assert child.returncode == status, err
     assert out.startswith("best for tmm (K=32, M=64, N=128): ") and "interrupted" in out
     assert "Traceback" not in err
