@@ -163,6 +163,7 @@ def bench_layer(name: str, runs: int) -> dict:
 
 FIRST_CALL = """
 import sys, time
+import torch
 t0 = time.perf_counter()
 sys.path.insert(0, {bench!r})
 import torch_bench as b
@@ -172,7 +173,7 @@ t1 = time.perf_counter()
 out = layer(*args)
 (out if isinstance(out, torch.Tensor) else out[0]).sum().backward()
 print(time.perf_counter() - t1, t1 - t0)
-""".replace("import sys", "import sys, torch")
+"""
 
 
 def first_call(name: str) -> dict:

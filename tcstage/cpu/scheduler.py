@@ -213,8 +213,7 @@ def _row_local(structure, output: str) -> bool:
         return False
     computed = {f.name: f for f in funcs}
     for f in funcs:
-        if not f.args or (f.epilogue and f.family not in ("pointwise", "reduction")) or \
-                f.family not in ("pointwise", "reduction") or \
+        if not f.args or f.family not in ("pointwise", "reduction") or \
                 f.contraction or (f.family == "reduction" and (
                     f.operator not in ("add", "max", "min")
                     or not _along_rows(f, f.args[0], f.args[1] if len(f.args) > 1 else None,
@@ -265,9 +264,7 @@ def _fused_rows(structure, funcs, output: hl.Func, plan: _Plan) -> tuple[hl.Func
         own = plan.extents.get(f.name) or (1,) * len(f.args)
         where = f"per block of rows of {anchor.name()}"
         if f.family == "reduction":
-            order = _rvars_by_memory(f) if plan.row_vectors(f.name) else f.rvars
-            if order != f.rvars:  # (sums in another order: as any vectorised reduction does)
-                func.update(0).reorder(*[hl.RVar(r) for r in order], *_vars(f.args))
+            order = _in_memory_order(func, f) if plan.row_vectors(f.name) else f.rvars
             inner = order[0]
             vectorized = plan.row_vectors(f.name) and not func.type().is_bfloat() and \
                 (f.rvar_extents[f.rvars.index(inner)] or 1 << 20) >= lanes
@@ -1010,10 +1007,11 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
     # (An update Halide cannot prove associative keeps the register tiles below: serial rows
     # ran a softmax gradient's scalar exps 15% slower than the packed, vectorised tiles. So
     # does bfloat16, whose vector reductions Halide 21 gives LLVM with an integer intrinsic.)
+    r0 = _rvars_by_memory(info)[0]
     if plan.row_vectors(info.name) and info.operator in ("add", "mul", "max", "min") \
             and not f.type().is_bfloat() and (
-                _along_rows(info, p0, p1, _rvars_by_memory(info)[0]) or
-                (extents[0] or 1 << 20) * 2 < plan.lanes(f.type()) and _contiguous(info)):
+                _along_rows(info, p0, p1, r0) or
+                (extents[0] or 1 << 20) * 2 < plan.lanes(f.type()) and _contiguous(info, r0)):
         # (the second: an output too narrow to vectorise, summed along memory, a weight
         # gradient's d_W(f,c,kh,kw) +=! d_O(n,f,h,w) * I(n,c,h+kh,w+kw) over n, h, w, whose
         # register tiles ran one lane wide, along kw)
@@ -1151,11 +1149,10 @@ def _tile_rows(info: FuncInfo, vectors: int, rows_of) -> str:
     return best if loads(best) < 0.75 * loads(second) else second
 
 
-def _contiguous(info: FuncInfo) -> bool:
-    """Whether the reduction's innermost variable in memory (`_rvars_by_memory`) moves every
-    read that uses it along its innermost dimension only, one of them by one element: a loop
-    that vector loads serve (a stride-2 read costs Halide two loads and a shuffle)."""
-    r0 = _rvars_by_memory(info)[0]
+def _contiguous(info: FuncInfo, r0: str) -> bool:
+    """Whether the reduction variable `r0` (its innermost in memory: `_rvars_by_memory`) moves
+    every read that uses it along its innermost dimension only, one of them by one element: a
+    loop that vector loads serve (a stride-2 read costs Halide two loads and a shuffle)."""
     using = [r for r in info.reads if r.dims_using(r0)]
     return bool(using) and all(r.dims_using(r0) == (0,) for r in using) and \
         any(_unit_stride(r.args[0], r0) for r in using)
@@ -1212,10 +1209,19 @@ def _rvars_by_memory(info: FuncInfo) -> tuple[str, ...]:
                                                    info.rvars.index(v))))
 
 
+def _in_memory_order(f: hl.Func, info: FuncInfo) -> tuple[str, ...]:
+    """Reorders the reduction's loops by `_rvars_by_memory` (a float sum then adds in another
+    order, as any vectorised reduction does); returns that order."""
+    order = _rvars_by_memory(info)
+    if order != info.rvars:
+        f.update(0).reorder(*[hl.RVar(r) for r in order], *_vars(info.args))
+    return order
+
+
 def _row_reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan) -> str:
-    """Blocks of rows in parallel; each row's reduction loop vectorised, the vector folded
-    into the row's value at every step (Halide's atomic vectorisation, for an update Halide
-    proves associative; the order of a float sum changes, as with any vectorisation)."""
+    """Blocks of rows in parallel; each row's reduction loop vectorised in memory order, with
+    a vector of partial results per row (`_lane_partials`, for an update Halide proves
+    associative; the order of a float sum changes, as with any vectorisation)."""
     lanes = plan.lanes(f.type())
     block = 8
     x, xo, xi = hl.Var(info.args[0]), hl.Var(f"{info.args[0]}_o"), hl.Var(f"{info.args[0]}_i")
@@ -1226,9 +1232,7 @@ def _row_reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan) -> 
         anchor.parallel(outer[-1] if outer else xo)
     f.compute_at(anchor, xo)
     f.bound_storage(x, block)
-    order = _rvars_by_memory(info)
-    if order != info.rvars:  # (sums in another order: as any vectorised reduction does)
-        f.update(0).reorder(*[hl.RVar(r) for r in order], *_vars(info.args))
+    order = _in_memory_order(f, info)
     _lane_partials(f, info, order[0], lanes)
     for k in range(info.epilogue):
         f.update(1 + k).reorder(x, *outer)

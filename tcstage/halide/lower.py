@@ -167,7 +167,7 @@ def lower(fn: C.Function, ranges: FunctionRanges, scalars: Mapping[str, int] | N
             for k, d in enumerate(t.dims):
                 symbols[d] = p.dim(t.rank - 1 - k).extent()
     funcs: dict[str, hl.Func] = {}
-    pads: list[hl.Func] = []
+    pads: dict[tuple, hl.Func] = {}  # (tensor, padding value) -> its padded Func
     versions: dict[str, list[Version]] = {}
     listed: dict[str, int] = {}  # tensor -> its definitions in `order` so far
     read_by_others: set[str] = set()  # tensors whose current Func another Func reads
@@ -205,7 +205,7 @@ def lower(fn: C.Function, ranges: FunctionRanges, scalars: Mapping[str, int] | N
             f = view
         outputs.append(f)
     return Lowered(fn, ranges, params, inout_params, funcs, outputs, order, var_names,
-                   versions, tuple(pads))
+                   versions, tuple(pads.values()))
 
 
 def _count_definitions(f: hl.Func) -> int:
@@ -282,14 +282,14 @@ def _combine(op: str, a: hl.Expr, b: hl.Expr) -> hl.Expr:
 
 def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, inout_params,
                      funcs, symbols, partial: list[str], fresh: bool, cpu: bool = False,
-                     pads: list | None = None) -> tuple[dict[str, str], frozenset]:
+                     pads: dict | None = None) -> tuple[dict[str, str], frozenset]:
     """Adds the statement's definitions to its tensor's Func (`fresh`: a Func without
     definitions yet). Left-hand variables that cover the whole tensor stay pure (parallel)
     Vars; the `partial` ones are RDom variables limited to the statement's range. Returns the
-    Halide names of its RDom variables -> their TC names, and the tensors it reads. `pads`
-    gets the Funcs it makes for padded inputs (CPU)."""
+    Halide names of its RDom variables -> their TC names, and the tensors it reads. `pads`:
+    the padded inputs' Funcs by (tensor, padding value), shared by the statements (CPU)."""
     tensor = fn.tensors[st.tensor]
-    pads = [] if pads is None else pads
+    pads = {} if pads is None else pads
 
     def tree(t: Tree) -> hl.Expr:
         return tree_to_expr(t, symbols)
@@ -355,7 +355,8 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
         return tree(ranges.tensors[d.tensor].extents[d.dim])
 
     def padded(p: C.Padded, args: list[hl.Expr], value: hl.Expr) -> hl.Expr:
-        """`T(args) ?? value`: Halide's constant_exterior, spelled as the select it makes (a
+        """`T(args) ?? value`: on the CPU, for an input and a constant value, a read of T's
+        padded Func; else Halide's constant_exterior spelled as the select it makes (a
         guarded read of T with its subscripts clamped into T), so that the Func reads T
         itself and the polyhedral model sees the guard."""
         b = ranges.tensors[p.read.tensor]
@@ -368,15 +369,18 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
             # vectors without a select and clamped (gathered) lanes per element (a padded
             # convolution ran 8x slower than the same one without `??`).
             source = params[p.read.tensor]
-            exterior = hl.BoundaryConditions.constant_exterior(
-                source, hl.cast(source.type(), value), _halide_order(
-                    [hl.Range(tree(b.mins[k]), tree(b.extents[k]))
-                     for k in range(len(p.read.args))]))
-            pad = hl.Func(f"{p.read.tensor}_padded")  # (a name the schedule's report can use)
-            dims = [hl.Var(f"{p.read.tensor}_{d}") for d in reversed(range(len(p.read.args)))]
-            pad[dims] = exterior[dims]
+            key = (p.read.tensor, str(solver.simplify(value)))
+            if key not in pads:  # (one padded copy however many statements read it)
+                exterior = hl.BoundaryConditions.constant_exterior(
+                    source, hl.cast(source.type(), value), _halide_order(
+                        [hl.Range(tree(b.mins[k]), tree(b.extents[k]))
+                         for k in range(len(p.read.args))]))
+                pad = pads[key] = hl.Func(f"{p.read.tensor}_padded")  # (a name for reports)
+                dims = [hl.Var(f"{p.read.tensor}_{d}")
+                        for d in reversed(range(len(p.read.args)))]
+                pad[dims] = exterior[dims]
+            pad = pads[key]
             read_tensors[pad.name()] = p.read.tensor
-            pads.append(pad)
             return _load(pad[_halide_order([_simplified(x, variables) for x in args])],
                          fn.tensors[p.read.tensor].type)
         tested, inside = set(), None
