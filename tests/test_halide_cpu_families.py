@@ -450,3 +450,125 @@ def test_a_strided_view_read_by_several_line_buffers_is_stored():
     assert f.last_cpu_kernel.schedule == "tcstage", text
     assert "planes: a view, inlined" not in text, text
     assert "planes: strip root" in text, text
+
+
+def log_step_scan_window():
+    """max_filter's structure, smaller: a scan down columns whose slice t holds the maximum of
+    rows y .. y + (0, 1, 3), a Func of one more dimension than the output reading it at its
+    own column, and a window along columns reading that Func's slice by the tap."""
+    inp = hl.ImageParam(hl.Float(32), 3, "inp")
+    t = hl.Var("t")
+    edge = hl.BoundaryConditions.repeat_edge(inp)
+    scan = hl.Func("scan")
+    scan[x, y, c, t] = edge[x, y, c]
+    r = hl.RDom([(0, inp.height()), (1, 2)], "r")
+    scan[x, r.x, c, r.y] = hl.max(scan[x, r.x, c, r.y - 1], scan[x, r.x + r.y, c, r.y - 1])
+    pairs = hl.Func("pairs")
+    pairs[x, y, c, t] = hl.max(scan[x, y, c, t], scan[x, y + 1, c, t])
+    dx = hl.RDom([(-2, 5)], "dx")
+    out = hl.Func("out")
+    out[x, y, c] = hl.sum(pairs[x + dx.x, y, c, hl.clamp(hl.i32(hl.abs(dx.x)), 0, 2)])
+    return out
+
+
+def log_step_scan_window_reference(a):
+    ch, h, w = a.shape
+    rows = np.concatenate([a, np.repeat(a[:, -1:], 3, axis=1)], axis=1)  # rows past h repeat
+    slices = [rows]
+    for t in (1, 2):
+        s = rows.copy()
+        s[:, :h] = np.maximum(slices[-1][:, :h], slices[-1][:, t:h + t])
+        slices.append(s)
+    cols = np.arange(w)
+    out = np.zeros(a.shape, np.float64)
+    for d in range(-2, 3):
+        s = slices[min(abs(d), 2)]
+        pairs = np.maximum(s[:, :h], s[:, 1:h + 1])
+        out += pairs[:, :, np.clip(cols + d, 0, w - 1)]
+    return out
+
+
+@pytest.mark.parametrize("shape", [(3, 37, 263), (2, 11, 29), (1, 5, 300)])
+def test_a_scan_down_columns_is_computed_per_column_strip_of_its_reader(shape):
+    f = tc.from_halide(log_step_scan_window(), name="log_scan")
+    a = rng.random(shape, dtype=np.float32)
+    np.testing.assert_allclose(f(a, output_shape=shape), log_step_scan_window_reference(a),
+                               rtol=1e-6, atol=1e-6)
+    text = f.explain(a, output_shape=shape)
+    assert f.last_cpu_kernel.schedule == "tcstage", text
+    width = min(256, shape[2])
+    assert f"out: strip root, x in parallel strips of {width} columns (one per c too)" in text
+    assert "scan: a scan, computed per strip of out's columns, its updates in vectors" in text
+    assert "pairs: computed per row of out's column strips" in text
+    assert "held at" not in text  # (its channels are tasks, not unrolled in each vector)
+
+
+def clamped_min_filter():
+    """erode's structure: a 5-wide minimum along x, then along y, of an input read through
+    explicit clamps (no `likely`)."""
+    inp = hl.ImageParam(hl.UInt(8), 3, "inp")
+    edge = hl.Func("edge")
+    edge[x, y, c] = inp[hl.clamp(x, 0, inp.width() - 1), hl.clamp(y, 0, inp.height() - 1), c]
+    along_x = hl.Func("along_x")
+    along_x[x, y, c] = hl.min(hl.min(hl.min(edge[x - 2, y, c], edge[x - 1, y, c]),
+                                     hl.min(edge[x, y, c], edge[x + 1, y, c])), edge[x + 2, y, c])
+    out = hl.Func("out")
+    out[x, y, c] = hl.min(hl.min(hl.min(along_x[x, y - 2, c], along_x[x, y - 1, c]),
+                                 hl.min(along_x[x, y, c], along_x[x, y + 1, c])),
+                          along_x[x, y + 2, c])
+    return out
+
+
+@pytest.mark.parametrize("shape", [(3, 41, 131), (1, 7, 5), (2, 67, 257)])
+def test_a_clamped_view_read_at_several_columns_is_a_line_buffer(shape):
+    # Inlined, each of the five taps' vectors would be a gather through the clamps.
+    f = tc.from_halide(clamped_min_filter(), name="clamped_min")
+    a = rng.integers(0, 256, size=shape, dtype=np.uint8)
+    p = np.pad(a, ((0, 0), (2, 2), (2, 2)), mode="edge")
+    h, w = shape[1:]
+    along_x = np.min([p[:, :, d:d + w] for d in range(5)], axis=0)
+    want = np.min([along_x[:, d:d + h] for d in range(5)], axis=0)
+    np.testing.assert_array_equal(f(a, output_shape=shape), want)
+    text = f.explain(a, output_shape=shape)
+    assert f.last_cpu_kernel.schedule == "tcstage", text
+    assert "edge: pointwise, a line buffer of out's strips, 2 deep" in text
+
+
+def test_a_view_read_at_its_own_column_stays_inlined():
+    inp = hl.ImageParam(hl.Float(32), 2, "inp")
+    edge = hl.BoundaryConditions.repeat_edge(inp)
+    out = hl.Func("out")
+    out[x, y] = edge[x, y - 1] + 2 * edge[x, y] + edge[x, y + 1]
+    f = tc.from_halide(out, name="vertical")
+    a = rng.random((37, 53), dtype=np.float32)
+    p = np.pad(a.astype(np.float64), ((1, 1), (0, 0)), mode="edge")
+    np.testing.assert_allclose(f(a, output_shape=a.shape, schedule="tcstage"),
+                               p[:-2] + 2 * p[1:-1] + p[2:], rtol=1e-6)
+    assert "repeat_edge: a view, inlined into its readers" in \
+        f.explain(a, output_shape=a.shape, schedule="tcstage")
+
+
+@pytest.mark.parametrize("batch", [5, 4])
+def test_a_batch_that_does_not_share_out_evenly_is_fused_with_the_rows(batch):
+    # conv_layer's 5 images on 2 cores kept one idle a sixth of the time: the parallel loop
+    # takes the rows in too, where the batch alone does not share out among the threads.
+    import os
+    inp = hl.ImageParam(hl.Float(32), 4, "inp")  # (ci, x, y, n)
+    wts = hl.ImageParam(hl.Float(32), 2, "wts")  # (co, ci)
+    n = hl.Var("n")
+    r = hl.RDom([(0, inp.dim(0).extent())], "r")
+    out = hl.Func("out")
+    out[c, x, y, n] = hl.f32(0)
+    out[c, x, y, n] += wts[c, r.x] * inp[r.x, x, y, n]
+    f = tc.from_halide(out, name="pointwise_conv")
+    a = rng.standard_normal((batch, 6, 7, 24)).astype(np.float32)  # (n, y, x, ci)
+    w = rng.standard_normal((24, 32)).astype(np.float32)  # (ci, co)
+    shape = (batch, 6, 7, 32)
+    np.testing.assert_allclose(f(a, w, output_shape=shape),
+                               np.einsum("nyxi,io->nyxo", a.astype(np.float64), w), rtol=1e-4,
+                               atol=1e-4)
+    text = f.explain(a, w, output_shape=shape)
+    threads = os.cpu_count() or 1
+    even = batch % threads == 0 or batch / (threads * -(-batch // threads)) >= 0.9
+    assert ("; n in parallel" in text) == even, text
+    assert ("_n in parallel" in text) == (not even), text

@@ -532,11 +532,16 @@ class HalideFunction:
             # as a pyramid's levels: interpolate 1.05-1.2x its manual schedule, against 1.8x
             # with Mullapudi2016; passes read at their own rates by several groups,
             # local_laplacian's or bilateral_grid's, Mullapudi2016 tiles and fuses better)
+            # (scans down columns that an output's column strips compute per strip, and the
+            # Funcs between, computed per row of a strip: max_filter's)
+            by_columns = {n for scan, between in plan.column_strips.values()
+                          for n in (scan, *between)}
             passes = set(plan.roots) - (outputs | set(plan.deep) | set(plan.tables) | windows
-                                        | read_by_others)
-            return bool(plan.members or plan.transposers) and (
+                                        | read_by_others | by_columns)
+            # (a boundary condition in a line buffer, `_clamps_column`, alone makes no group)
+            return bool(set(plan.members) - set(plan.clamped) or plan.transposers) and (
                 len(passes) <= 1 or all(downsamples(structure, p) for p in passes)) and \
-                set(plan.once) <= set(plan.tables) | set(plan.scans_at)
+                set(plan.once) <= set(plan.tables) | set(plan.scans_at) | by_columns
         return "other" not in {f.family for f in structure.funcs} and \
             any(f.contraction for f in structure.funcs)
 
