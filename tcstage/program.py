@@ -487,7 +487,7 @@ def _fast_key(args) -> tuple | None:
             key.append((type(a), a))
         else:
             torch = torch or _torch()
-            if torch is None or type(a) is not torch.Tensor or a.device.type != "cpu" or \
+            if torch is None or type(a) is not torch.Tensor or not a.is_cpu or \
                     a.layout != torch.strided or a.is_conj() or a.is_neg() or \
                     a.data_ptr() % a.element_size():
                 return None
@@ -531,7 +531,8 @@ class _FastCall:
 
 def _tensor_view(tensor) -> np.ndarray:
     """A numpy view of a dense CPU tensor's memory (bfloat16 through its bits)."""
-    tensor = tensor.detach()
+    if tensor.requires_grad:  # (numpy() refuses it; detach() costs more than the test)
+        tensor = tensor.detach()
     if tensor.dtype is _torch().bfloat16:
         return tensor.view(_torch().int16).numpy().view(_BFLOAT16)
     return tensor.numpy()
@@ -554,7 +555,7 @@ def _torch_aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
     raw = torch.empty(nbytes + alignment, dtype=torch.uint8)
     start = (-raw.data_ptr()) % alignment
-    return raw[start:start + nbytes].numpy().view(dtype).reshape(shape)
+    return raw.numpy()[start:start + nbytes].view(dtype).reshape(shape)
 
 
 def _torch():

@@ -540,3 +540,48 @@ def test_the_index_check_can_be_skipped(lut2):
         assert O1.shape == (3, 4)
     finally:
         lut2.check_indices = True
+
+
+def test_plain_eager_calls_skip_the_dispatcher_and_every_mode_still_sees_the_operator(tmm):
+    """A plain eager call (CPU tensors, nothing recording a graph, no mode) runs the operator's
+    implementation directly; under a dispatch mode, the profiler or autograd it goes through
+    the operator, as any other."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    a, b = torch.randn(5, 7), torch.randn(3, 7)
+    want = torch.einsum("mk,nk->mn", a, b)
+    torch.testing.assert_close(tmm(a, b), want)
+
+    class Log(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Log() as log:
+        torch.testing.assert_close(tmm(a, b), want)
+    assert any(o.startswith(f"tcstage.{tmm.op_name}") for o in log.ops), log.ops
+    with torch.profiler.profile() as prof:
+        tmm(a, b)
+    assert any(tmm.op_name in e.name for e in prof.events())
+    # a graph for autograd: through the operator, whose gradient is PyTorch's
+    a.requires_grad_(True)
+    out = tmm(a, b)
+    assert out.grad_fn is not None
+    out.sum().backward()
+    torch.testing.assert_close(a.grad, b.sum(0).expand(5, 7))
+    with torch.no_grad():  # (nothing recorded: direct again)
+        assert tmm(a, b).grad_fn is None
+
+
+def test_a_call_with_other_argument_types_is_checked_again(tmm):
+    a, b = torch.randn(5, 7), torch.randn(3, 7)
+    tmm(a, b)
+    with pytest.raises(tc.TCArgumentError, match="expects B as a torch.Tensor, got float"):
+        tmm(a, 1.0)
+    with pytest.raises(tc.TCArgumentError, match="takes 2 inputs"):
+        tmm(a)
+    tmm(a, b)
