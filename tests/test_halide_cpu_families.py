@@ -572,3 +572,46 @@ def test_a_batch_that_does_not_share_out_evenly_is_fused_with_the_rows(batch):
     even = batch % threads == 0 or batch / (threads * -(-batch // threads)) >= 0.9
     assert ("; n in parallel" in text) == even, text
     assert ("_n in parallel" in text) == (not even), text
+
+
+def channels_last_conv():
+    """conv_layer's structure: out(co, x, y) = sum over ci, kx, ky of
+    filter(co, kx, ky, ci) * inp(ci, x + kx, y + ky); the filter's ci, which the reduction
+    steps innermost, is its outermost dimension."""
+    inp = hl.ImageParam(hl.Float(32), 3, "inp")
+    wts = hl.ImageParam(hl.Float(32), 4, "wts")
+    r = hl.RDom([(0, inp.dim(0).extent()), (0, 3), (0, 3)], "r")
+    out = hl.Func("out")
+    out[c, x, y] = hl.f32(0)
+    out[c, x, y] += wts[c, r.y, r.z, r.x] * inp[r.x, x + r.y, y + r.z]
+    return out
+
+
+@pytest.mark.parametrize("size", [(13, 9, 7, 37), (32, 11, 5, 64)])
+def test_a_filter_stepped_far_apart_is_copied_once_into_the_reductions_order(size):
+    ci, w, h, co = size
+    f = tc.from_halide(channels_last_conv(), name="nhwc_conv")
+    a = rng.standard_normal((h + 2, w + 2, ci)).astype(np.float32)  # (y, x, ci)
+    k = rng.standard_normal((ci, 3, 3, co)).astype(np.float32)  # [ci, ky, kx, co]
+    want = sum(np.einsum("yxi,io->yxo", a[j:j + h, i:i + w].astype(np.float64), k[:, j, i])
+               for j in range(3) for i in range(3))
+    np.testing.assert_allclose(f(a, k, output_shape=(h, w, co)), want, rtol=1e-4, atol=1e-4)
+    text = f.explain(a, k, output_shape=(h, w, co))
+    assert f.last_cpu_kernel.schedule == "tcstage", text
+    assert "wts_im copied once into the reduction's order" in text, text
+
+
+def test_a_panel_already_in_the_reductions_order_is_read_in_place():
+    # out(n, m) = sum over k of b(n, k) * a(k, m): b's k is the dimension after n already
+    a_in = hl.ImageParam(hl.Float(32), 2, "a_in")
+    b_in = hl.ImageParam(hl.Float(32), 3, "b_in")
+    r = hl.RDom([(0, a_in.dim(0).extent())], "r")
+    out = hl.Func("out")
+    out[x, y] = hl.f32(0)
+    out[x, y] += b_in[x, r.x, 0] * a_in[r.x, y]
+    f = tc.from_halide(out, name="gemm3")
+    a = rng.standard_normal((19, 23)).astype(np.float32)  # (m, k)
+    b = rng.standard_normal((1, 23, 40)).astype(np.float32)  # (0, k, n)
+    np.testing.assert_allclose(f(a, b, output_shape=(19, 40)), a.astype(np.float64) @ b[0],
+                               rtol=1e-4, atol=1e-4)
+    assert "reduction's order" not in f.explain(a, b, output_shape=(19, 40))
