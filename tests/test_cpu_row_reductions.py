@@ -177,7 +177,8 @@ def test_group_norm_sums_its_groups_in_memory_order(shape):
 def test_a_weight_gradient_sums_along_memory_in_vectors():
     """d_Wt(f,c,kh,kw) +=! d_O(n,f,h,w) * (I(n,c,h+kh-1,w+kw-1) ?? 0): an output too narrow
     to vectorise (kw has 3 points) summed over n, h, w. Its register tiles ran one lane wide;
-    it now sums along w, contiguous in both reads, in vectors. Against numpy on np.pad."""
+    it now sums along w, contiguous in both reads, in vectors of partial sums, one per tap and
+    output channel of a tile (4 channels here, all there are). Against numpy on np.pad."""
     grad = tc.define(tc.gradient(LAYERS, "padconv")).padconv_grad
     I, Wt, dO = f32(2, 5, 9, 37), f32(4, 5, 3, 3), f32(2, 4, 9, 37)
     dI, dWt = grad(I, Wt, dO, dO)  # (O, the forward's output, is not read)
@@ -193,4 +194,30 @@ def test_a_weight_gradient_sums_along_memory_in_vectors():
     np.testing.assert_allclose(dI, want_dI, rtol=1e-4, atol=1e-3)
     lines = {line.split(":")[0].strip().split("$")[0]: line
              for line in grad.explain(I, Wt, dO, dO).splitlines()[1:]}
-    assert "in vectors of" in lines["d_Wt"], lines
+    assert "tiles of 3 x 4 of f, each point a vector of partial sums along" in lines["d_Wt"], \
+        lines
+
+
+WGRAD = """
+def wgrad(float(N,F,H,W) dO, float(N,C,H,W) I) -> (dW) {
+  dW(f,c,kh,kw) +=! dO(n,f,h,w) * (I(n,c,h+kh-1,w+kw-1) ?? 0) where kh in 0:3, kw in 0:3
+}"""
+
+
+@pytest.mark.parametrize("N, C, F, H, W", [(3, 5, 11, 7, 37), (1, 2, 1, 3, 3), (2, 3, 17, 5, 2)])
+def test_a_weight_gradient_shares_its_loads_across_a_tile_of_taps_and_channels(N, C, F, H, W):
+    """Each point of a tile (3 taps x up to 8 output channels) keeps a vector of partial sums
+    along w in registers: one load of dO serves the three taps, one of I every channel. At
+    prime sizes (the last tile of channels partial), and narrower than a vector."""
+    fn = tc.define(WGRAD).wgrad
+    dO, I = f32(N, F, H, W), f32(N, C, H, W)
+    P = np.pad(I.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = np.zeros((F, C, 3, 3))
+    for kh in range(3):
+        for kw in range(3):
+            want[:, :, kh, kw] = np.einsum("nfhw,nchw->fc", dO, P[:, :, kh:kh + H, kw:kw + W])
+    np.testing.assert_allclose(fn(dO, I), want, rtol=1e-4, atol=1e-4)
+    text = fn.explain(dO, I)
+    rows = min(8, F) if F > 1 else 3  # (one output channel: the rows go along kh instead)
+    assert f"tiles of 3 x {rows} of {'f' if F > 1 else 'kh'}, each point a vector of partial " \
+        "sums along" in text, text
