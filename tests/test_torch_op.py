@@ -585,3 +585,15 @@ def test_a_call_with_other_argument_types_is_checked_again(tmm):
     with pytest.raises(tc.TCArgumentError, match="takes 2 inputs"):
         tmm(a)
     tmm(a, b)
+
+
+def test_a_scalar_output_reaches_the_backward_operator_as_a_number():
+    """A 0-dimensional output (a loss) is a scalar input of the backward TC: its tensor is the
+    dispatcher's to convert, so that call goes through the operator even in plain eager mode
+    (cross-entropy's gradient failed when it did not)."""
+    layer = tct.op("def sumsq(float(N) X) -> (S) { S +=! X(i) * X(i) }", "sumsq")
+    x = torch.randn(37, requires_grad=True)
+    loss = layer(x)
+    torch.testing.assert_close(loss, (x.detach() ** 2).sum())
+    loss.backward()
+    torch.testing.assert_close(x.grad, 2 * x.detach())

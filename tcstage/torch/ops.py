@@ -168,6 +168,7 @@ class TCOp:
         self._index_reads: dict[int, tuple] = {}
         self._cpu_calls: dict[tuple, tuple] = {}  # _fast_key -> (program._FastCall, has reads)
         self._checked_types: set[tuple] = set()  # argument types of calls _check_call passed
+        self._scalars = [not (t.rank or t.name in self.runs) for t in self.checked.inputs]
         inout = [o for o in self.checked.outputs if self.checked.tensors[o].inout]
         if inout:
             raise TCError(f"output '{inout[0]}' of '{name}' starts from the caller's values (it "
@@ -206,7 +207,10 @@ class TCOp:
         duals = _duals(args, kwargs)
         if duals is not None:
             return self._forward_mode(args, kwargs, duals)
-        if not kwargs and _dispatcher_adds_nothing(args):
+        if not kwargs and _dispatcher_adds_nothing(args) and not any(
+                scalar and isinstance(a, torch.Tensor) for a, scalar in zip(args, self._scalars)):
+            # (a 0-dimensional tensor for a number, a scalar output passed to the backward
+            # operator, is the dispatcher's to convert)
             return self._run(*args)
         return self.custom_op(*args, **kwargs)
 
