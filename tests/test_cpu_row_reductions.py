@@ -221,3 +221,20 @@ def test_a_weight_gradient_shares_its_loads_across_a_tile_of_taps_and_channels(N
     rows = min(8, F) if F > 1 else 3  # (one output channel: the rows go along kh instead)
     assert f"tiles of 3 x {rows} of {'f' if F > 1 else 'kh'}, each point a vector of partial " \
         "sums along" in text, text
+
+
+def test_tap_tiles_serve_calls_with_more_taps_than_planned():
+    """A kernel serves other sizes: planned where p0 (the taps) is narrow, called where it is
+    wider, its tiles repeat along p0 instead of overflowing one fixed-size tile (a batched
+    matrix product's gradient in examples/any_rank_torch.py ran unscheduled, with a warning,
+    when they did not). Every call checked against numpy, and none may fall back."""
+    import warnings
+    mm = "def mm(float(D,I,K) A, float(D,K,J) B) -> (C) { C(d,i,j) +=! A(d,i,k) * B(d,k,j) }"
+    fn = tc.define(tc.gradient(mm, "mm")).mm_grad
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tc.TCWarning)
+        for d, i, j, k in [(32, 6, 8, 8), (32, 6, 8, 6), (3, 5, 17, 7), (32, 6, 6, 3), (2, 7, 19, 13)]:
+            a, b, dc = f32(d, i, k), f32(d, k, j), f32(d, i, j)
+            da, db = fn(a, b, a @ b, dc)
+            np.testing.assert_allclose(da, dc @ b.transpose(0, 2, 1), rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(db, a.transpose(0, 2, 1) @ dc, rtol=1e-4, atol=1e-4)

@@ -1460,14 +1460,18 @@ def _tap_tiles(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, q: str,
     p0, r0 = info.args[0], order[0]
     rest = [a for a in info.args[1:] if a != q]
     x, qv = hl.Var(p0), hl.Var(q)
-    qo, qi = hl.Var(f"{q}_o"), hl.Var(f"{q}_i")
-    anchor.split(qv, qo, qi, rows, hl.TailStrategy.GuardWithIf)
-    anchor.reorder(x, qi, *_vars(rest), qo)
-    loops = [*_vars(rest), qo]
-    level = loops[0]
+    xo, xi, qo, qi = hl.Var(f"{p0}_o"), hl.Var(f"{p0}_i"), hl.Var(f"{q}_o"), hl.Var(f"{q}_i")
+    # (p0 split too, though the plan's tile spans it: a call with more taps than planned
+    # gets more tiles, where one fixed-size tile would not hold them)
+    guard = hl.TailStrategy.GuardWithIf
+    anchor.split(x, xo, xi, taps, guard).split(qv, qo, qi, rows, guard)
+    anchor.reorder(xi, qi, xo, *_vars(rest), qo)
+    loops = [xo, *_vars(rest), qo]
+    level = xo
     if plan.schedule.parallel_outer:
         ext = dict(zip(info.args, plan.extents.get(info.name) or (1 << 20,) * len(info.args)))
-        trips = [ext[a] or 1 << 20 for a in rest] + [math.ceil((ext[q] or 1 << 20) / rows)]
+        trips = [math.ceil((ext[p0] or 1 << 20) / taps)] + [ext[a] or 1 << 20 for a in rest] \
+            + [math.ceil((ext[q] or 1 << 20) / rows)]
         outer = _balanced(anchor, loops, trips, 1, plan.threads)
         anchor.parallel(outer)
     f.compute_at(anchor, level)
@@ -1480,7 +1484,6 @@ def _tap_tiles(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, q: str,
     # vectors in registers)
     partials.bound_storage(x, taps).bound_storage(qv, rows)
     partials.reorder_storage(lane, x, qv, *_vars(rest))  # (rfactor puts the lane outermost)
-    guard = hl.TailStrategy.GuardWithIf
     partials.reorder(lane, x, qv, *_vars(rest))
     partials.update(0).reorder(lane, x, qv, r_out, *[hl.RVar(r) for r in order[1:]],
                                *_vars(rest))
