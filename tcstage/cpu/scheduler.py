@@ -780,7 +780,7 @@ def _stencil_schedule(structure, funcs: Mapping[str, hl.Func], outputs: set[str]
     strips: dict[str, hl.Var] = {}
     row_loops: dict[str, hl.Var] = {}  # a root -> the loop its line buffers are computed at
     scans_at = dict(stencils.scans_at)
-    between = {r: root for root, (_, rs) in stencils.column_strips.items() for r in rs}
+    between = {r for _, rs in stencils.column_strips.values() for r in rs}
     for name in stencils.roots:
         if name in between:
             continue  # (computed per row of the root whose column strips read them, below)
@@ -874,7 +874,6 @@ def _column_strips(f: hl.Func, info: FuncInfo, plan: _Plan) -> tuple[hl.Var, hl.
     xo, xi = hl.Var(f"{x.name()}_strip"), hl.Var(f"{x.name()}_i")
     width = min(COLUMN_STRIP, extents[0] if extents else COLUMN_STRIP)
     f.compute_root()
-    strip = xo
     stages = [f] + [f.update(j) for j in range(info.epilogue + (info.family == "reduction"))]
     for k, stage in enumerate(stages):
         # (the definition may recompute columns at the edges; updates may not)
@@ -1149,8 +1148,8 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
             return max(1, min(TAP_ROWS, plan.accumulators() // taps, extent[q] or 1 << 20))
 
         # (a sum along a few constant points, a pooling window's, has no vector to fill)
-        short = info.rvar_extents[info.rvars.index(r0)] not in (None,) and \
-            info.rvar_extents[info.rvars.index(r0)] < plan.lanes(f.type())
+        r0_extent = info.rvar_extents[info.rvars.index(r0)]  # (None: not a constant)
+        short = r0_extent is not None and r0_extent < plan.lanes(f.type())
         q = None if _along_rows(info, p0, p1, r0) or p1 is None or short or taps < 1 else \
             _tap_rows(info, r0, taps, rows_of)
         if q is not None:
@@ -1210,11 +1209,11 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
         anchor.vectorize(xi, lanes)
     loops = [*tile_loops, *_vars(outer)]
     if s.parallel_outer:
-        trips = [math.ceil((extents[0] or 1 << 20) / width)] if p1 is None else \
-            [math.ceil((extents[0] or 1 << 20) / width), math.ceil((extent[p1] or 1 << 20) / rows)]
-        if p1 is not None and tile_loops[0] is yo:
-            trips.reverse()
-        trips += [extent[a] or 1 << 20 for a in outer]
+        trip = {xo.name(): math.ceil((extents[0] or 1 << 20) / width),
+                **{a: extent[a] or 1 << 20 for a in outer}}
+        if p1 is not None:
+            trip[yo.name()] = math.ceil((extent[p1] or 1 << 20) / rows)
+        trips = [trip[v.name()] for v in loops]
         # (the loops others are computed at, the tile's and a packed panel's, stay whole)
         kept = len(loops) if info.name in plan.loops_kept else \
             1 + (bool(packs) and not packed_whole)

@@ -207,10 +207,7 @@ class TCOp:
         duals = _duals(args, kwargs)
         if duals is not None:
             return self._forward_mode(args, kwargs, duals)
-        if not kwargs and _dispatcher_adds_nothing(args) and not any(
-                scalar and isinstance(a, torch.Tensor) for a, scalar in zip(args, self._scalars)):
-            # (a 0-dimensional tensor for a number, a scalar output passed to the backward
-            # operator, is the dispatcher's to convert)
+        if not kwargs and _dispatcher_adds_nothing(args, self._scalars):
             return self._run(*args)
         return self.custom_op(*args, **kwargs)
 
@@ -519,11 +516,13 @@ def _derivative_op(forward: TCOp, source: str, name: str, role: str) -> TCOp:
         return existing
 
 
-def _dispatcher_adds_nothing(args) -> bool:
+def _dispatcher_adds_nothing(args, scalars) -> bool:
     """Whether PyTorch's dispatcher would do nothing for this call but run the operator's CPU
     implementation: eager mode (no torch.compile, export, jit tracing, functorch transform,
     dispatch or function mode, profiler), plain CPU tensors, none of them recording a graph
-    for autograd. Such a call runs the implementation directly: the dispatch of a
+    for autograd, and none where the schema (`scalars`: per parameter, whether it is a number)
+    takes a number (a 0-dimensional tensor, a loss passed to its backward operator, is the
+    dispatcher's to convert). Such a call runs the implementation directly: the dispatch of a
     torch.library custom op costs about 8 us, as much as the rest of a small call. Anything
     else goes through the operator, so every mode and transform sees it."""
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or \
@@ -532,9 +531,9 @@ def _dispatcher_adds_nothing(args) -> bool:
             torch.autograd._profiler_enabled() or torch._C._get_tracing_state() is not None:
         return False
     grad = torch.is_grad_enabled()
-    for a in args:
+    for a, scalar in zip(args, scalars):
         if type(a) is torch.Tensor:
-            if not a.is_cpu or grad and a.requires_grad:
+            if scalar or not a.is_cpu or grad and a.requires_grad:
                 return False
         elif isinstance(a, torch.Tensor):  # (a subclass: a Parameter, a fake or traced one)
             return False
