@@ -11,10 +11,11 @@ it), the target, the Halide version and a digest of tcstage's own code, so that 
 the compiler compiles afresh.
 
 Every library links against one Halide runtime library of the same cache and target (built with
-`compile_standalone_runtime`), loaded once: one thread pool, and one error handler, which turns
-a failed check into a `RuntimeError` with Halide's message, as the JIT's `HalideError` carries
-it. A pipeline is called through its `<name>_argv` entry point (`AotPipeline`), with the same
-arguments a JIT Callable takes: scalars, then `hl.Buffer`s.
+`compile_standalone_runtime`), loaded once: one error handler, which turns a failed check into a
+`RuntimeError` with Halide's message, as the JIT's `HalideError` carries it, and one thread pool,
+pool.c's (its workers spin a while between parallel loops where Halide's sleep at once). A
+pipeline is called through its `<name>_argv` entry point (`AotPipeline`), with the same arguments
+a JIT Callable takes: scalars, then `hl.Buffer`s.
 
 TCSTAGE_CPU_CACHE=0 turns the disk cache off (the JIT compiles in-process, as before).
 """
@@ -66,7 +67,7 @@ def _code_digest() -> str:
     h = hashlib.sha256(importlib.metadata.version("halide").encode())
     package = pathlib.Path(__file__).resolve().parent.parent
     for path in sorted(package.rglob("*")):
-        if path.suffix in (".py", ".so", ".h", ".cpp") and path.is_file():
+        if path.suffix in (".py", ".so", ".h", ".c", ".cpp") and path.is_file():
             h.update(str(path.relative_to(package)).encode())
             h.update(path.read_bytes())
     return h.hexdigest()
@@ -118,6 +119,34 @@ def _record_error(_user_context, message) -> None:
 
 
 _runtimes: dict[str, tuple[ctypes.CDLL, str]] = {}
+POOL_SOURCE = pathlib.Path(__file__).with_name("pool.c")
+DEFAULT_SPIN_US = 1000
+
+
+def pool_threads() -> int:
+    """The threads a parallel loop runs on: $HL_NUM_THREADS, as for Halide's own pool, else
+    the cores this process may use."""
+    value = os.environ.get("HL_NUM_THREADS", "")
+    try:
+        return max(1, int(value))
+    except ValueError:
+        if value:
+            warn(f"HL_NUM_THREADS={value!r} is not a whole number: using every core")
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else os.cpu_count() or 1
+
+
+def pool_spin_us() -> int:
+    """How long an idle worker spins before it sleeps (microseconds): $TCSTAGE_SPIN_US, else
+    DEFAULT_SPIN_US (pool.c says why it spins)."""
+    value = os.environ.get("TCSTAGE_SPIN_US", "")
+    try:
+        return max(0, int(value))
+    except ValueError:
+        if value:
+            warn(f"TCSTAGE_SPIN_US={value!r} is not a whole number of microseconds: using "
+                 f"{DEFAULT_SPIN_US}")
+        return DEFAULT_SPIN_US
 
 
 def _runtime(directory: str, target: hl.Target) -> str:
@@ -127,11 +156,12 @@ def _runtime(directory: str, target: hl.Target) -> str:
     directory = os.path.realpath(directory)
     if directory not in _runtimes:
         path = _build(directory, name, lambda obj: hl.compile_standalone_runtime(obj, target),
-                      [f"-Wl,-soname,{name}.so"])
+                      [f"-Wl,-soname,{name}.so", "-O2", "-fPIC", str(POOL_SOURCE)])
         # (loaded by its path before any pipeline, so theirs resolves to this one)
         lib = ctypes.CDLL(path)
         lib.halide_set_error_handler.restype = ctypes.c_void_p
         lib.halide_set_error_handler(_record_error)
+        lib.tcstage_pool_install(pool_threads(), pool_spin_us())
         _runtimes[directory] = (lib, name)
     return _runtimes[directory][1]
 

@@ -1,0 +1,130 @@
+"""tcstage's thread pool for cached CPU kernels (tcstage/halide/pool.c): the parallel loops of
+every kernel run on its workers, which spin a while between loops. Checked here: results
+against numpy with the workers helping, in a forked child, from several Python threads at once;
+$HL_NUM_THREADS sets the threads, and a bad value of it or of $TCSTAGE_SPIN_US warns."""
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import tcstage as tc
+from tcstage.halide import aot
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCALE = "def scale(float(N,C) X, float(C) w) -> (Y) { Y(n,c) = X(n,c) * w(c) + 1.0 }"
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="reads thread names from /proc")
+
+
+def _pool_threads() -> int:
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:  # (a thread that ended meanwhile)
+            pass
+    return names.count("tcstage-pool")
+
+
+def _check(f, rng, rows=256):
+    X = rng.standard_normal((rows, 1024)).astype(np.float32)
+    w = rng.standard_normal(1024).astype(np.float32)
+    np.testing.assert_allclose(f(X, w), X * w + 1, rtol=1e-6, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def scale():
+    if not aot.enabled():
+        pytest.skip("the pool belongs to the CPU kernel cache, which is off here")
+    f = tc.define(SCALE).scale
+    _check(f, np.random.default_rng(0))  # (planned for 256 rows: a parallel loop of tasks)
+    assert "in parallel" in f.explain(np.zeros((256, 1024), np.float32),
+                                      np.zeros(1024, np.float32))
+    return f
+
+
+@linux_only
+def test_parallel_loops_run_on_the_pools_workers(scale):
+    # (at least: a test that loads a second cache's runtime library starts a second pool)
+    assert _pool_threads() >= aot.pool_threads() - 1 > 0 or aot.pool_threads() == 1
+
+
+def _in_child(queue):
+    try:
+        f = tc.define(SCALE).scale
+        for seed in range(5):
+            _check(f, np.random.default_rng(seed))
+        queue.put(_pool_threads() if sys.platform.startswith("linux") else None)
+    except BaseException as e:  # (reported to the parent, which asserts)
+        queue.put(repr(e))
+
+
+def test_a_forked_child_starts_workers_of_its_own(scale):
+    queue = multiprocessing.get_context("fork").Queue()
+    child = multiprocessing.get_context("fork").Process(target=_in_child, args=(queue,))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0, "the child hung or failed"
+    found = queue.get(timeout=5)
+    assert found in (aot.pool_threads() - 1, None), found
+
+
+def test_several_python_threads_call_kernels_at_once(scale):
+    """One loop at a time uses the workers; the others run on their own thread. Each result is
+    still right."""
+    failures = []
+
+    def calls(seed):
+        try:
+            rng = np.random.default_rng(seed)
+            for k in range(20):
+                _check(scale, rng, rows=64 + 37 * k)
+        except Exception as e:
+            failures.append(e)
+    threads = [threading.Thread(target=calls, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not failures and not any(t.is_alive() for t in threads)
+
+
+POOL_SCRIPT = textwrap.dedent(f"""
+    import os, numpy as np, tcstage as tc
+    from tcstage.halide import aot
+    f = tc.define({SCALE!r}).scale
+    X = np.ones((256, 1024), np.float32); w = np.full(1024, 2, np.float32)
+    assert (f(X, w) == 3).all()
+    names = [open(f"/proc/self/task/{{t}}/comm").read().strip()
+             for t in os.listdir("/proc/self/task")]
+    print(aot.pool_threads(), names.count("tcstage-pool"))
+""")
+
+
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+@linux_only
+@pytest.mark.parametrize("env, threads, warning", [
+    ({"HL_NUM_THREADS": "1"}, 1, None),
+    ({"HL_NUM_THREADS": "3"}, 3, None),
+    ({"HL_NUM_THREADS": "many"}, CORES, "HL_NUM_THREADS='many' is not a whole number"),
+    ({"TCSTAGE_SPIN_US": "soon"}, CORES,
+     "TCSTAGE_SPIN_US='soon' is not a whole number of microseconds")])
+def test_the_environment_sets_the_pool(env, threads, warning):
+    if not aot.enabled():
+        pytest.skip("the pool belongs to the CPU kernel cache, which is off here")
+    env = {**{k: v for k, v in os.environ.items() if k not in ("HL_NUM_THREADS",
+                                                                 "TCSTAGE_SPIN_US")}, **env}
+    r = subprocess.run([sys.executable, "-c", POOL_SCRIPT], capture_output=True, text=True,
+                       cwd=ROOT, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == [str(threads), str(threads - 1)]
+    assert (warning is not None and warning in r.stderr) or (warning is None and not r.stderr)
