@@ -178,15 +178,77 @@ def test_conv_input_gradient_at_the_borders():
 def test_conv_input_gradient_pads_the_output_gradient_instead_of_guarding():
     """A valid convolution's input gradient reads d_out at y - kh over its whole dimension: it
     is written `(d_out(...) ?? 0)`, not `y - kh >= 0 && y - kh < out_2 && ... ? ... : 0`,
-    which the CPU computes as a padded copy read densely. A stride of 2 keeps its
-    divisibility guards. (The values: test_conv_input_gradient_at_the_borders.)"""
+    which the CPU computes as a padded copy read densely. A stride of 2 is computed in phases,
+    with no divisibility guard (test_strided_windows_are_differentiated_in_phases).
+    (The values: test_conv_input_gradient_at_the_borders.)"""
     text = tc.gradient(example("conv"), "conv2d")
     assert "d_in(b, ip, y, x) +=! (d_out(b, op, y - kh, x - kw) ?? 0) * weight(op, ip, kh, kw)" \
         in text and " : 0" not in text, text
     strided = tc.gradient("""def s(float(N,C,H,W) I, float(F,C,KH,KW) Wt) -> (O) {
       O(n,f,h,w) +=! I(n,c,2*h+kh,2*w+kw) * Wt(f,c,kh,kw) where h in 0:(H-KH)/2+1, w in 0:(W-KW)/2+1
     }""", "s")
-    assert "% 2 == 0" in strided, strided
+    assert "% 2 == 0" not in strided and "d_I_phases(n, c, yp, xp, yo, xo)" in strided, strided
+
+
+# Strided windows: stride, kernel and offset vary; the kernel index's coefficient is -1 in
+# one, its range starts above 0 in another; max pooling reads its input inside its gradient.
+STRIDED = {
+    "conv_s2_pad1": (example("nn"), "conv_s2", dict(I=(2, 3, 9, 6), Wt=(4, 3, 3, 3))),
+    "conv_s2_k4_pad2": ("""def c(float(N,C,H,W) I, float(F,C,K,K) Wt) -> (O) {
+  O(n,f,h,w) +=! (I(n,c,2*h+kh-2,2*w+kw-2) ?? 0) * Wt(f,c,kh,kw) where h in 0:(H+1)/2, w in 0:W/2
+}""", "c", dict(I=(1, 2, 9, 8), Wt=(3, 2, 4, 4))),
+    "stride_3_kernel_2": ("""def c(float(N,H) I, float(K) Wt) -> (O) {
+  O(n,h) +=! I(n,3*h+k) * Wt(k) where h in 0:(H-K)/3+1
+}""", "c", dict(I=(2, 14), Wt=(2,))),
+    "stride_2_flipped": ("""def c(float(H) I, float(K) Wt) -> (O) {
+  O(h) +=! (I(2*h-k+2) ?? 0) * Wt(k) where h in 0:H/2
+}""", "c", dict(I=(11,), Wt=(3,))),
+    "stride_2_taps_from_1": ("""def c(float(H) I, float(K) Wt) -> (O) {
+  O(h) +=! (I(2*h+k) ?? 0) * Wt(k) where h in 0:H/2, k in 1:K
+}""", "c", dict(I=(10,), Wt=(4,))),
+    "avgpool_s2": ("""def p(float(N,C,H,W) I) -> (O) {
+  O(n,c,h,w) +=! I(n,c,2*h+kh,2*w+kw) / 4 where h in 0:H/2, w in 0:W/2, kh in 0:2, kw in 0:2
+}""", "p", dict(I=(2, 3, 7, 6))),
+    "maxpool_s2_k3": ("""def p(float(N,H,W) I) -> (O) {
+  O(n,h,w) max=! I(n,2*h+kh,2*w+kw) where h in 0:(H-1)/2, w in 0:(W-1)/2, kh in 0:3, kw in 0:3
+}""", "p", dict(I=(2, 9, 8))),
+    "partner_read_twice": ("""def c(float(H,K) I, float(K) Wt) -> (O) {
+  O(h) +=! I(2*h+k, k) * Wt(k) where h in 0:(H-K)/2+1
+}""", "c", dict(I=(11, 3), Wt=(3,))),
+}
+
+
+@pytest.mark.parametrize("case", list(STRIDED))
+def test_strided_windows_are_differentiated_in_phases(case):
+    """The gradient at u = 2*h + kh + c is computed for each phase u % 2 over u / 2, reading
+    only the taps of that phase, and then gathered into place: no divisibility guards, and a
+    quarter of a 3x3 stride-2 convolution's work. A kernel index read elsewhere too keeps the
+    guards. Finite differences check the values, also where phases get no taps (stride 3,
+    kernel 2) and where the last quotient reaches past the input (odd sizes)."""
+    bw = check_directional(*STRIDED[case])
+    phased = "_phases(" in bw.source and "% 2 == 0" not in bw.source and \
+        "% 3 == 0" not in bw.source
+    assert phased == (case != "partner_read_twice"), bw.source
+
+
+def test_strided_conv_input_gradient_against_loops():
+    """conv_s2's input gradient computed in phases equals the adjoint of the forward loops."""
+    rng = np.random.default_rng(4)
+    x, w = rng.standard_normal((1, 2, 7, 6)), rng.standard_normal((3, 2, 3, 3))
+    d_out = rng.standard_normal((1, 3, 4, 3))
+    bw, g, _, _ = gradients(as_double(example("nn")), "conv_s2", [x, w], [d_out])
+    assert "d_I_phases(n, c, yp, xp, yo, xo)" in bw.source, bw.source
+    d_x = np.zeros_like(x)
+    for f in range(3):
+        for c in range(2):
+            for h in range(4):
+                for ww in range(3):
+                    for kh in range(3):
+                        for kw in range(3):
+                            y, xx = 2 * h + kh - 1, 2 * ww + kw - 1
+                            if 0 <= y < 7 and 0 <= xx < 6:
+                                d_x[0, c, y, xx] += d_out[0, f, h, ww] * w[f, c, kh, kw]
+    np.testing.assert_allclose(g["I"], d_x, rtol=1e-12)
 
 
 def test_table_gradient_is_a_scatter_add():

@@ -281,6 +281,7 @@ class _Generator:
         fn = self.fn
         self.out_dims: dict[str, list[str]] = {}
         self.dim_notes: list[str] = []
+        self.size_values: dict[str, str] = {}  # a new size variable -> its value, as text
         for name in fn.outputs:
             dims = []
             for d in range(fn.tensors[name].rank):
@@ -297,6 +298,7 @@ class _Generator:
                 dims.append(fresh)
                 if self.same_in_trials(lambda fr: fr.tensors[name].extents[d]):
                     self.dim_notes.append(f"{fresh} = {S.to_tc(_tree_expr(ext))}")
+                    self.size_values[fresh] = S.to_tc(_tree_expr(ext))
                 else:
                     self.dim_notes.append(f"{fresh}: the extent of {name}'s dimension {d}")
             self.out_dims[name] = dims
@@ -458,6 +460,7 @@ class _Generator:
         solved: list[str] = []
         fresh_index = iter(x for x in _INDEX_NAMES + tuple(f"u{k}" for k in range(16))
                            if x not in self.taken and x not in used)
+        phases: dict[str, _Phase] = {}  # left-hand index -> how its dimension splits
         for arg in args:
             arg = S.substitute(arg, subst)
             if isinstance(arg, C.IndexVar) and arg.name not in lhs:
@@ -480,6 +483,14 @@ class _Generator:
                 return
             x, c = choice
             coeffs, offset = decomposed
+            phase = self.phase_split(n, leaf, coeffs, offset, x, c, lhs, used, phases,
+                                     forward_tensor)
+            if phase is not None:
+                subst = {key: S.substitute(e, phase.values) for key, e in subst.items()}
+                subst.update(phase.values)
+                solved.append(x)
+                phases[u] = phase
+                continue
             rest = S.const(0)  # the other terms, then the constant: `kh - 1`
             for v, cv in coeffs.items():
                 if v != x:
@@ -501,7 +512,9 @@ class _Generator:
         # gradient (or an input) at exactly that index over that tensor's whole dimension
         # (`d_out(b, op, h, w)` with h in 0:out_2): the factor read with `?? 0` says the same,
         # and the CPU computes it as a padded copy instead of testing every point.
-        padded_reads, implied = self.padded_instead(n, g, solved, modulo=bool(guards))
+        partners = [ph.partner for ph in phases.values()]
+        padded_reads, implied = self.padded_instead(n, g, solved + partners,
+                                                    modulo=bool(guards))
         for x in solved:
             if x in implied:
                 continue
@@ -510,9 +523,20 @@ class _Generator:
             guards.append(S.compare("<=", lo, e) if not S.is_const(lo, 0)
                           else S.compare(">=", e, lo))
             guards.append(S.compare("<", e, hi))
-        where = []
+        for ph in phases.values():  # (a partner is at least its low bound by construction)
+            if ph.partner not in implied:
+                guards.append(S.compare("<", subst[ph.partner], ph.partner_hi))
+        where, final_where, positions = [], [], {}
         for d, u in enumerate(lhs):
             lo, hi = self.dim_range(forward_tensor, d)
+            final_where.append((u, lo, hi))
+            if u in phases:
+                ph = phases[u]
+                where.append((ph.quotient, S.const(0),
+                              S.div(S.add(hi, S.const(ph.stride - 1)), S.const(ph.stride))))
+                positions[u] = S.add(S.mul(S.const(ph.stride), S.var(ph.quotient)),
+                                     S.var(ph.phase))
+                continue
             if u in used and u not in subst:  # a forward index: guard where it was narrower
                 flo, fhi = self.var_range(n, u)
                 if S.to_tc(flo) != S.to_tc(lo):
@@ -523,19 +547,93 @@ class _Generator:
         for v in st.variables:
             if v not in lhs and v not in subst:
                 where.append((v, *self.var_range(n, v)))
+        where += [(ph.step, S.const(0), ph.steps) for ph in phases.values()]
         # The read itself, at the new indices (equal under the guards), reads best.
-        at_u = C.Read(leaf.tensor, tuple(S.var(u) for u in lhs), leaf.type) \
+        at_u = C.Read(leaf.tensor, tuple(positions.get(u, S.var(u)) for u in lhs), leaf.type) \
             if isinstance(leaf, C.Read) else leaf
+        reads_itself = isinstance(leaf, C.Read) and any(m == leaf for m in C.walk(g))
         g = S.rebuild(g, lambda m: at_u if m == leaf else None)
         g = S.substitute(g, subst)
+        if reads_itself:  # (a phase's last quotient may reach past the dimension)
+            guards += [S.compare("<", positions[u], final_where[d][2])
+                       for d, u in enumerate(lhs) if u in phases]
         rhs = S.select(S.conj(guards), g, S.const(0)) if guards else g
-        rhs, where = _count_absent(rhs, set(lhs), where)
         first = d_target not in self.grad_started
         padded = frozenset(S.to_tc(S.substitute(
             S.rebuild(r, lambda m: at_u if m == leaf else None), subst)) for r in padded_reads)
-        self.emit(GradStatement(d_target, tuple(lhs), "+=!" if first else "+=", rhs,
-                                 tuple(where), padded))
+        op = "+=!" if first else "+="
+        if phases:
+            self.emit_in_phases(d_target, op, lhs, phases, rhs, where, final_where, padded,
+                                leaf.type)
+        else:
+            rhs, where = _count_absent(rhs, set(lhs), where)
+            self.emit(GradStatement(d_target, tuple(lhs), op, rhs, tuple(where), padded))
         self.grad_started.add(d_target)
+
+    def phase_split(self, n: int, leaf: C.Read, coeffs: dict, offset: C.Expr,
+                    x: str, c: C.Expr, lhs: list, used: set, phases: dict,
+                    forward_tensor: str) -> "_Phase | None":
+        """How the gradient at u = s*x + k + offset (a strided window: `2*h + kh - 1`, stride
+        s > 1, k a reduction index with unit coefficient) is computed without testing
+        divisibility: u = s*q + p, and for each phase p only the k with k = p - offset modulo s
+        contribute, k = lo + r(p) + s*j. So x = q + (p - offset - k0(p))/s - j: each phase is
+        a dense window over q, which vectorises, and no point visits the taps of other phases.
+        None where the subscript has another form, or k appears elsewhere in the read."""
+        st = self.fn.statements[n]
+        c0 = S._uncast(c)
+        if not (isinstance(c0, C.Const) and isinstance(c0.value, int) and c0.value > 1) or \
+                len(coeffs) != 2 or C.free_vars(offset) or C.has_read(offset):
+            return None
+        k = next(v for v in coeffs if v != x)
+        ck = S._uncast(coeffs[k])
+        if not (isinstance(ck, C.Const) and ck.value in (1, -1)) or k not in used or \
+                k in st.indices or k in lhs or any(k in C.free_vars(a) for i, a in
+                                                    enumerate(leaf.args) if i != len(lhs) - 1):
+            return None
+        u, d = lhs[-1], len(lhs) - 1
+        if not S.is_const(self.dim_range(forward_tensor, d)[0], 0):
+            return None
+        s, sign = c0.value, ck.value
+        taken = used | set(lhs) | self.taken | {n for ph in phases.values()
+                                                for n in (ph.quotient, ph.phase, ph.step)}
+        quotient, phase = _name(f"{u}o", taken), _name(f"{u}p", taken | {f"{u}o"})
+        step = _name(f"j{k}", taken | {quotient, phase})
+        lo, hi = self.var_range(n, k)
+        # k = lo + r + s*j with r = (sign*(p - offset) - lo) mod s (TC's % is Euclidean)
+        p_off = S.sub(S.var(phase), offset)
+        r = C.Binary("%", S.sub(S.mul(S.const(sign), p_off), lo), S.const(s), INT32)
+        first_k = S.add(lo, r)
+        k_value = S.add(first_k, S.mul(S.const(s), S.var(step)))
+        # x = (s*q + p - offset - sign*k) / s, exact
+        x_value = S.add(S.sub(S.var(quotient), S.mul(S.const(sign), S.var(step))),
+                        S.div(S.sub(p_off, S.mul(S.const(sign), first_k)), S.const(s)))
+        lo0, hi0 = S._uncast(lo), S._uncast(hi)
+        steps = S.const(-(-(hi0.value - lo0.value) // s)) \
+            if isinstance(lo0, C.Const) and isinstance(hi0, C.Const) else \
+            S.div(S.add(S.sub(hi, lo), S.const(s - 1)), S.const(s))
+        return _Phase(s, quotient, phase, step, steps, k, hi, {x: x_value, k: k_value})
+
+    def emit_in_phases(self, d_target: str, op: str, lhs: list, phases: dict, rhs: C.Expr,
+                       where: list, final_where: list, padded: frozenset, type) -> None:
+        """The gradient of a strided window (see phase_split) in two statements: by phase, into
+        a temporary whose phase indices precede its quotient indices (`d_I_phases(n, c, yp, xp,
+        yo, xo)`), then gathered into place (`d_I(n, c, y, x) = d_I_phases(n, c, y % 2, ...)`)."""
+        first_split = min(k for k, u in enumerate(lhs) if u in phases)
+        indices = [*lhs[:first_split], *(phases[u].phase for u in lhs if u in phases),
+                   *(phases[u].quotient if u in phases else u for u in lhs[first_split:])]
+        where = [*where, *((ph.phase, S.const(0), S.const(ph.stride)) for ph in phases.values())]
+        rhs, where = _count_absent(rhs, set(indices), where)
+        order = {name: k for k, name in enumerate(indices)}
+        where.sort(key=lambda w: order.get(w[0], len(order)))
+        staged = self.fresh(f"{d_target}_phases")
+        self.taken.add(staged)
+        self.emit(GradStatement(staged, tuple(indices), "+=!", rhs, tuple(where), padded))
+        at = {u: (C.Binary("%", S.var(u), S.const(ph.stride), INT32),
+                  S.div(S.var(u), S.const(ph.stride))) for u, ph in phases.items()}
+        args = [*(S.var(u) for u in lhs[:first_split]), *(at[u][0] for u in lhs if u in phases),
+                *(at[u][1] if u in phases else S.var(u) for u in lhs[first_split:])]
+        self.emit(GradStatement(d_target, tuple(lhs), "=" if op == "+=!" else op,
+                                C.Read(staged, tuple(args), type), tuple(final_where)))
 
     def padded_instead(self, n: int, g: C.Expr, solved: list[str], modulo: bool):
         """(reads of g to pad, the solved indices whose range guards they replace): each a
@@ -566,8 +664,8 @@ class _Generator:
             for d, a in enumerate(r.args):
                 if isinstance(a, C.IndexVar) and a.name in solved:
                     lo, hi = self.var_range(n, a.name)
-                    dlo, dhi = self.dim_range(tensor, d)
-                    if S.to_tc(lo) == S.to_tc(dlo) and S.to_tc(hi) == S.to_tc(dhi):
+                    dlo, dhi = (S.to_tc(b) for b in self.dim_range(tensor, d))
+                    if S.to_tc(lo) == dlo and S.to_tc(hi) in (dhi, self.size_values.get(dhi)):
                         covered.add(a.name)
             if covered:
                 reads.append(r)
@@ -646,6 +744,31 @@ class _Generator:
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class _Phase:
+    """A gradient dimension u = stride*quotient + phase, computed phase by phase
+    (`_Generator.phase_split`): the forward index `partner` (below `partner_hi`) is
+    partner(phase) + stride*step, step in 0:steps; `values` substitutes it and the strided
+    index."""
+
+    stride: int
+    quotient: str
+    phase: str
+    step: str
+    steps: C.Expr
+    partner: str
+    partner_hi: C.Expr
+    values: dict
+
+
+def _name(base: str, taken: set) -> str:
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}{k}"
+    return name
 
 
 def _count_absent(rhs: C.Expr, lhs: set, where: list) -> tuple[C.Expr, list]:

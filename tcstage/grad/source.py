@@ -51,7 +51,7 @@ def sub(a: C.Expr, b: C.Expr) -> C.Expr:
         return a
     if is_const(a, 0):
         return neg(b)
-    if _negative(b):
+    if _negative(b) or isinstance(b, C.Unary) and b.op == "-":
         return add(a, neg(b))
     return C.Binary("-", a, b, a.type)
 
