@@ -190,6 +190,7 @@ class TCOp:
                                              setup_context=_nothing_to_save)
         elif backward is not None:
             self.custom_op.register_autograd(self._backward, setup_context=self._setup_context)
+        self._eager_autograd = _eager_function(self)
 
     @property
     def op(self) -> torch._ops.OpOverload:
@@ -207,8 +208,11 @@ class TCOp:
         duals = _duals(args, kwargs)
         if duals is not None:
             return self._forward_mode(args, kwargs, duals)
-        if not kwargs and _dispatcher_adds_nothing(args, self._scalars):
+        route = None if kwargs else _eager_route(args, self._scalars)
+        if route is _PLAIN:
             return self._run(*args)
+        if route is _RECORDED and self.forward is None and self.backward is not None:
+            return self._eager_autograd.apply(*args)
         return self.custom_op(*args, **kwargs)
 
     # -- forward mode --------------------------------------------------------------------------
@@ -516,28 +520,57 @@ def _derivative_op(forward: TCOp, source: str, name: str, role: str) -> TCOp:
         return existing
 
 
-def _dispatcher_adds_nothing(args, scalars) -> bool:
-    """Whether PyTorch's dispatcher would do nothing for this call but run the operator's CPU
-    implementation: eager mode (no torch.compile, export, jit tracing, functorch transform,
-    dispatch or function mode, profiler), plain CPU tensors, none of them recording a graph
-    for autograd, and none where the schema (`scalars`: per parameter, whether it is a number)
-    takes a number (a 0-dimensional tensor, a loss passed to its backward operator, is the
-    dispatcher's to convert). Such a call runs the implementation directly: the dispatch of a
-    torch.library custom op costs about 8 us, as much as the rest of a small call. Anything
-    else goes through the operator, so every mode and transform sees it."""
+_PLAIN, _RECORDED = "plain", "recorded"
+
+
+def _eager_route(args, scalars) -> str | None:
+    """How an eager call may skip PyTorch's dispatcher, whose dispatch of a torch.library custom
+    op costs about 8 us (as much as the rest of a small call), and 70-100 us more where autograd
+    records it. Eager mode here means no torch.compile, export or jit tracing, no functorch
+    transform, dispatch or function mode, and no profiler. It also takes plain CPU tensors
+    (Parameters included), and no tensor where the schema (`scalars`: per parameter, whether it
+    is a number) takes a number. A 0-dimensional tensor, such as a loss passed to its backward
+    operator, is the dispatcher's to convert.
+    _PLAIN: nothing records a graph, and the implementation runs directly. _RECORDED: autograd
+    records one, so the call runs through the operator's own autograd.Function
+    (`_eager_function`). None: anything else goes through the operator, so every mode and
+    transform sees it."""
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or \
             torch._C._is_torch_function_mode_enabled() or \
             torch._C._are_functorch_transforms_active() or \
             torch.autograd._profiler_enabled() or torch._C._get_tracing_state() is not None:
-        return False
+        return None
+    recorded = False
     grad = torch.is_grad_enabled()
     for a, scalar in zip(args, scalars):
-        if type(a) is torch.Tensor:
-            if scalar or not a.is_cpu or grad and a.requires_grad:
-                return False
-        elif isinstance(a, torch.Tensor):  # (a subclass: a Parameter, a fake or traced one)
-            return False
-    return True
+        kind = type(a)
+        if kind is torch.Tensor or kind is torch.nn.Parameter:
+            if scalar or not a.is_cpu:
+                return None
+            recorded = recorded or grad and a.requires_grad
+        elif isinstance(a, torch.Tensor):  # (another subclass: a fake or traced one)
+            return None
+    return _RECORDED if recorded else _PLAIN
+
+
+def _eager_function(op: "TCOp"):
+    """The autograd.Function an eager call that autograd records runs through (`_eager_route`):
+    the same implementation, saved tensors and backward as the operator's registered autograd,
+    without the dispatcher around them. Its backward calls the backward operator, directly
+    unless a graph is built for a higher derivative (where that operator's own error says it has
+    no backward)."""
+
+    def forward(ctx, *args):
+        output = op._run(*args)
+        op._setup_context(ctx, args, output)
+        return output
+
+    def backward(ctx, *grads):
+        return op._backward(ctx, *grads)
+
+    # (named when made: autograd names the graph's node `<name>Backward` from it)
+    return type(f"{NAMESPACE}_{op.op_name}", (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
 def _duals(args, kwargs) -> dict | None:
