@@ -260,6 +260,9 @@ class CpuKernel:
                         lowered.outputs, _funcs_by_name(lowered), _images(lowered), schedule,
                         self.target, _func_extents(lowered, estimates), os.cpu_count() or 1,
                         no_row_vectors=no_row_vectors)
+                    # (an update left to Halide's default, as a gradient's final negation of
+                    # a row sum in softmax's: Halide warned of it on stderr at every compile)
+                    quiet_unscheduled_updates(_funcs_by_name(lowered).values())
                     key = ("structured", str(schedule), sorted(estimates.items()),
                            self.specialize_shapes, sorted(no_row_vectors or ()),
                            no_row_vectors is None, os.cpu_count())
