@@ -115,3 +115,23 @@ def test_halides_run_time_errors_keep_their_message(own_cache):
     np.testing.assert_array_equal(out, a * 2)
     with pytest.raises(RuntimeError, match="image requires a buffer of exactly 1 dimensions"):
         run(hl.Buffer(np.zeros((2, 2), np.float32)), hl.Buffer(out))  # the wrong rank
+
+
+def test_every_scalar_type_reaches_a_cached_kernel():
+    """The kernel cache's native call (`_native.call_argv`) passes each scalar in its own
+    width, signed values and values past the signed range of unsigned types included, and
+    buffers with their own types, against numpy's arithmetic."""
+    if not aot.enabled():
+        pytest.skip("the kernel cache is off here")
+    f = tc.define("""def f(double(N) X, int8 a, int16 b, int32 c, int64 d, uint8 e, uint16 g,
+                          uint32 h, uint64 u, float p, double q, int8(N) Y, uint16(N) Z) -> (O) {
+      O(i) = X(i) + a + b + c + d + e + g + h + u + p + q + Y(i) + Z(i)
+    }""").f
+    X = np.arange(5, dtype=np.float64) / 3
+    Y, Z = np.array([-128, -1, 0, 1, 127], np.int8), np.array([0, 1, 2, 40000, 65535], np.uint16)
+    scalars = [np.int8(-100), np.int16(-30000), np.int32(-2_000_000_000), np.int64(-(1 << 40)),
+               np.uint8(250), np.uint16(65000), np.uint32(4_000_000_000), np.uint64((1 << 63) + 2048),
+               np.float32(0.25), np.float64(1e-3)]
+    want = X + sum(float(s) for s in scalars) + Y.astype(np.float64) + Z.astype(np.float64)
+    np.testing.assert_allclose(f(X, *scalars, Y, Z), want, rtol=1e-15)
+    np.testing.assert_allclose(f(X, *(s.item() for s in scalars), Y, Z), want, rtol=1e-15)

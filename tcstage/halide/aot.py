@@ -34,9 +34,14 @@ import tempfile
 import threading
 
 import halide as hl
+import ml_dtypes
+import numpy as np
 
 from tcstage.diskcache import LibraryCache, publish, verified
 from tcstage.errors import TCError, warn
+from tcstage.halide import _native
+
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 FORMAT = "aot-1"  # (bumped when the libraries' layout or calling convention changes)
 ENTRY = "tcstage_pipeline"
@@ -175,6 +180,35 @@ _CTYPES = {("int", 8): ctypes.c_int8, ("int", 16): ctypes.c_int16, ("int", 32): 
            ("float", 64): ctypes.c_double}
 
 
+# halide_type_code_t (HalideRuntime.h) << 8 | bits, as _native.call_argv takes types
+_INT, _UINT, _FLOAT, _BFLOAT = 0, 1, 2, 4
+_NATIVE_TYPES = {ctypes.c_int8: _INT << 8 | 8, ctypes.c_int16: _INT << 8 | 16,
+                 ctypes.c_int32: _INT << 8 | 32, ctypes.c_int64: _INT << 8 | 64,
+                 ctypes.c_bool: _UINT << 8 | 1, ctypes.c_uint8: _UINT << 8 | 8,
+                 ctypes.c_uint16: _UINT << 8 | 16, ctypes.c_uint32: _UINT << 8 | 32,
+                 ctypes.c_uint64: _UINT << 8 | 64, ctypes.c_float: _FLOAT << 8 | 32,
+                 ctypes.c_double: _FLOAT << 8 | 64}
+_buffer_kinds: dict = {}
+
+
+def _buffer_kind(dtype: np.dtype) -> int:
+    """The Halide type of a buffer over an array of `dtype`, as `hl.Buffer` would give it
+    (bool as uint1, ml_dtypes' bfloat16 as bfloat16)."""
+    kind = _buffer_kinds.get(dtype)
+    if kind is None:
+        if dtype == _BFLOAT16:
+            kind = _BFLOAT << 8 | 16
+        elif dtype.kind == "b":
+            kind = _UINT << 8 | 1
+        elif dtype.kind in "iuf":
+            kind = {"i": _INT, "u": _UINT, "f": _FLOAT}[dtype.kind] << 8 | 8 * dtype.itemsize
+        else:
+            raise TCError(f"the CPU kernel cache cannot pass an array of {dtype} to Halide",
+                          notes=("this is a bug in tcstage",))
+        _buffer_kinds[dtype] = kind
+    return kind
+
+
 def _scalar_kind(t: hl.Type):
     code = "float" if t.is_float() else "uint" if t.is_uint() or t.is_bool() else "int"
     kind = _CTYPES.get((code, t.bits()))
@@ -186,15 +220,31 @@ def _scalar_kind(t: hl.Type):
 
 class AotPipeline:
     """A compiled pipeline's entry point, called like a JIT `hl.Callable`: its arguments'
-    values (scalars as numbers, buffers as `hl.Buffer`s), then the output buffers."""
+    values (scalars as numbers, buffers as `hl.Buffer`s), then the output buffers; or through
+    `run`, on numpy arrays and numbers."""
 
     def __init__(self, path: str, kinds: list):
         self.library = ctypes.CDLL(path)
         self.entry = getattr(self.library, f"{ENTRY}_argv")
         self.entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
         self.entry.restype = ctypes.c_int
+        self.address = ctypes.cast(self.entry, ctypes.c_void_p).value
         self.kinds = kinds  # per argument: a ctypes scalar type, or None for a buffer
+        self.scalar_kinds = [None if k is None else -_NATIVE_TYPES[k] - 1 for k in kinds]
         self.path = path
+
+    def run(self, values: list, mins: dict) -> None:
+        """Runs on `values`: numpy arrays where the pipeline takes buffers, numbers elsewhere;
+        `mins`: argument index -> the buffer's minimum coordinates (numpy's order) where not
+        zero. One native call builds the buffers and calls the entry point
+        (`_native.call_argv`), with the GIL released while it runs."""
+        kinds = [_buffer_kind(v.dtype) if k is None else k
+                 for v, k in zip(values, self.scalar_kinds)]
+        _messages.text = ""
+        status = _native.call_argv(self.address, values, kinds, mins)
+        if status != 0:
+            message = _messages.text.strip() or f"the pipeline returned error code {status}"
+            raise RuntimeError(f"Error: {message}")
 
     def __call__(self, *args) -> None:
         argv = (ctypes.c_void_p * len(args))()

@@ -459,37 +459,37 @@ def _run(compiled: _Compiled, arrays, scalars, inout, output_bounds, allocate=No
     """Runs the pipeline on numpy arrays into fresh outputs of `output_bounds`. `name`:
     Halide's failures are the arguments' fault (a TCArgumentError naming the function)."""
     plan = compiled.plan
-    keep = []  # the buffers' memory must outlive the run: storage views may be copies
-    arguments = []
+    values = []  # the pipeline's arguments: arrays (kept alive until it returns) and numbers
     for tname, t, dtype in plan.inputs:
         if dtype is None:
-            arguments.append(scalar_argument(scalars[tname], t))
+            values.append(scalar_argument(scalars[tname], t))
             continue
         a = arrays[tname]
         flags = a.flags
         if not (a.dtype == dtype and flags.c_contiguous and flags.aligned and flags.writeable):
             a = _storage_view(a, t)
-        keep.append(a)
-        arguments.append(halide_buffer(a))
+        values.append(a)
     for tname, t in plan.inouts:
-        keep.append(_storage_view(inout[tname], t))
-        arguments.append(halide_buffer(keep[-1]))
-    outs = []
-    for (tname, stored, _), (mins, extents) in zip(plan.outputs, output_bounds):
+        values.append(_storage_view(inout[tname], t))
+    outs, mins = [], {}
+    for (tname, stored, _), (lo, extents) in zip(plan.outputs, output_bounds):
         out = (allocate or aligned_empty)(extents, stored)
-        buf = halide_buffer(out)
-        if any(mins):
-            buf.set_min(list(reversed(mins)))
+        if any(lo):
+            mins[len(values)] = lo
         outs.append(out)
-        arguments.append(buf)
+        values.append(out)
     try:
-        compiled.call(*arguments)
+        if isinstance(compiled.call, aot.AotPipeline):
+            compiled.call.run(values, mins)
+        else:
+            buffers = [halide_buffer(v) if isinstance(v, np.ndarray) else v for v in values]
+            for k, lo in mins.items():
+                buffers[k].set_min(list(reversed(lo)))
+            compiled.call(*buffers)
     except HALIDE_FAILURES as e:
         if name is None:
             raise
         raise TCArgumentError(f"running '{name}' failed: {_halide_message(e)}") from None
-    finally:
-        del keep
     return [o if wanted is None else o.view(wanted)
             for (_, _, wanted), o in zip(plan.outputs, outs)]
 
