@@ -111,10 +111,10 @@ def test_halides_run_time_errors_keep_their_message(own_cache):
     run = aot.compile_pipeline(hl.Pipeline(f), [image], hl.get_jit_target_from_environment(),
                                ("test", "halides_run_time_errors"))
     a, out = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
-    run(hl.Buffer(a), hl.Buffer(out))
+    run.run([a, out], {})
     np.testing.assert_array_equal(out, a * 2)
     with pytest.raises(RuntimeError, match="image requires a buffer of exactly 1 dimensions"):
-        run(hl.Buffer(np.zeros((2, 2), np.float32)), hl.Buffer(out))  # the wrong rank
+        run.run([np.zeros((2, 2), np.float32), out], {})  # the wrong rank
 
 
 def test_every_scalar_type_reaches_a_cached_kernel():

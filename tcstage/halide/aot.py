@@ -14,8 +14,8 @@ Every library links against one Halide runtime library of the same cache and tar
 `compile_standalone_runtime`), loaded once: one error handler, which turns a failed check into a
 `RuntimeError` with Halide's message, as the JIT's `HalideError` carries it, and one thread pool,
 pool.c's (its workers spin a while between parallel loops where Halide's sleep at once). A
-pipeline is called through its `<name>_argv` entry point (`AotPipeline`), with the same arguments
-a JIT Callable takes: scalars, then `hl.Buffer`s.
+pipeline is called through its `<name>_argv` entry point (`AotPipeline.run`), with the
+arguments a JIT Callable takes, as numpy arrays and numbers.
 
 TCSTAGE_CPU_CACHE=0 turns the disk cache off (the JIT compiles in-process, as before).
 """
@@ -219,9 +219,8 @@ def _scalar_kind(t: hl.Type):
 
 
 class AotPipeline:
-    """A compiled pipeline's entry point, called like a JIT `hl.Callable`: its arguments'
-    values (scalars as numbers, buffers as `hl.Buffer`s), then the output buffers; or through
-    `run`, on numpy arrays and numbers."""
+    """A compiled pipeline's entry point, called through `run` on numpy arrays and numbers:
+    the inputs in signature order, then the in/out outputs' values, then the outputs."""
 
     def __init__(self, path: str, kinds: list):
         self.library = ctypes.CDLL(path)
@@ -242,21 +241,6 @@ class AotPipeline:
                  for v, k in zip(values, self.scalar_kinds)]
         _messages.text = ""
         status = _native.call_argv(self.address, values, kinds, mins)
-        if status != 0:
-            message = _messages.text.strip() or f"the pipeline returned error code {status}"
-            raise RuntimeError(f"Error: {message}")
-
-    def __call__(self, *args) -> None:
-        argv = (ctypes.c_void_p * len(args))()
-        keep = []
-        for k, (a, kind) in enumerate(zip(args, self.kinds)):
-            if kind is None:
-                argv[k] = a._get_raw_halide_buffer_t()
-            else:
-                keep.append(kind(a))
-                argv[k] = ctypes.addressof(keep[-1])
-        _messages.text = ""
-        status = self.entry(argv)
         if status != 0:
             message = _messages.text.strip() or f"the pipeline returned error code {status}"
             raise RuntimeError(f"Error: {message}")
