@@ -421,3 +421,45 @@ def test_phased_gradients_run_on_emulated_cuda(case):
     got = got if isinstance(got, tuple) else (got,)
     for name_, value in zip(bw.d_inputs, got):
         np.testing.assert_allclose(value, expected[name_], rtol=1e-10, atol=1e-12)
+
+
+VALUE_READ_BACK = {
+    "tanh_output": ("""def f(float(N) X) -> (Y) {
+  Y(i) = tanh(X(i))
+}""", "f", dict(X=(6,))),
+    "exp_temporary": ("""def f(float(N) X) -> (O) {
+  T(i) = exp(X(i) / 2)
+  O(i) = T(i) * T(i) + sqrt(T(i))
+}""", "f", dict(X=(6,))),
+    "overwritten_temporary": ("""def f(float(N) X) -> (O) {
+  T(i) = sigmoid(X(i))
+  T(i) = T(i) * 3 + rsqrt(T(i))
+  O(i) = T(i) / (X(i) * X(i) + 1)
+}""", "f", dict(X=(6,))),
+    "accumulated_version": ("""def f(float(N,K) X) -> (O) {
+  O(i) = exp(X(i,0))
+  O(i) += X(i,k) * X(i,k)
+}""", "f", dict(X=(4, 3))),
+}
+
+
+@pytest.mark.parametrize("case", list(VALUE_READ_BACK))
+def test_a_statements_own_value_is_read_back_in_its_gradient(case):
+    """Where a statement alone defines what it writes, rules that need the value itself read
+    it back (exp' = exp, tanh' = 1 - tanh^2, a quotient's divisor): finite differences check
+    it, also for a version later overwritten and one later accumulated into (whose final
+    value is not the statement's: computed again there)."""
+    bw = check_directional(*VALUE_READ_BACK[case])
+    if case == "accumulated_version":  # (O's final value is not exp's: exp again)
+        assert "d_O(i) * exp(" in bw.source, bw.source
+    else:
+        body = bw.source.split("{", 1)[1]
+        assert all(f"{fn}(" not in body.split("\n", 2)[-1] for fn in ("tanh", "sigmoid")), \
+            bw.source
+
+
+def test_softmax_gradient_reads_its_exponentials_and_output_back():
+    text = tc.gradient(example("layers"), "softmax")
+    assert text.count("exp(") == 1, text  # (E's recomputation only)
+    assert "d_S(n) +=! -(d_Y(n, c) * Y(n, c) / S(n))" in text, text
+    assert "d_X(n, c) +=! d_E(n, c) * E(n, c)" in text, text

@@ -421,7 +421,12 @@ class _Generator:
             self.emit(GradStatement(count, st.indices, "+=!",
                                      S.select(hit, S.const(1), S.const(0)), box))
             seed = S.select(hit, S.div(seed, C.Read(count, lhs, INT32)), S.const(0))
-        for leaf, g in partials(rhs, seed, f"{self.where}, statement '{_text(st)}'"):
+        # A statement that alone defines its version, `E(n,c) = exp(X(n,c) - M(n))`, has its
+        # value at hand in the backward: exp's derivative reads E instead of computing exp
+        # again, and a quotient's divisor gets -d * Y / S (softmax's).
+        value = C.Read(w.name, lhs, tensor.type) \
+            if st.reduction is None and not st.scatter and w.statements == [n] else None
+        for leaf, g in partials(rhs, seed, f"{self.where}, statement '{_text(st)}'", value):
             if isinstance(leaf, C.ScalarParam):
                 target = leaf.name
             elif fn.tensors[_forward_name(self, n, leaf.tensor)].kind == "input":
