@@ -162,17 +162,22 @@ def test_conv_input_gradient_at_the_borders():
     x, w = rng.standard_normal((1, 2, 6, 5)), rng.standard_normal((3, 2, 3, 2))
     d_out = rng.standard_normal((1, 3, 4, 4))
     _, g, _, _ = gradients(as_double(example("conv")), "conv2d", [x, w], [d_out])
-    d_x, d_w = np.zeros_like(x), np.zeros_like(w)
-    for op in range(3):
-        for ip in range(2):
-            for h in range(4):
-                for ww in range(4):
-                    for kh in range(3):
-                        for kw in range(2):
-                            d_x[0, ip, h + kh, ww + kw] += d_out[0, op, h, ww] * w[op, ip, kh, kw]
-                            d_w[op, ip, kh, kw] += d_out[0, op, h, ww] * x[0, ip, h + kh, ww + kw]
+    d_x, d_w = _conv_adjoints(x, w, d_out, stride=1, pad=0)
     np.testing.assert_allclose(g["in"], d_x, rtol=1e-12)
     np.testing.assert_allclose(g["weight"], d_w, rtol=1e-12)
+
+
+def _conv_adjoints(x, w, d_out, stride, pad):
+    """The gradients of out(n,f,h,w) += x(n,c,s*h+kh-p,s*w+kw-p) * w(f,c,kh,kw) (zero outside
+    x), by explicit loops over every term."""
+    d_x, d_w = np.zeros_like(x), np.zeros_like(w)
+    for n, f, h, ww in np.ndindex(d_out.shape):
+        for c, kh, kw in np.ndindex(w.shape[1:]):
+            y, xx = stride * h + kh - pad, stride * ww + kw - pad
+            if 0 <= y < x.shape[2] and 0 <= xx < x.shape[3]:
+                d_x[n, c, y, xx] += d_out[n, f, h, ww] * w[f, c, kh, kw]
+                d_w[f, c, kh, kw] += d_out[n, f, h, ww] * x[n, c, y, xx]
+    return d_x, d_w
 
 
 def test_conv_input_gradient_pads_the_output_gradient_instead_of_guarding():
@@ -238,17 +243,9 @@ def test_strided_conv_input_gradient_against_loops():
     d_out = rng.standard_normal((1, 3, 4, 3))
     bw, g, _, _ = gradients(as_double(example("nn")), "conv_s2", [x, w], [d_out])
     assert "d_I_phases(n, c, yp, xp, yo, xo)" in bw.source, bw.source
-    d_x = np.zeros_like(x)
-    for f in range(3):
-        for c in range(2):
-            for h in range(4):
-                for ww in range(3):
-                    for kh in range(3):
-                        for kw in range(3):
-                            y, xx = 2 * h + kh - 1, 2 * ww + kw - 1
-                            if 0 <= y < 7 and 0 <= xx < 6:
-                                d_x[0, c, y, xx] += d_out[0, f, h, ww] * w[f, c, kh, kw]
+    d_x, d_w = _conv_adjoints(x, w, d_out, stride=2, pad=1)
     np.testing.assert_allclose(g["I"], d_x, rtol=1e-12)
+    np.testing.assert_allclose(g["Wt"], d_w, rtol=1e-12)
 
 
 def test_table_gradient_is_a_scatter_add():
@@ -390,7 +387,12 @@ def test_unsupported_statements_are_clear_errors(src, message):
 ])
 def test_backward_runs_as_one_cuda_kernel(case, options):
     """The backward TC through the polyhedral path (emulated CUDA) agrees with the CPU."""
-    src, name, shapes = PAPER[case][:3]
+    _backward_on_emulated_cuda(*PAPER[case][:3], options)
+
+
+def _backward_on_emulated_cuda(src, name, shapes, options):
+    """Runs the backward TC of `name` through the polyhedral path (emulated CUDA) against the
+    CPU's gradients; returns the backward."""
     src = as_double(src)
     rng = np.random.default_rng(6)
     prog = tc.define(src)
@@ -402,25 +404,16 @@ def test_backward_runs_as_one_cuda_kernel(case, options):
     got = got if isinstance(got, tuple) else (got,)
     for name_, value in zip(bw.d_inputs, got):
         np.testing.assert_allclose(value, expected[name_], rtol=1e-10, atol=1e-12)
+    return bw
 
 
 @pytest.mark.parametrize("case", ["conv_s2_pad1", "stride_3_kernel_2"])
 def test_phased_gradients_run_on_emulated_cuda(case):
     """A gradient computed in phases (a temporary, then a gather) through the polyhedral path
     agrees with the CPU's, which finite differences checked."""
-    src, name, shapes = STRIDED[case][:3]
-    src = as_double(src)
-    rng = np.random.default_rng(6)
-    args = random_args(tc.define(src)[name], shapes, {}, {}, rng)
-    bw, expected, outs, d_outs = gradients(src, name, args, rng=rng)
-    assert "_phases(" in bw.source
     options = tc.MappingOptions().tile(4, 4).mapToThreads(8, 4).mapToBlocks(4, 4)
-    kernel = tc.compile(bw.source, bw.name, *args, *outs, *d_outs, options=options,
-                        target="cuda-emulated")
-    got = kernel(*args, *outs, *d_outs)
-    got = got if isinstance(got, tuple) else (got,)
-    for name_, value in zip(bw.d_inputs, got):
-        np.testing.assert_allclose(value, expected[name_], rtol=1e-10, atol=1e-12)
+    bw = _backward_on_emulated_cuda(*STRIDED[case][:3], options)
+    assert "_phases(" in bw.source
 
 
 VALUE_READ_BACK = {

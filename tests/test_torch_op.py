@@ -542,15 +542,9 @@ def test_the_index_check_can_be_skipped(lut2):
         lut2.check_indices = True
 
 
-def test_plain_eager_calls_skip_the_dispatcher_and_every_mode_still_sees_the_operator(tmm):
-    """A plain eager call (CPU tensors, nothing recording a graph, no mode) runs the operator's
-    implementation directly; under a dispatch mode, the profiler or autograd it goes through
-    the operator, as any other."""
+def _operator_log():
+    """A TorchDispatchMode recording the names of the operators dispatched under it."""
     from torch.utils._python_dispatch import TorchDispatchMode
-
-    a, b = torch.randn(5, 7), torch.randn(3, 7)
-    want = torch.einsum("mk,nk->mn", a, b)
-    torch.testing.assert_close(tmm(a, b), want)
 
     class Log(TorchDispatchMode):
         def __init__(self):
@@ -560,8 +554,18 @@ def test_plain_eager_calls_skip_the_dispatcher_and_every_mode_still_sees_the_ope
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             self.ops.append(str(func))
             return func(*args, **(kwargs or {}))
+    return Log()
 
-    with Log() as log:
+
+def test_plain_eager_calls_skip_the_dispatcher_and_every_mode_still_sees_the_operator(tmm):
+    """A plain eager call (CPU tensors, nothing recording a graph, no mode) runs the operator's
+    implementation directly; under a dispatch mode, the profiler or autograd it goes through
+    the operator, as any other."""
+    a, b = torch.randn(5, 7), torch.randn(3, 7)
+    want = torch.einsum("mk,nk->mn", a, b)
+    torch.testing.assert_close(tmm(a, b), want)
+
+    with _operator_log() as log:
         torch.testing.assert_close(tmm(a, b), want)
     assert any(o.startswith(f"tcstage.{tmm.op_name}") for o in log.ops), log.ops
     with torch.profiler.profile() as prof:
@@ -583,8 +587,6 @@ def test_recorded_eager_calls_skip_the_dispatcher_with_the_same_gradients(tmm):
     dispatcher's autograd wrapper (70-100 us a call): its gradients equal the registered
     operator's and einsum's; a dispatch mode, the profiler and double backward still see the
     operator."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     a = torch.nn.Parameter(torch.randn(5, 7, dtype=torch.float64))
     b = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
     d_out = torch.randn(5, 3, dtype=torch.float64)
@@ -601,16 +603,7 @@ def test_recorded_eager_calls_skip_the_dispatcher_with_the_same_gradients(tmm):
     only_b = torch.autograd.grad(tmm(a.detach(), b), b, d_out)[0]  # (needs_input_grad)
     torch.testing.assert_close(only_b, want[1])
 
-    class Log(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
-
-    with Log() as log:
+    with _operator_log() as log:
         tmm(a, b).sum().backward()
     assert any(o.startswith(f"tcstage.{tmm.op_name}") for o in log.ops), log.ops
     with torch.profiler.profile() as prof:
