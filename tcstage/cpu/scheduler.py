@@ -83,11 +83,19 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
     if others:
         raise NotScheduled(f"no CPU schedule family for {', '.join(others)} (partial writes, "
                            "scatters and several reductions into one tensor have none)")
-    if len(outputs) == 1 and _row_local(structure, output_names[0]):
-        anchor, report = _fused_rows(structure, funcs, outputs[0], plan)
-        return [anchor], report, ()
+    group = _row_group(structure, output_names)
+    report, fused = [], frozenset()
+    if group is not None:
+        row_output, fused = group
+        sub = attrs.evolve(structure, funcs=tuple(f for f in structure.funcs
+                                                  if f.name in fused))
+        k = output_names.index(row_output)
+        realized[k], report = _fused_rows(sub, funcs, outputs[k], plan)
+        if len(fused) == len(structure.funcs):
+            return realized, report, ()
     inputs = {f: images[n] for f, n in structure.inputs.items() if n in images}
-    anchors = _pointwise_anchors(structure, set(output_names))
+    anchors = {r: a for r, a in _pointwise_anchors(structure, set(output_names)).items()
+               if r not in fused and a not in fused}
     # a window reduction (a depthwise filter) read by one contraction alone: its register
     # tiles computed per register tile of the contraction, where they are read, not stored
     # whole (`_reduction`'s `at`)
@@ -97,8 +105,9 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
     padded = {v: w for w in windows for v in _padded(structure, structure.info(w),
                                                       structure.info(windows[w]), funcs)}
     plan.loops_kept |= {windows[w] for w in padded.values()}
-    report = []
     for info in structure.funcs:
+        if info.name in fused:
+            continue  # (in the row pipeline)
         f = funcs[info.name]
         readers = structure.readers.get(info.name, frozenset())
         is_output = info.name in output_names
@@ -230,6 +239,41 @@ def _row_local(structure, output: str) -> bool:
                                       or len(r.args) != len(other.args)):
                 return False
     return True
+
+
+def _row_group(structure, outputs: list[str]) -> tuple[str, frozenset] | None:
+    """(An output, the Funcs computed per block of its rows) where a row pipeline
+    (`_row_local`) serves part or all of the pipeline: the output with the largest group of
+    row-local producers that nothing outside the group reads. The others are scheduled as
+    usual, computed once, before: a layer norm's gradient fuses d_X's statements per block of
+    rows, while the centred input and variance that its column sums d_Gamma, d_Beta read too
+    are computed once. None where no output has a group of two Funcs or more."""
+    if len(outputs) == 1:
+        return (outputs[0], frozenset(f.name for f in structure.funcs)) \
+            if _row_local(structure, outputs[0]) else None
+    computed = {f.name for f in structure.funcs}
+    best = None
+    for output in outputs:
+        group, todo = set(), [output]
+        while todo:  # (the output and every computed Func it reads, transitively)
+            name = todo.pop()
+            if name in group:
+                continue
+            group.add(name)
+            todo += [r.func for r in structure.info(name).reads + structure.info(name).epilogue_reads
+                     if r.func in computed]
+        changed = True
+        while changed:  # (what a Func outside the group reads is computed before the group)
+            changed = False
+            for name in sorted(group - {output}):
+                if name in outputs or structure.readers.get(name, frozenset()) - group:
+                    group.discard(name)
+                    changed = True
+        sub = attrs.evolve(structure, funcs=tuple(f for f in structure.funcs if f.name in group))
+        if len(group) >= 2 and _row_local(sub, output) and \
+                (best is None or len(group) > len(best[1])):
+            best = (output, frozenset(group))
+    return best
 
 
 def _fused_rows(structure, funcs, output: hl.Func, plan: _Plan) -> tuple[hl.Func, list[str]]:

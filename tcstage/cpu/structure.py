@@ -237,7 +237,9 @@ def _reads(definition: dict) -> list[Read]:
             for a in t[2]:
                 walk(a)
             return
-        for x in t[1:]:
+        # (a node's operands after its tag; a call's arguments are a tuple of trees, all of
+        # them operands: `rsqrt(var(n) + eps)` read var, which went unseen)
+        for x in (t[1:] if isinstance(t[0], str) else t):
             walk(x)
 
     for t in (*definition["values"], *definition["args"]):
