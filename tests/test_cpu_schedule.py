@@ -636,31 +636,32 @@ def scatter_reference(A, I):
     return exact, magnitude
 
 
-@pytest.mark.parametrize("N,K", [(2, 1), (13, 7), (29, 29), (17, 5)])
-def test_scatter_falls_back_to_mullapudi_and_stays_correct(N, K):
+@pytest.mark.parametrize("N,K", [(2, 1), (13, 7), (29, 29), (17, 5), (1, 1), (300, 200)])
+def test_a_scatter_is_computed_definition_by_definition_at_every_size(N, K):
+    """A TC's scatter gets the structured schedule: its zero fill vectorised and parallel, the
+    scatter serial; Mullapudi2016, which it had before, failed on a single element (and ran
+    unscheduled with a warning). Every size of a kernel planned for the first runs it."""
     fn = define(SCATTER)
-    A, I = f32(N), rng.integers(0, N, K).astype(np.int32)
-    assert_sum_close(call(fn, A, I), *scatter_reference(A, I), K)
-    lines = fn.explain(A, I).splitlines()
-    assert lines[0].startswith("CPU schedule: Mullapudi2016"), lines
-    notes = [line for line in lines if line.strip().startswith("note:")]
-    assert len(notes) == 1 and "no CPU schedule family for" in notes[0], lines
-
-
-def test_scatter_of_one_element_runs_unscheduled_and_stays_correct():
-    # Mullapudi2016 fails on this pipeline at extents 1 (as it did before the structured
-    # scheduler): the call warns and runs Halide's unscheduled code
-    fn = define(SCATTER)
-    A, I = f32(1), np.zeros(1, np.int32)
-    with pytest.warns(tc.TCWarning, match="runs unscheduled"):
-        got = fn(A, I)
-    assert_sum_close(got, *scatter_reference(A, I), 1)
+    first = None
+    for n, k in [(N, K), (max(1, N // 3), max(1, min(K // 2, N // 3))), (1, 1)]:  # (K <= N)
+        A, I = f32(n), rng.integers(0, n, k).astype(np.int32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", tc.TCWarning)
+            assert_sum_close(call(fn, A, I), *scatter_reference(A, I), k)
+        first = first or fn.explain(A, I).splitlines()
+    assert first[0].startswith("CPU schedule: tcstage"), first
+    assert not any(line.strip().startswith("note:") for line in first), first
+    assert "computed once, definition by definition: pointwise" in first[1], first
+    assert first[1].endswith("; serial") and ("in vectors of" in first[1]) == (N >= 16), first
 
 
 def test_a_failing_fallback_is_named_in_the_warning():
-    fn = define(SCATTER)
+    # (Mullapudi2016 fails on this pipeline at extents 1: the call warns and runs Halide's
+    # unscheduled code)
+    fn, A, I = define(SCATTER), f32(1), np.zeros(1, np.int32)
     with pytest.warns(tc.TCWarning, match="runs unscheduled") as record:
-        fn(f32(1), np.zeros(1, np.int32))
+        got = fn(A, I, schedule="Mullapudi2016")
+    assert_sum_close(got, *scatter_reference(A, I), 1)
     message = next(str(w.message) for w in record if "runs unscheduled" in str(w.message))
     assert "Mullapudi2016" in message and "CpuSchedule() autoscheduler" not in message, message
 
@@ -674,10 +675,42 @@ def test_a_failing_fallback_is_named_in_the_warning():
     ("def two(float(N,M) A, float(N,M) B) -> (O) { O(i) +=! A(i,j)\n O(i) += B(i,j) }",
      lambda: (f32(7, 13), f32(7, 13)), lambda A, B: A.sum(1) + B.sum(1)),
 ])
-def test_other_families_fall_back_with_a_note(source, inputs, reference):
+def test_other_families_are_computed_definition_by_definition(source, inputs, reference):
     fn = define(source)
     args = inputs()
     exact = reference(*(a.astype(np.float64) for a in args))
     np.testing.assert_allclose(call(fn, *args), exact, rtol=1e-5, atol=1e-5)
     lines = fn.explain(*args).splitlines()
-    assert lines[0].startswith("CPU schedule: Mullapudi2016") and "note:" in lines[1], lines
+    assert lines[0].startswith("CPU schedule: tcstage") and "note:" not in lines[1], lines
+    assert "computed once, definition by definition" in lines[1], lines
+    smaller = [a[:max(1, a.shape[0] // 2)] for a in args]  # (the kernel planned above)
+    exact = reference(*(a.astype(np.float64) for a in smaller))
+    np.testing.assert_allclose(call(fn, *smaller), exact, rtol=1e-5, atol=1e-5)
+
+
+def test_scatter_gradients_serve_calls_smaller_than_their_plan():
+    """The gradients of cross-entropy (a scatter of -1/N at the labels among row updates) and
+    of a mean embedding bag (rows scattered into the table), planned at training sizes and
+    then called at a last, smaller batch: Mullapudi2016's schedule failed there and the calls
+    ran unscheduled with a warning. Against numpy."""
+    from pathlib import Path
+    source = (Path(__file__).parent.parent / "examples" / "nn.tc").read_text()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)
+        ce = tc.define(tc.gradient(source, "cross_entropy")).cross_entropy_grad
+        bag = tc.define(tc.gradient(source, "embedding_bag_mean")).embedding_bag_mean_grad
+    for N, C in [(256, 512), (7, 512), (7, 13), (1, 1)]:
+        X, L = f32(N, C), rng.integers(0, C, N).astype(np.int32)
+        E = np.exp(X - X.max(1, keepdims=True))
+        want = E / E.sum(1, keepdims=True)
+        want[np.arange(N), L] -= 1
+        np.testing.assert_allclose(call(ce, X, L, np.float32(1), np.float32(1)), want / N,
+                                   rtol=1e-4, atol=1e-6)
+    for E, D, B, Lb in [(1000, 64, 256, 50), (10, 7, 3, 2), (5, 1, 1, 1)]:
+        T, I, dO = f32(E, D), rng.integers(0, E, (B, Lb)).astype(np.int32), f32(B, D)
+        want = np.zeros((E, D))
+        np.add.at(want, I.ravel(), np.repeat(dO / Lb, Lb, axis=0))
+        np.testing.assert_allclose(call(bag, T, I, np.zeros((B, D), np.float32), dO), want,
+                                   rtol=1e-5, atol=1e-6)
+    lines = bag.explain(T, I, np.zeros((B, D), np.float32), dO).splitlines()
+    assert lines[0].startswith("CPU schedule: tcstage") and "a scatter of rows" in lines[1], lines

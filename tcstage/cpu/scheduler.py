@@ -3,8 +3,10 @@
 `schedule_pipeline` takes a pipeline's Funcs (fresh, unscheduled ones: a lowered TC function's,
 or a copy of a Halide pipeline's), a `CpuSchedule` and the sizes to plan for, schedules every
 Func with Halide's scheduling API, and returns the Funcs the pipeline should realize (an output
-that is a reduction is realized through its tile wrapper). It refuses (`NotScheduled`) a
-pipeline with a Func outside its families; the caller then uses an autoscheduler.
+that is a reduction is realized through its tile wrapper). A TC's Func outside the families
+(a scatter, several reductions into one tensor) is computed once, definition by definition
+(`_each_update`); a Halide pipeline with one beside a reduction is refused (`NotScheduled`),
+and the caller then uses an autoscheduler.
 
 The schedule of a reduction `R(p0, p1, ...) op= f(reads)` (p0 innermost, all sizes from the
 plan):
@@ -42,6 +44,7 @@ import halide as hl
 from tcstage.cpu.options import CpuSchedule
 from tcstage.cpu.structure import FuncInfo, analyse, variables
 from tcstage.errors import TCError
+from tcstage.halide import _native
 
 
 class NotScheduled(TCError):
@@ -80,9 +83,10 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
                    "unrolled in each vector (as are its producers')" for k, j, e in held]
         return realized, report, held
     others = [f.name for f in structure.funcs if f.family == "other"]
-    if others:
+    if others and stencils:  # (a Halide pipeline's scatter or scan beside a contraction)
         raise NotScheduled(f"no CPU schedule family for {', '.join(others)} (partial writes, "
-                           "scatters and several reductions into one tensor have none)")
+                           "scatters and several reductions into one tensor have none in a "
+                           "Halide pipeline with reductions)")
     group = _row_group(structure, output_names)
     report, fused = [], frozenset()
     if group is not None:
@@ -113,6 +117,12 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
         is_output = info.name in output_names
         if info.name in anchors.values() or info.name in windows or info.name in padded:
             continue  # (scheduled with the reduction that reads it, or that it reads)
+        if info.family == "other":
+            # (a scatter, several reductions into one tensor: computed once, its updates in
+            # parallel where each writes at its own point; no split that a smaller call
+            # could not run, where Mullapudi2016's failed below the planned sizes)
+            report.append(f"{info.name}: {_each_update(f, info, plan)}")
+            continue
         if info.family == "pointwise":
             read_by_reduction = any(structure.info(r).family == "reduction" for r in readers)
             if info.view and not is_output and stencils:
@@ -260,8 +270,8 @@ def _row_group(structure, outputs: list[str]) -> tuple[str, frozenset] | None:
             if name in group:
                 continue
             group.add(name)
-            todo += [r.func for r in structure.info(name).reads + structure.info(name).epilogue_reads
-                     if r.func in computed]
+            info = structure.info(name)
+            todo += [r.func for r in info.reads + info.epilogue_reads if r.func in computed]
         changed = True
         while changed:  # (what a Func outside the group reads is computed before the group)
             changed = False
@@ -463,6 +473,68 @@ def _computed_once(f: hl.Func, info: FuncInfo, plan: _Plan, at=None,
             f.update(j).unscheduled()
     return "a scatter or scan, computed once" + (
         f", its update{'s' * (info.epilogue > 1)} in parallel along {along}" if along else "")
+
+
+def _each_update(f: hl.Func, info: FuncInfo, plan: _Plan) -> str:
+    """A Func outside the families in a TC's pipeline (a gradient's scatter, several
+    reductions into one tensor: `d_X(n, Label(n)) += ...` among updates `d_X(n, c) += ...`),
+    computed once, each definition scheduled alone, with every split guarding its tail, so
+    that a call smaller than the plan runs the same code (Mullapudi2016's splits, which it had
+    before, failed there):
+    - the pure definition, and each update that rewrites every point in place, vectorised
+      along the innermost variable and parallel along the outermost, like a pointwise pass;
+    - an update whose innermost subscript is an RVar alone (a scatter of rows,
+      `d_Table(Index(b, l), r_d) += ...`) with that RVar innermost and vectorised: each lane
+      writes its own element;
+    - another update that writes at its own point along some pure variables (a reduction
+      into the tensor, `d_M(n) += sum over c`) vectorised along the innermost of them (its
+      reduction inside, on vectors) and parallel along the outermost;
+    - any other update serially."""
+    f.compute_root()
+    extents = plan.extents.get(info.name, ())
+    lanes = plan.lanes(f.types()[0])
+    wide = bool(extents) and extents[0] >= lanes
+    parallel = plan.schedule.parallel_outer
+    stages = [(f, True, info.args, "")] + [
+        (f.update(j), info.update_in_place[j], info.update_own[j], info.update_inner_rvar[j])
+        for j in range(info.epilogue)]
+    said = []
+    for k, (stage, in_place, own, inner) in enumerate(stages):
+        x, outer = hl.Var(info.args[0]), hl.Var(info.args[-1])
+        if in_place or (own and own[0] == info.args[0]):
+            what = "pointwise" if in_place else "a reduction into it"
+            if wide:
+                xo, xi = hl.Var(f"{info.args[0]}_o"), hl.Var(f"{info.args[0]}_i")
+                stage.split(x, xo, xi, lanes, hl.TailStrategy.GuardWithIf).vectorize(xi)
+                what += f", {info.args[0]} in vectors of {lanes}"
+                if len(info.args) == 1 and parallel:  # (1-D: its vectors are the tasks)
+                    stage.parallel(xo)
+                    what += ", in parallel over vectors"
+            if len(info.args) > 1 and parallel and (in_place or info.args[-1] in own):
+                stage.parallel(outer)
+                what += f", in parallel along {info.args[-1]}"
+            said.append(what)
+        elif inner:
+            r = hl.RVar(inner)
+            stage.reorder(r, *(hl.RVar(v) for v in _update_rvars(f, k - 1) if v != inner))
+            if wide:
+                ro, ri = hl.RVar(f"{inner}_o"), hl.RVar(f"{inner}_i")
+                stage.split(r, ro, ri, lanes, hl.TailStrategy.GuardWithIf).vectorize(ri)
+            said.append(f"a scatter of rows, {inner} innermost"
+                        + (f" in vectors of {lanes}" if wide else ""))
+        elif own and parallel:
+            stage.parallel(hl.Var(own[-1]))
+            said.append(f"in parallel along {own[-1]}")
+        else:
+            if k:
+                stage.unscheduled()
+            said.append("serial")
+    return "computed once, definition by definition: " + "; ".join(said)
+
+
+def _update_rvars(f: hl.Func, j: int) -> list[str]:
+    """The RVars of update j, innermost first."""
+    return [rv[0] for rv in _native.func_definitions(f)["definitions"][j + 1]["rvars"]]
 
 
 def _column_scan(f: hl.Func, info: FuncInfo, plan: _Plan, lanes: int, width: int,

@@ -67,6 +67,11 @@ class FuncInfo:
     operations: int = 0  # pointwise: the arithmetic its values compute, in nodes (subscripts
     #                      and the values they read not counted)
     epilogue_reads: tuple[Read, ...] = ()  # a reduction: what its in-place updates read
+    update_own: tuple[tuple[str, ...], ...] = ()  # "other": per update, `parallel`'s variables
+    update_in_place: tuple[bool, ...] = ()  # "other": per update, whether it rewrites every
+    #                                          point from itself (`O(n,c) += ...` after a scatter)
+    update_inner_rvar: tuple[str, ...] = ()  # "other": per update, an RVar that is its
+    #   innermost subscript alone ("" if none): a scatter of rows, `T(I(b,l), r_d) += ...`
 
     @property
     def contraction(self) -> bool:
@@ -159,11 +164,22 @@ def _classify(d: dict) -> FuncInfo:
     # A scatter or a scan: its updates may still write each point of some pure variables at
     # that point alone (a histogram per row: `h(bin(r, y), y) += 1` along y)
     # (Halide makes every read of the Func itself in them keep that point too)
-    own = [k for k, a in enumerate(pure_args)
-           if all(len(u["args"]) == len(args) and u["args"][k] == a for u in updates)]
+    def own_of(u) -> tuple[str, ...]:  # the pure variables it writes at their own point
+        return tuple(args[k] for k, a in enumerate(pure_args)
+                     if len(u["args"]) == len(args) and u["args"][k] == a)
+    def inner_rvar(u) -> str:  # an RVar written alone at the innermost subscript, else ""
+        rvars = {rv[0] for rv in u["rvars"]}
+        first = u["args"][0] if u["args"] else None
+        if first and first[0] == "var" and first[1] in rvars and \
+                not any(first[1] in variables(a) for a in u["args"][1:]):
+            return first[1]
+        return ""
     reads = tuple(r for u in defs for r in _reads(u) if r.func != name)
     return FuncInfo(name, args, "other", reads=reads, epilogue=len(updates),
-                    parallel=tuple(args[k] for k in own))
+                    parallel=tuple(a for a in args if all(a in own_of(u) for u in updates)),
+                    update_own=tuple(own_of(u) for u in updates),
+                    update_in_place=tuple(in_place(u) for u in updates),
+                    update_inner_rvar=tuple(inner_rvar(u) for u in updates))
 
 
 def _combining(value, self_read) -> str:
