@@ -199,8 +199,10 @@ class TCOp:
 
     def __call__(self, *args, **kwargs):
         # (what `_check_call` checks depends on the arguments' types alone: a call with the
-        # types of one that passed skips it, 4 us of a 35 us call)
-        types = None if kwargs or self.polymorphic else tuple(map(type, args))
+        # types of one that passed skips it, 4 us of a 35 us call; not while torch.compile
+        # traces the call, which would guard on the memo and trace again once it grew)
+        types = None if kwargs or self.polymorphic or torch.compiler.is_compiling() \
+            else tuple(map(type, args))
         if types is None or types not in self._checked_types:
             self._check_call(args, kwargs)
             if types is not None:
