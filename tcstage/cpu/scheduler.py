@@ -489,8 +489,13 @@ def _each_update(f: hl.Func, info: FuncInfo, plan: _Plan) -> str:
     - another update that writes at its own point along some pure variables (a reduction
       into the tensor, `d_M(n) += sum over c`) vectorised along the innermost of them (its
       reduction inside, on vectors) and parallel along the outermost;
-    - any other update serially."""
+    - any other update serially.
+    A scalar (a gradient's total of several sums) is computed once, serially."""
     f.compute_root()
+    if not info.args:
+        for j in range(info.epilogue):
+            f.update(j).unscheduled()
+        return "a scalar, computed once, serially"
     extents = plan.extents.get(info.name, ())
     lanes = plan.lanes(f.types()[0])
     wide = bool(extents) and extents[0] >= lanes
