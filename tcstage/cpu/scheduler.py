@@ -44,7 +44,6 @@ import halide as hl
 from tcstage.cpu.options import CpuSchedule
 from tcstage.cpu.structure import FuncInfo, analyse, variables
 from tcstage.errors import TCError
-from tcstage.halide import _native
 
 
 class NotScheduled(TCError):
@@ -91,10 +90,8 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
     report, fused = [], frozenset()
     if group is not None:
         row_output, fused = group
-        sub = attrs.evolve(structure, funcs=tuple(f for f in structure.funcs
-                                                  if f.name in fused))
         k = output_names.index(row_output)
-        realized[k], report = _fused_rows(sub, funcs, outputs[k], plan)
+        realized[k], report = _fused_rows(_restricted(structure, fused), funcs, outputs[k], plan)
         if len(fused) == len(structure.funcs):
             return realized, report, ()
     inputs = {f: images[n] for f, n in structure.inputs.items() if n in images}
@@ -279,8 +276,7 @@ def _row_group(structure, outputs: list[str]) -> tuple[str, frozenset] | None:
                 if name in outputs or structure.readers.get(name, frozenset()) - group:
                     group.discard(name)
                     changed = True
-        sub = attrs.evolve(structure, funcs=tuple(f for f in structure.funcs if f.name in group))
-        if len(group) >= 2 and _row_local(sub, output) and \
+        if len(group) >= 2 and _row_local(_restricted(structure, group), output) and \
                 (best is None or len(group) > len(best[1])):
             best = (output, frozenset(group))
     return best
@@ -475,6 +471,11 @@ def _computed_once(f: hl.Func, info: FuncInfo, plan: _Plan, at=None,
         f", its update{'s' * (info.epilogue > 1)} in parallel along {along}" if along else "")
 
 
+def _restricted(structure, names):
+    """The structure with only the Funcs named (their readers and the inputs as they are)."""
+    return attrs.evolve(structure, funcs=tuple(f for f in structure.funcs if f.name in names))
+
+
 def _each_update(f: hl.Func, info: FuncInfo, plan: _Plan) -> str:
     """A Func outside the families in a TC's pipeline (a gradient's scatter, several
     reductions into one tensor: `d_X(n, Label(n)) += ...` among updates `d_X(n, c) += ...`),
@@ -500,12 +501,12 @@ def _each_update(f: hl.Func, info: FuncInfo, plan: _Plan) -> str:
     lanes = plan.lanes(f.types()[0])
     wide = bool(extents) and extents[0] >= lanes
     parallel = plan.schedule.parallel_outer
-    stages = [(f, True, info.args, "")] + [
-        (f.update(j), info.update_in_place[j], info.update_own[j], info.update_inner_rvar[j])
-        for j in range(info.epilogue)]
+    stages = [(f, True, info.args, "", ())] + [
+        (f.update(j), info.update_in_place[j], info.update_own[j], info.update_inner_rvar[j],
+         info.update_rvars[j]) for j in range(info.epilogue)]
+    x, outer = hl.Var(info.args[0]), hl.Var(info.args[-1])
     said = []
-    for k, (stage, in_place, own, inner) in enumerate(stages):
-        x, outer = hl.Var(info.args[0]), hl.Var(info.args[-1])
+    for k, (stage, in_place, own, inner, rvars) in enumerate(stages):
         if in_place or (own and own[0] == info.args[0]):
             what = "pointwise" if in_place else "a reduction into it"
             if wide:
@@ -521,7 +522,7 @@ def _each_update(f: hl.Func, info: FuncInfo, plan: _Plan) -> str:
             said.append(what)
         elif inner:
             r = hl.RVar(inner)
-            stage.reorder(r, *(hl.RVar(v) for v in _update_rvars(f, k - 1) if v != inner))
+            stage.reorder(r, *(hl.RVar(v) for v in rvars if v != inner))
             if wide:
                 ro, ri = hl.RVar(f"{inner}_o"), hl.RVar(f"{inner}_i")
                 stage.split(r, ro, ri, lanes, hl.TailStrategy.GuardWithIf).vectorize(ri)
@@ -535,11 +536,6 @@ def _each_update(f: hl.Func, info: FuncInfo, plan: _Plan) -> str:
                 stage.unscheduled()
             said.append("serial")
     return "computed once, definition by definition: " + "; ".join(said)
-
-
-def _update_rvars(f: hl.Func, j: int) -> list[str]:
-    """The RVars of update j, innermost first."""
-    return [rv[0] for rv in _native.func_definitions(f)["definitions"][j + 1]["rvars"]]
 
 
 def _column_scan(f: hl.Func, info: FuncInfo, plan: _Plan, lanes: int, width: int,

@@ -72,6 +72,8 @@ class FuncInfo:
     #                                          point from itself (`O(n,c) += ...` after a scatter)
     update_inner_rvar: tuple[str, ...] = ()  # "other": per update, an RVar that is its
     #   innermost subscript alone ("" if none): a scatter of rows, `T(I(b,l), r_d) += ...`
+    update_rvars: tuple[tuple[str, ...], ...] = ()  # "other": per update, its RVars,
+    #                                                  innermost first
 
     @property
     def contraction(self) -> bool:
@@ -179,7 +181,8 @@ def _classify(d: dict) -> FuncInfo:
                     parallel=tuple(a for a in args if all(a in own_of(u) for u in updates)),
                     update_own=tuple(own_of(u) for u in updates),
                     update_in_place=tuple(in_place(u) for u in updates),
-                    update_inner_rvar=tuple(inner_rvar(u) for u in updates))
+                    update_inner_rvar=tuple(inner_rvar(u) for u in updates),
+                    update_rvars=tuple(tuple(rv[0] for rv in u["rvars"]) for u in updates))
 
 
 def _combining(value, self_read) -> str:

@@ -160,10 +160,7 @@ class _Generator:
 
     # -- names -----------------------------------------------------------------------------
     def fresh(self, base: str) -> str:
-        name, k = base, 1
-        while name in self.taken:
-            k += 1
-            name = f"{base}{k}" if not base[-1].isdigit() else f"{base}_{k}"
+        name = _name(base, self.taken)
         self.taken.add(name)
         return name
 
@@ -535,8 +532,7 @@ class _Generator:
             final_where.append((u, lo, hi))
             if u in phases:
                 ph = phases[u]
-                where.append((ph.quotient, S.const(0),
-                              S.div(S.add(hi, S.const(ph.stride - 1)), S.const(ph.stride))))
+                where.append((ph.quotient, S.const(0), _ceil_div(hi, ph.stride)))
                 positions[u] = S.add(S.mul(S.const(ph.stride), S.var(ph.quotient)),
                                      S.var(ph.phase))
                 continue
@@ -597,9 +593,10 @@ class _Generator:
         if not S.is_const(self.dim_range(forward_tensor, d)[0], 0):
             return None
         s, sign = c0.value, ck.value
-        taken = used | set(lhs) | self.taken | {n for ph in phases.values()
-                                                for n in (ph.quotient, ph.phase, ph.step)}
-        quotient, phase = _name(f"{u}o", taken), _name(f"{u}p", taken | {f"{u}o"})
+        taken = used | set(lhs) | self.taken | {name for ph in phases.values()
+                                                for name in (ph.quotient, ph.phase, ph.step)}
+        quotient = _name(f"{u}o", taken)
+        phase = _name(f"{u}p", taken | {quotient})
         step = _name(f"j{k}", taken | {quotient, phase})
         lo, hi = self.var_range(n, k)
         # With a = sign*(p - offset) - lo: k = lo + a % s + s*j and x = q + sign*(a / s - j)
@@ -610,10 +607,10 @@ class _Generator:
         x_value = S.sub(S.add(S.var(quotient), S.mul(S.const(sign), S.div(a, S.const(s)))),
                         S.mul(S.const(sign), S.var(step)))
         lo0, hi0 = S._uncast(lo), S._uncast(hi)
-        steps = S.const(-(-(hi0.value - lo0.value) // s)) \
-            if isinstance(lo0, C.Const) and isinstance(hi0, C.Const) else \
-            S.div(S.add(S.sub(hi, lo), S.const(s - 1)), S.const(s))
-        return _Phase(s, quotient, phase, step, steps, k, hi, {x: x_value, k: k_value})
+        extent = S.const(hi0.value - lo0.value) \
+            if isinstance(lo0, C.Const) and isinstance(hi0, C.Const) else S.sub(hi, lo)
+        return _Phase(s, quotient, phase, step, _ceil_div(extent, s), k, hi,
+                      {x: x_value, k: k_value})
 
     def emit_in_phases(self, d_target: str, op: str, lhs: list, phases: dict, rhs: C.Expr,
                        where: list, final_where: list, padded: frozenset, type) -> None:
@@ -628,7 +625,6 @@ class _Generator:
         order = {name: k for k, name in enumerate(indices)}
         where.sort(key=lambda w: order.get(w[0], len(order)))
         staged = self.fresh(f"{d_target}_phases")
-        self.taken.add(staged)
         self.emit(GradStatement(staged, tuple(indices), "+=!", rhs, tuple(where), padded))
         at = {u: (C.Binary("%", S.var(u), S.const(ph.stride), INT32),
                   S.div(S.var(u), S.const(ph.stride))) for u, ph in phases.items()}
@@ -766,11 +762,20 @@ class _Phase:
 
 
 def _name(base: str, taken: set) -> str:
+    """`base`, or base2, base3, ... (base_2, ... after a digit): the first not in `taken`."""
     name, k = base, 1
     while name in taken:
         k += 1
-        name = f"{base}{k}"
+        name = f"{base}{k}" if not base[-1].isdigit() else f"{base}_{k}"
     return name
+
+
+def _ceil_div(e: C.Expr, s: int) -> C.Expr:
+    """e / s rounded up, folded where e is a constant."""
+    e0 = S._uncast(e)
+    if isinstance(e0, C.Const) and not isinstance(e0.value, bool):
+        return S.const(-(-e0.value // s))
+    return S.div(S.add(e, S.const(s - 1)), S.const(s))
 
 
 def _count_absent(rhs: C.Expr, lhs: set, where: list) -> tuple[C.Expr, list]:

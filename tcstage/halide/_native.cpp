@@ -967,11 +967,11 @@ int py_call_argv(std::uintptr_t entry, const py::list &args, const py::list &kin
     for (size_t k = 0; k < n; ++k) {
         const int kind = kinds[k].cast<int>();
         if (kind >= 0) {
-            auto a = py::reinterpret_borrow<py::array>(args[k]);
             if (!py::isinstance<py::array>(args[k])) {
                 throw std::invalid_argument("call_argv: argument " + std::to_string(k) +
                                             " is not a numpy array");
             }
+            auto a = py::reinterpret_borrow<py::array>(args[k]);
             const int ndim = static_cast<int>(a.ndim());
             const auto itemsize = static_cast<py::ssize_t>(a.itemsize());
             dims[k].resize(ndim);

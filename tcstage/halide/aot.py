@@ -131,27 +131,28 @@ DEFAULT_SPIN_US = 1000
 def pool_threads() -> int:
     """The threads a parallel loop runs on: $HL_NUM_THREADS, as for Halide's own pool, else
     the cores this process may use."""
-    value = os.environ.get("HL_NUM_THREADS", "")
-    try:
-        return max(1, int(value))
-    except ValueError:
-        if value:
-            warn(f"HL_NUM_THREADS={value!r} is not a whole number: using every core")
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-            else os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+        else os.cpu_count() or 1
+    return max(1, _whole_number("HL_NUM_THREADS", cores, "a whole number: using every core"))
 
 
 def pool_spin_us() -> int:
     """How long an idle worker spins before it sleeps (microseconds): $TCSTAGE_SPIN_US, else
     DEFAULT_SPIN_US (pool.c says why it spins)."""
-    value = os.environ.get("TCSTAGE_SPIN_US", "")
+    return max(0, _whole_number("TCSTAGE_SPIN_US", DEFAULT_SPIN_US,
+                                f"a whole number of microseconds: using {DEFAULT_SPIN_US}"))
+
+
+def _whole_number(variable: str, default: int, otherwise: str) -> int:
+    """$variable as an int; `default` where it is unset, and with a warning ending
+    "is not <otherwise>" where it is not a whole number."""
+    value = os.environ.get(variable, "")
     try:
-        return max(0, int(value))
+        return int(value)
     except ValueError:
         if value:
-            warn(f"TCSTAGE_SPIN_US={value!r} is not a whole number of microseconds: using "
-                 f"{DEFAULT_SPIN_US}")
-        return DEFAULT_SPIN_US
+            warn(f"{variable}={value!r} is not {otherwise}")
+        return default
 
 
 def _runtime(directory: str, target: hl.Target) -> str:
@@ -173,21 +174,10 @@ def _runtime(directory: str, target: hl.Target) -> str:
 
 # -- pipelines --------------------------------------------------------------------------------------
 
-_CTYPES = {("int", 8): ctypes.c_int8, ("int", 16): ctypes.c_int16, ("int", 32): ctypes.c_int32,
-           ("int", 64): ctypes.c_int64, ("uint", 1): ctypes.c_bool, ("uint", 8): ctypes.c_uint8,
-           ("uint", 16): ctypes.c_uint16, ("uint", 32): ctypes.c_uint32,
-           ("uint", 64): ctypes.c_uint64, ("float", 32): ctypes.c_float,
-           ("float", 64): ctypes.c_double}
-
-
-# halide_type_code_t (HalideRuntime.h) << 8 | bits, as _native.call_argv takes types
+# halide_type_code_t (HalideRuntime.h) << 8 | bits: a type as _native.call_argv takes it
 _INT, _UINT, _FLOAT, _BFLOAT = 0, 1, 2, 4
-_NATIVE_TYPES = {ctypes.c_int8: _INT << 8 | 8, ctypes.c_int16: _INT << 8 | 16,
-                 ctypes.c_int32: _INT << 8 | 32, ctypes.c_int64: _INT << 8 | 64,
-                 ctypes.c_bool: _UINT << 8 | 1, ctypes.c_uint8: _UINT << 8 | 8,
-                 ctypes.c_uint16: _UINT << 8 | 16, ctypes.c_uint32: _UINT << 8 | 32,
-                 ctypes.c_uint64: _UINT << 8 | 64, ctypes.c_float: _FLOAT << 8 | 32,
-                 ctypes.c_double: _FLOAT << 8 | 64}
+_SCALAR_TYPES = {(_INT, 8), (_INT, 16), (_INT, 32), (_INT, 64), (_UINT, 1), (_UINT, 8),
+                 (_UINT, 16), (_UINT, 32), (_UINT, 64), (_FLOAT, 32), (_FLOAT, 64)}
 _buffer_kinds: dict = {}
 
 
@@ -209,13 +199,13 @@ def _buffer_kind(dtype: np.dtype) -> int:
     return kind
 
 
-def _scalar_kind(t: hl.Type):
-    code = "float" if t.is_float() else "uint" if t.is_uint() or t.is_bool() else "int"
-    kind = _CTYPES.get((code, t.bits()))
-    if kind is None:
+def _scalar_kind(t: hl.Type) -> int:
+    """A scalar Param's type as _native.call_argv takes a scalar: -(code << 8 | bits) - 1."""
+    code = _FLOAT if t.is_float() else _UINT if t.is_uint() or t.is_bool() else _INT
+    if (code, t.bits()) not in _SCALAR_TYPES:
         raise TCError(f"the CPU kernel cache cannot pass a scalar of Halide type {t}",
                       notes=("this is a bug in tcstage",))
-    return kind
+    return -(code << 8 | t.bits()) - 1
 
 
 class AotPipeline:
@@ -224,12 +214,8 @@ class AotPipeline:
 
     def __init__(self, path: str, kinds: list):
         self.library = ctypes.CDLL(path)
-        self.entry = getattr(self.library, f"{ENTRY}_argv")
-        self.entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-        self.entry.restype = ctypes.c_int
-        self.address = ctypes.cast(self.entry, ctypes.c_void_p).value
-        self.kinds = kinds  # per argument: a ctypes scalar type, or None for a buffer
-        self.scalar_kinds = [None if k is None else -_NATIVE_TYPES[k] - 1 for k in kinds]
+        self.address = ctypes.cast(getattr(self.library, f"{ENTRY}_argv"), ctypes.c_void_p).value
+        self.scalar_kinds = kinds  # per argument: _scalar_kind's, or None for a buffer
         self.path = path
 
     def run(self, values: list, mins: dict) -> None:
