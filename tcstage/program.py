@@ -22,7 +22,8 @@ import numpy as np
 
 from tcstage.errors import TCArgumentError, TCError, TCSemanticError, warn
 from tcstage.halide import ranges as R
-from tcstage.halide.jit import DEFAULT_SCHEDULE, CpuKernel, needs_large_buffers, schedule_name
+from tcstage.halide.jit import (DEFAULT_SCHEDULE, OUTPUT_ALIGNMENT, CpuKernel, PreparedRun,
+                                aligned_empty, needs_large_buffers, schedule_name)
 from tcstage.halide.lower import Lowered, lower
 from tcstage.halide.solver import evaluate
 from tcstage.lang import ast, ellipsis
@@ -412,13 +413,14 @@ class TCFunction:
             if fast is not None:
                 return fast(args)
         kernel, b, torch_in = self._cpu_kernel(args, named, out, schedule, specialize_shapes)
-        if key is not None and not torch_in and not b.inout:
-            if len(self._fast_calls) > 1024:  # a memo for loops over a few shapes
-                self._fast_calls.clear()
-            self._fast_calls[key] = _FastCall(kernel, self.checked, b.sizes,
-                                              torch=torch_in is not None)
         results = kernel(b.arrays, b.scalars, b.inout, b.sizes,
                          allocate=_torch_aligned_empty if torch_in is not None else None)
+        if key is not None and not torch_in and not b.inout:
+            # (made after the run, which chose the pipeline serving these sizes)
+            if len(self._fast_calls) > 1024:  # a memo for loops over a few shapes
+                self._fast_calls.clear()
+            self._fast_calls[key] = _FastCall.of(kernel, self.checked, b.sizes, args,
+                                                 torch=torch_in is not None)
         for name, res in zip(self.checked.outputs, results):
             if name in b.inout:  # in/out outputs are updated in place, like numpy's out=
                 b.inout[name][...] = res
@@ -487,9 +489,9 @@ def _fast_key(args) -> tuple | None:
             key.append((type(a), a))
         else:
             torch = torch or _torch()
+            # (no is_conj(): only a complex tensor has the bit, and no call with one passes)
             if torch is None or type(a) is not torch.Tensor or not a.is_cpu or \
-                    a.layout != torch.strided or a.is_conj() or a.is_neg() or \
-                    a.data_ptr() % a.element_size():
+                    a.layout != torch.strided or a.is_neg() or a.data_ptr() % a.element_size():
                 return None
             key.append((a.shape, a.dtype, a.stride()))
     return tuple(key)
@@ -500,20 +502,71 @@ class _FastCall:
     """A call whose arguments have the key (`_fast_key`) of one that was checked and bound
     already: it goes straight to the kernel, with the sizes that call found. (The full path
     costs about 20 us per call with numpy arrays and 60 with tensors, as much as a small
-    kernel.) With PyTorch tensors among the arguments (`torch`), they are read through numpy
-    views and the outputs are PyTorch's, as on the full path."""
+    kernel.) With PyTorch tensors among the arguments (`torch`), the outputs are PyTorch's.
+    Where the key fixes every layout the pipeline takes as it is (`prepared`), a call passes
+    the arrays' addresses to the compiled library and allocates the outputs, nothing more;
+    otherwise tensors are read through numpy views, as on the full path."""
 
     kernel: CpuKernel
     fn: C.Function
     sizes: dict
     torch: bool = False
+    prepared: PreparedRun | None = None
     sorted_sizes: tuple = attrs.field(init=False)
+    torch_dtypes: tuple = attrs.field(init=False)  # of the outputs, where prepared and torch
 
     @sorted_sizes.default
     def _sorted(self) -> tuple:
         return tuple(sorted(self.sizes.items()))
 
+    @torch_dtypes.default
+    def _torch_dtypes(self) -> tuple:
+        if self.prepared is None or not self.torch:
+            return ()
+        return tuple(_as_torch(np.empty(0, dtype)).dtype for _, dtype in self.prepared.outputs)
+
+    @staticmethod
+    def of(kernel: CpuKernel, fn: C.Function, sizes: dict, args, torch: bool) -> "_FastCall":
+        """The memo of a call with these arguments, after it ran."""
+        inputs = []
+        for t, a in zip(fn.inputs, args):
+            if not t.rank:
+                inputs.append(a)
+            elif type(a) is np.ndarray and a.flags.c_contiguous and a.flags.aligned:
+                inputs.append((a.shape, a.dtype))
+            elif type(a) is not np.ndarray and a.is_contiguous():
+                inputs.append((tuple(a.shape), _tensor_view(a).dtype))
+            else:
+                inputs = None
+                break
+        fast = _FastCall(kernel, fn, sizes, torch)
+        if inputs is not None:
+            fast = attrs.evolve(fast, prepared=kernel.prepared(fast.sorted_sizes, inputs))
+        return fast
+
     def __call__(self, args):
+        prepared = self.prepared
+        if prepared is not None:
+            hosts = [a if type(a) is np.ndarray else a.data_ptr()
+                     for a in map(args.__getitem__, prepared.buffers)]
+            outputs = []
+            if self.torch:
+                empty = _torch().empty
+                for (shape, like), dtype in zip(prepared.outputs, self.torch_dtypes):
+                    out = empty(shape, dtype=dtype)
+                    host = out.data_ptr()
+                    if host % OUTPUT_ALIGNMENT:  # (PyTorch's allocator aligns to 64: never)
+                        out = _as_torch(_torch_aligned_empty(shape, like))
+                        host = out.data_ptr()
+                    outputs.append(out)
+                    hosts.append(host)
+            else:
+                for shape, dtype in prepared.outputs:
+                    outputs.append(aligned_empty(shape, dtype))
+                hosts += outputs
+            if prepared.call(hosts) == 0:
+                return outputs[0] if len(outputs) == 1 else tuple(outputs)
+            # (a failure: the full run below says what failed, or runs another pipeline)
         arrays, scalars = {}, {}
         for t, a in zip(self.fn.inputs, args):
             if not t.rank:
@@ -551,7 +604,7 @@ def _subscripts_read_computed_tensors(fn: C.Function) -> bool:
 def _torch_aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An output array in memory PyTorch allocates (so a torch caller's outputs are its own
     tensors), aligned as Halide's outputs must be (jit.aligned_empty)."""
-    torch, alignment = _torch(), 128
+    torch, alignment = _torch(), OUTPUT_ALIGNMENT
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
     raw = torch.empty(nbytes + alignment, dtype=torch.uint8)
     start = (-raw.data_ptr()) % alignment

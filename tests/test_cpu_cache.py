@@ -118,9 +118,9 @@ def test_halides_run_time_errors_keep_their_message(own_cache):
 
 
 def test_every_scalar_type_reaches_a_cached_kernel():
-    """The kernel cache's native call (`_native.call_argv`) passes each scalar in its own
-    width, signed values and values past the signed range of unsigned types included, and
-    buffers with their own types, against numpy's arithmetic."""
+    """The kernel cache's native calls (`_native.call_argv`, `_native.PreparedCall`) pass each
+    scalar in its own width, signed values and values past the signed range of unsigned types
+    included, and buffers with their own types, against numpy's arithmetic."""
     if not aot.enabled():
         pytest.skip("the kernel cache is off here")
     f = tc.define("""def f(double(N) X, int8 a, int16 b, int32 c, int64 d, uint8 e, uint16 g,
@@ -134,4 +134,7 @@ def test_every_scalar_type_reaches_a_cached_kernel():
                np.float32(0.25), np.float64(1e-3)]
     want = X + sum(float(s) for s in scalars) + Y.astype(np.float64) + Z.astype(np.float64)
     np.testing.assert_allclose(f(X, *scalars, Y, Z), want, rtol=1e-15)
-    np.testing.assert_allclose(f(X, *(s.item() for s in scalars), Y, Z), want, rtol=1e-15)
+    for _ in range(2):  # (the second call of a layout is a PreparedCall's, scalars baked in)
+        np.testing.assert_allclose(f(X, *(s.item() for s in scalars), Y, Z), want, rtol=1e-15)
+        np.testing.assert_allclose(f(X, *scalars, Y, Z), want, rtol=1e-15)
+    assert all(fast.prepared is not None for fast in f._fast_calls.values())

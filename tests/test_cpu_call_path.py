@@ -51,3 +51,104 @@ def test_several_outputs_come_back_as_a_tuple_every_time():
         B, C = f(A)
         np.testing.assert_allclose(B, A + 1, rtol=1e-6)
         np.testing.assert_allclose(C, A * 2, rtol=1e-6)
+
+
+# -- the prepared run (jit.PreparedRun): a repeated call passes addresses, nothing more -----------
+
+MATMUL = "def mm(float(M,K) A, float(K,N) B) -> (C) { C(m,n) +=! A(m,k) * B(k,n) }"
+
+
+def _fast(f):
+    """The one memoised short path of `f`."""
+    (fast,) = f._fast_calls.values()
+    return fast
+
+
+def test_repeated_calls_run_prepared_on_numpy_arrays_and_tensors():
+    torch = pytest.importorskip("torch")
+    A, B = f32(33, 20), f32(20, 17)
+    for make in (lambda a: a, torch.from_numpy):
+        f = tc.define(MATMUL).mm
+        first = f(make(A), make(B))
+        for k in range(3):  # new values in the same layout, so the same prepared run
+            A2, B2 = A + k, B - k
+            C = f(make(A2), make(B2))
+            assert type(C) is type(first)
+            np.testing.assert_allclose(np.asarray(C), A2 @ B2, rtol=1e-4, atol=1e-4)
+        if tc.halide.aot.enabled():
+            assert _fast(f).prepared is not None
+
+
+def test_layouts_halide_cannot_take_as_they_are_keep_the_full_run():
+    """A transposed array is copied for Halide on every call, so it has no prepared run; a
+    read-only one is only read and has one."""
+    f = tc.define(SCALE).scale
+    T = np.asfortranarray(f32(6, 8))
+    for _ in range(2):
+        np.testing.assert_allclose(f(T, 2.0), T * 2, rtol=1e-6)
+    assert _fast(f).prepared is None
+    g = tc.define(SCALE).scale
+    R = f32(6, 8)
+    R.flags.writeable = False
+    for _ in range(2):
+        np.testing.assert_allclose(g(R, 2.0), R * 2, rtol=1e-6)
+    if tc.halide.aot.enabled():
+        assert _fast(g).prepared is not None
+
+
+def test_outputs_aligned_to_64_bytes_only_are_written_correctly(monkeypatch):
+    """OUTPUT_ALIGNMENT is 64 (PyTorch's): outputs that start 64 bytes past a 128-byte
+    boundary, read back by a reduction's vectorised update, hold numpy's values."""
+    import tcstage.program as program
+
+    def misaligned(shape, dtype, alignment=64):
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        raw = np.empty(nbytes + 192, np.uint8)
+        start = (64 - raw.ctypes.data) % 128
+        out = raw[start:start + nbytes].view(dtype).reshape(shape)
+        assert out.ctypes.data % 128 == 64
+        return out
+    monkeypatch.setattr(program, "aligned_empty", misaligned)
+    f = tc.define(MATMUL).mm
+    A, B = f32(64, 48), f32(48, 80)
+    f(A, B)
+    for _ in range(2):  # through the prepared run, which allocates with aligned_empty
+        np.testing.assert_allclose(f(A, B), A @ B, rtol=1e-4, atol=1e-4)
+    softmax = tc.define("""def softmax(float(N,C) X) -> (Y, M, S) {
+      M(n) max=! X(n,c)
+      S(n) +=! exp(X(n,c) - M(n))
+      Y(n,c) = exp(X(n,c) - M(n)) / S(n)
+    }""").softmax
+    X = f32(16, 100)
+    softmax(X)
+    Y = softmax(X)[0]
+    E = np.exp(X - X.max(1, keepdims=True))
+    np.testing.assert_allclose(Y, E / E.sum(1, keepdims=True), rtol=1e-5)
+
+
+def test_a_failed_prepared_run_falls_back_to_the_full_run():
+    """A nonzero status from the prepared call leaves the call to the full run, which gives the
+    result (or, for a real failure, says what failed)."""
+    import attrs
+    f = tc.define(SCALE).scale
+    A = f32(4, 5)
+    f(A, 3.0)
+    ((key, fast),) = f._fast_calls.items()
+    if fast.prepared is None:
+        pytest.skip("no kernel cache here: no prepared runs")
+    f._fast_calls[key] = attrs.evolve(fast, prepared=attrs.evolve(fast.prepared,
+                                                                    call=lambda hosts: -1))
+    np.testing.assert_allclose(f(A, 3.0), A * 3, rtol=1e-6)
+
+
+def test_threads_share_a_prepared_run_without_sharing_buffers():
+    from concurrent.futures import ThreadPoolExecutor
+    f = tc.define(SCALE).scale
+    inputs = [f32(64, 64) + k for k in range(8)]
+    f(inputs[0], 2.0)
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(20):
+            results = list(pool.map(lambda a: f(a, 2.0), inputs))
+            for a, r in zip(inputs, results):
+                np.testing.assert_array_equal(r, a * np.float32(2))

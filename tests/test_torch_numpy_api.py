@@ -197,7 +197,7 @@ def test_the_numpy_api_never_imports_torch():
 
 def test_outputs_are_allocated_by_pytorch(monkeypatch):
     """A call with torch tensors puts its outputs in memory PyTorch allocated (aligned for
-    Halide), not numpy's."""
+    Halide, OUTPUT_ALIGNMENT), not numpy's."""
     calls = []
     real_empty = torch.empty
 
@@ -209,6 +209,10 @@ def test_outputs_are_allocated_by_pytorch(monkeypatch):
     a, b = torch.randn(5, 7), torch.randn(6, 7)
     monkeypatch.setattr(torch, "empty", counting_empty)
     c = prog.tmm(a, b)
-    assert calls == [torch.uint8]
-    assert c.data_ptr() % 128 == 0
+    assert calls == [torch.uint8]  # (the first call: bytes, aligned by hand)
+    assert c.data_ptr() % 64 == 0
     torch.testing.assert_close(c, a @ b.T, rtol=1e-5, atol=1e-5)
+    again = prog.tmm(a, b)  # (a call in the same layout: its prepared run, a tensor of floats)
+    assert calls[1:] == ([torch.float32] if tc.halide.aot.enabled() else [torch.uint8])
+    assert again.data_ptr() % 64 == 0 and again.data_ptr() != c.data_ptr()
+    torch.testing.assert_close(again, a @ b.T, rtol=1e-5, atol=1e-5)

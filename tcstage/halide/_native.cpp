@@ -945,15 +945,81 @@ py::object py_with_estimates(const py::sequence &outputs, const py::dict &buffer
 }
 // -- calling a compiled pipeline --------------------------------------------------------------
 
+// An argument's type is given as a `kind`: a buffer of Halide type (code << 8 | bits) when
+// >= 0, a scalar of type -(code << 8 | bits) - 1 otherwise (halide_type_code_t codes: 0 int,
+// 1 uint, 2 float, 4 bfloat).
+using Entry = int (*)(void **);
+
+// Writes the Python number `value` into `slot` as a scalar of `kind` (< 0).
+void write_scalar(void *slot, int kind, const py::handle &value) {
+    const int type = -kind - 1, code = type >> 8, bits = type & 255;
+    if (code == halide_type_float && bits == 32) {
+        const float v = py::cast<float>(value);
+        std::memcpy(slot, &v, sizeof v);
+    } else if (code == halide_type_float && bits == 64) {
+        const double v = py::cast<double>(value);
+        std::memcpy(slot, &v, sizeof v);
+    } else if (code == halide_type_uint && bits == 1) {
+        const bool v = py::cast<bool>(value);
+        std::memcpy(slot, &v, sizeof v);
+    } else if (code == halide_type_int || code == halide_type_uint) {
+        // (two's complement: the low `bits` of the value, in place for little and big endian
+        // alike through the typed copies)
+        const long long v = py::cast<long long>(value);
+        if (bits == 8) { const int8_t w = static_cast<int8_t>(v); std::memcpy(slot, &w, 1); }
+        else if (bits == 16) { const int16_t w = static_cast<int16_t>(v); std::memcpy(slot, &w, 2); }
+        else if (bits == 32) { const int32_t w = static_cast<int32_t>(v); std::memcpy(slot, &w, 4); }
+        else if (bits == 64) { const int64_t w = static_cast<int64_t>(v); std::memcpy(slot, &w, 8); }
+        else throw std::invalid_argument("an integer scalar of " + std::to_string(bits) + " bits");
+    } else {
+        throw std::invalid_argument("a scalar of type code " + std::to_string(code));
+    }
+}
+
+// A buffer header of type `kind` (>= 0) over `dims`, its host pointer unset.
+halide_buffer_t buffer_header(int kind, std::vector<halide_dimension_t> &dims) {
+    halide_buffer_t b;
+    b.device = 0;
+    b.device_interface = nullptr;
+    b.host = nullptr;
+    b.flags = 0;
+    b.type.code = static_cast<halide_type_code_t>(kind >> 8);
+    b.type.bits = static_cast<uint8_t>(kind & 255);
+    b.type.lanes = 1;
+    b.dimensions = static_cast<int32_t>(dims.size());
+    b.dim = dims.data();
+    b.padding = nullptr;
+    return b;
+}
+
+// One dimension per axis, Halide's dimension 0 being numpy's last axis: `shape`, `strides`
+// (in elements) and `mins` in numpy's order (mins None for all zero).
+std::vector<halide_dimension_t> dimensions(const py::sequence &shape, const py::sequence &strides,
+                                           const py::object &mins) {
+    const int ndim = static_cast<int>(py::len(shape));
+    std::vector<halide_dimension_t> dims(ndim);
+    for (int d = 0; d < ndim; ++d) {
+        const int axis = ndim - 1 - d;
+        dims[d].min = mins.is_none() ? 0 : py::cast<int>(py::sequence(mins)[axis]);
+        dims[d].extent = py::cast<int32_t>(shape[axis]);
+        dims[d].stride = py::cast<int32_t>(strides[axis]);
+        dims[d].flags = 0;
+    }
+    return dims;
+}
+
+int run_entry(std::uintptr_t entry, std::vector<void *> &argv) {
+    py::gil_scoped_release unlocked;
+    return reinterpret_cast<Entry>(entry)(argv.data());
+}
+
 // Runs a pipeline's `<name>_argv` entry point (an ahead-of-time compiled library's; see
-// tcstage/halide/aot.py) on numpy arrays and Python numbers. `kinds[k]` says what args[k] is:
-// a buffer of Halide type (code << 8 | bits) when >= 0, a scalar of type -(code << 8 | bits) - 1
-// otherwise (halide_type_code_t codes: 0 int, 1 uint, 2 float, 4 bfloat). `mins` maps an
-// argument's index to its buffer's minimum coordinates, numpy's order, where not all zero.
-// Building the halide_buffer_t structs here instead of halide.Buffer objects and a ctypes
-// argument vector saves several microseconds of a small kernel's call; the GIL is released
-// while the pipeline runs. Returns the pipeline's status (nonzero: its error handler has the
-// message).
+// tcstage/halide/aot.py) on numpy arrays and Python numbers, `kinds[k]` saying what args[k]
+// is. `mins` maps an argument's index to its buffer's minimum coordinates, numpy's order,
+// where not all zero. Building the halide_buffer_t structs here instead of halide.Buffer
+// objects and a ctypes argument vector saves several microseconds of a small kernel's call;
+// the GIL is released while the pipeline runs. Returns the pipeline's status (nonzero: its
+// error handler has the message).
 int py_call_argv(std::uintptr_t entry, const py::list &args, const py::list &kinds,
                  const py::dict &mins) {
     const size_t n = args.size();
@@ -966,75 +1032,103 @@ int py_call_argv(std::uintptr_t entry, const py::list &args, const py::list &kin
     std::vector<void *> argv(n, nullptr);
     for (size_t k = 0; k < n; ++k) {
         const int kind = kinds[k].cast<int>();
-        if (kind >= 0) {
-            if (!py::isinstance<py::array>(args[k])) {
-                throw std::invalid_argument("call_argv: argument " + std::to_string(k) +
-                                            " is not a numpy array");
+        if (kind < 0) {
+            write_scalar(&scalars[k], kind, args[k]);
+            argv[k] = &scalars[k];
+            continue;
+        }
+        if (!py::isinstance<py::array>(args[k])) {
+            throw std::invalid_argument("call_argv: argument " + std::to_string(k) +
+                                        " is not a numpy array");
+        }
+        auto a = py::reinterpret_borrow<py::array>(args[k]);
+        const auto itemsize = static_cast<py::ssize_t>(a.itemsize());
+        py::object at = mins.contains(py::int_(k)) ? py::object(mins[py::int_(k)]) : py::none();
+        const int ndim = static_cast<int>(a.ndim());
+        dims[k].resize(ndim);
+        for (int d = 0; d < ndim; ++d) {  // (as `dimensions`, read from the array)
+            const int axis = ndim - 1 - d;
+            dims[k][d].min = at.is_none() ? 0 : py::cast<int>(py::sequence(at)[axis]);
+            dims[k][d].extent = static_cast<int32_t>(a.shape(axis));
+            dims[k][d].stride = static_cast<int32_t>(a.strides(axis) / itemsize);
+            dims[k][d].flags = 0;
+        }
+        buffers[k] = buffer_header(kind, dims[k]);
+        buffers[k].host = static_cast<uint8_t *>(const_cast<void *>(a.data()));
+        argv[k] = &buffers[k];
+    }
+    return run_entry(entry, argv);
+}
+
+// A call of an entry point whose buffers' layouts and scalars' values are fixed (a call like
+// one made before: tcstage's memo of such calls keys them on shapes, strides, types and
+// scalar values), made once so that each call only sets the buffers' host pointers. A small
+// kernel's call through it costs a microsecond or so, where call_argv's builds every header.
+class PreparedCall {
+public:
+    // kinds: per argument as above; layouts: per argument, None for a scalar, else
+    // (shape, strides in elements, mins or None), numpy's order; scalars: per argument, the
+    // value of a scalar (None for a buffer).
+    PreparedCall(std::uintptr_t entry, const py::list &kinds, const py::list &layouts,
+                 const py::list &scalars)
+        : entry_(entry), dims_(kinds.size()), scalars_(kinds.size(), 0) {
+        const size_t n = kinds.size();
+        if (layouts.size() != n || scalars.size() != n) {
+            throw std::invalid_argument("PreparedCall: one kind, layout and scalar per argument");
+        }
+        for (size_t k = 0; k < n; ++k) {
+            const int kind = kinds[k].cast<int>();
+            if (kind < 0) {
+                write_scalar(&scalars_[k], kind, scalars[k]);
+                continue;
             }
-            auto a = py::reinterpret_borrow<py::array>(args[k]);
-            const int ndim = static_cast<int>(a.ndim());
-            const auto itemsize = static_cast<py::ssize_t>(a.itemsize());
-            dims[k].resize(ndim);
-            py::object at = py::none();
-            if (mins.contains(py::int_(k))) {
-                at = mins[py::int_(k)];
-            }
-            for (int d = 0; d < ndim; ++d) {  // Halide's dimension 0 is numpy's last axis
-                const int axis = ndim - 1 - d;
-                halide_dimension_t &dim = dims[k][d];
-                dim.min = at.is_none() ? 0 : py::cast<int>(py::sequence(at)[axis]);
-                dim.extent = static_cast<int32_t>(a.shape(axis));
-                dim.stride = static_cast<int32_t>(a.strides(axis) / itemsize);
-                dim.flags = 0;
-            }
-            halide_buffer_t &b = buffers[k];
-            b.device = 0;
-            b.device_interface = nullptr;
-            b.host = static_cast<uint8_t *>(const_cast<void *>(a.data()));
-            b.flags = 0;
-            b.type.code = static_cast<halide_type_code_t>(kind >> 8);
-            b.type.bits = static_cast<uint8_t>(kind & 255);
-            b.type.lanes = 1;
-            b.dimensions = ndim;
-            b.dim = dims[k].data();
-            b.padding = nullptr;
-            argv[k] = &b;
-        } else {
-            const int type = -kind - 1, code = type >> 8, bits = type & 255;
-            void *slot = &scalars[k];
-            if (code == halide_type_float && bits == 32) {
-                const float v = py::cast<float>(args[k]);
-                std::memcpy(slot, &v, sizeof v);
-            } else if (code == halide_type_float && bits == 64) {
-                const double v = py::cast<double>(args[k]);
-                std::memcpy(slot, &v, sizeof v);
-            } else if (code == halide_type_uint && bits == 1) {
-                const bool v = py::cast<bool>(args[k]);
-                std::memcpy(slot, &v, sizeof v);
-            } else if (code == halide_type_int || code == halide_type_uint) {
-                // (two's complement: the low `bits` of the value, in place for little and
-                // big endian alike through the typed copies)
-                const long long v = py::cast<long long>(args[k]);
-                if (bits == 8) { const int8_t w = static_cast<int8_t>(v); std::memcpy(slot, &w, 1); }
-                else if (bits == 16) { const int16_t w = static_cast<int16_t>(v); std::memcpy(slot, &w, 2); }
-                else if (bits == 32) { const int32_t w = static_cast<int32_t>(v); std::memcpy(slot, &w, 4); }
-                else if (bits == 64) { const int64_t w = static_cast<int64_t>(v); std::memcpy(slot, &w, 8); }
-                else throw std::invalid_argument("call_argv: an integer scalar of " + std::to_string(bits) + " bits");
-            } else {
-                throw std::invalid_argument("call_argv: a scalar of type code " + std::to_string(code));
-            }
-            argv[k] = slot;
+            py::tuple layout = layouts[k].cast<py::tuple>();
+            dims_[k] = dimensions(layout[0], layout[1], layout[2]);
+            headers_.push_back(buffer_header(kind, dims_[k]));
+            buffer_args_.push_back(k);
         }
     }
-    using Entry = int (*)(void **);
-    auto fn = reinterpret_cast<Entry>(entry);
-    int status;
-    {
-        py::gil_scoped_release unlocked;
-        status = fn(argv.data());
+
+    // Runs on `hosts`: per buffer argument, in order, its data's address (an int) or a numpy
+    // array. Each call fills copies of the headers, so concurrent calls share nothing mutable.
+    int operator()(const py::list &hosts) const {
+        const size_t buffers = headers_.size();
+        if (hosts.size() != buffers) {
+            throw std::invalid_argument("PreparedCall: " + std::to_string(buffers) +
+                                        " buffers, got " + std::to_string(hosts.size()));
+        }
+        std::vector<halide_buffer_t> headers(headers_);
+        std::vector<std::uint64_t> scalars(scalars_);
+        std::vector<void *> argv(scalars.size());
+        for (size_t k = 0; k < argv.size(); ++k) {
+            argv[k] = &scalars[k];
+        }
+        for (size_t j = 0; j < buffers; ++j) {
+            py::handle host = hosts[j];
+            if (PyLong_Check(host.ptr())) {
+                headers[j].host = static_cast<uint8_t *>(PyLong_AsVoidPtr(host.ptr()));
+                if (PyErr_Occurred()) {
+                    throw py::error_already_set();
+                }
+            } else if (py::isinstance<py::array>(host)) {
+                headers[j].host = static_cast<uint8_t *>(
+                    const_cast<void *>(py::reinterpret_borrow<py::array>(host).data()));
+            } else {
+                throw std::invalid_argument("PreparedCall: buffer " + std::to_string(j) +
+                                            " is neither an address nor a numpy array");
+            }
+            argv[buffer_args_[j]] = &headers[j];
+        }
+        return run_entry(entry_, argv);
     }
-    return status;
-}
+
+private:
+    std::uintptr_t entry_;
+    std::vector<std::vector<halide_dimension_t>> dims_;  // (read only: headers point here)
+    std::vector<std::uint64_t> scalars_;
+    std::vector<halide_buffer_t> headers_;
+    std::vector<size_t> buffer_args_;  // each header's argument index
+};
 
 }  // namespace
 
@@ -1075,6 +1169,12 @@ Other Halide node types raise ValueError naming the node type.
           py::arg("mins"),
           "Run a compiled pipeline's `<name>_argv` entry point (its address) on numpy arrays\n"
           "and numbers: see the C++ comment for `kinds` and `mins`; returns its status.");
+    py::class_<PreparedCall>(m, "PreparedCall",
+                             "A call of an entry point with fixed buffer layouts and scalars.")
+        .def(py::init<std::uintptr_t, const py::list &, const py::list &, const py::list &>(),
+             py::arg("entry"), py::arg("kinds"), py::arg("layouts"), py::arg("scalars"))
+        .def("__call__", &PreparedCall::operator(), py::arg("hosts"),
+             "Run on the buffers' addresses (ints) or numpy arrays; returns the status.");
     m.def("simplify", &py_simplify, py::arg("expr"),
           "Simplify a halide.Expr with Halide's simplifier and return the tree.");
     m.def("solve_for_inner_interval", &py_solve_for_inner_interval, py::arg("cond"),

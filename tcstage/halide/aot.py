@@ -231,6 +231,18 @@ class AotPipeline:
             message = _messages.text.strip() or f"the pipeline returned error code {status}"
             raise RuntimeError(f"Error: {message}")
 
+    def prepare(self, layouts: list, scalars: list):
+        """A call of this pipeline made ready for arguments of fixed layouts: a
+        `_native.PreparedCall`, called on the buffers' addresses or numpy arrays, that returns
+        the status (a caller runs `run` again for the error of a nonzero one). `layouts`: per
+        argument, None for a scalar, else (shape, strides in elements, mins or None, numpy
+        dtype), numpy's order; `scalars`: per argument, a scalar's value (None for a buffer)."""
+        kinds = [_buffer_kind(np.dtype(layout[3])) if k is None else k
+                 for layout, k in zip(layouts, self.scalar_kinds)]
+        return _native.PreparedCall(self.address, kinds,
+                                    [None if layout is None else layout[:3] for layout in layouts],
+                                    scalars)
+
 
 def compile_pipeline(pipeline: hl.Pipeline, arguments: list, target: hl.Target,
                      key: tuple) -> AotPipeline:

@@ -382,6 +382,40 @@ class CpuKernel:
                     from None
             return self._run_elsewhere(sizes, values, run, compiled, e)
 
+    def prepared(self, sorted_sizes: tuple, inputs: list) -> "PreparedRun | None":
+        """The run of the pipeline serving these sizes (a tuple of sorted items), made ready for
+        arguments of fixed layouts once a call at these sizes ran (and so chose that pipeline):
+        `inputs` per input, in signature order, (shape, numpy dtype) of a C-contiguous aligned
+        array, or a scalar's value. None where the pipeline is not a cached library's (the JIT
+        has no prepared calls) or a value needs converting: in/out outputs, an output returned
+        as another type than the one stored, an array of another dtype than Halide's buffer."""
+        compiled = self._serving.get(sorted_sizes, self._main)
+        plan = compiled.plan
+        if not isinstance(compiled.call, aot.AotPipeline) or plan.inouts or \
+                any(wanted is not None for *_, wanted in plan.outputs):
+            return None
+        layouts, scalars, buffers = [], [], []
+        for k, ((_, t, dtype), given) in enumerate(zip(plan.inputs, inputs)):
+            if dtype is None:
+                layouts.append(None)
+                scalars.append(scalar_argument(given, t))
+                continue
+            shape, given_dtype = given
+            if given_dtype != dtype:
+                return None
+            layouts.append((shape, _dense_strides(shape), None, dtype))
+            scalars.append(None)
+            buffers.append(k)
+        outputs = []
+        for (_, stored, _), (mins, extents) in zip(plan.outputs,
+                                                   self.output_bounds(dict(sorted_sizes))):
+            layouts.append((extents, _dense_strides(extents), mins if any(mins) else None,
+                            stored))
+            scalars.append(None)
+            outputs.append((extents, np.dtype(stored)))
+        return PreparedRun(compiled.call.prepare(layouts, scalars), tuple(buffers),
+                           tuple(outputs))
+
     def _run_elsewhere(self, sizes: tuple, values: dict, run: tuple, failed: _Compiled,
                        error: Exception) -> list[np.ndarray]:
         """The schedule `failed` did not run at these sizes: a pipeline scheduled for other
@@ -420,6 +454,27 @@ class CpuKernel:
              + (f" at sizes {shown}" if sizes and not self.specialize_shapes else "")
              + f": the {failed.schedule} schedule failed at run time ({_halide_message(error)})")
         return results
+
+
+@attrs.frozen(eq=False)
+class PreparedRun:
+    """A kernel's run at fixed sizes and argument layouts (`CpuKernel.prepared`): a call then
+    passes the inputs' buffers (their addresses, or numpy arrays) and fresh outputs' to `call`,
+    a `_native.PreparedCall`, and nothing else is looked up or converted. A nonzero status
+    leaves the error to the full run (`CpuKernel.__call__`), which reports it."""
+
+    call: object
+    buffers: tuple  # the indices of the inputs passed as buffers
+    outputs: tuple  # (shape, numpy dtype) of each output, C-contiguous
+
+
+def _dense_strides(shape: tuple) -> tuple:
+    """The strides, in elements, of a C-contiguous array of `shape`."""
+    strides, step = [], 1
+    for extent in reversed(shape):
+        strides.append(step)
+        step *= max(extent, 1)
+    return tuple(reversed(strides))
 
 
 def _func_extents(lowered: Lowered, values: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
@@ -521,13 +576,18 @@ def _halide_message(e: Exception) -> str:
     return text if text not in ("", "Error:") else f"{type(e).__name__} without a message"
 
 
-def aligned_empty(shape: tuple[int, ...], dtype: np.dtype, alignment: int = 128) -> np.ndarray:
-    """An uninitialised C-order array whose data starts on an `alignment`-byte boundary.
+# Halide's generated code may read an output back with aligned vector loads (a reduction's
+# update reads the running values): on an unaligned numpy array that faulted (seen with vmovaps
+# on AVX-512 and AVX2 hosts), so every output buffer is allocated aligned. Halide assumes at
+# most the native vector width (CodeGen_LLVM's dense loads), 64 bytes with AVX-512, and 64 is
+# PyTorch's CPU allocator's alignment: its tensors are outputs as they come.
+OUTPUT_ALIGNMENT = 64
 
-    Halide's generated code may read an output back with aligned vector loads (a reduction's
-    update reads the running values): on an unaligned numpy array that faulted (seen with
-    vmovaps on AVX-512 and AVX2 hosts), so every output buffer is allocated aligned.
-    """
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype,
+                  alignment: int = OUTPUT_ALIGNMENT) -> np.ndarray:
+    """An uninitialised C-order array whose data starts on an `alignment`-byte boundary (an
+    output buffer's: see OUTPUT_ALIGNMENT)."""
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
     raw = np.empty(nbytes + alignment, dtype=np.uint8)

@@ -51,8 +51,8 @@ from tcstage.cpu.options import CpuSchedule
 from tcstage.cpu.scheduler import (NotScheduled, downsamples, plan_stencils,
                                    schedule_pipeline)
 from tcstage.cpu.structure import analyse
-from tcstage.halide.jit import (AUTOSCHEDULERS, STRUCTURED, _load_autoscheduler, aligned_empty,
-                                halide_buffer, quiet_unscheduled_updates)
+from tcstage.halide.jit import (AUTOSCHEDULERS, OUTPUT_ALIGNMENT, STRUCTURED, _load_autoscheduler,
+                                aligned_empty, halide_buffer, quiet_unscheduled_updates)
 from tcstage.halide.lower import HALIDE_FAILURES, Lowered
 from tcstage.halide.ranges import FunctionRanges, StatementRanges, TensorBounds
 from tcstage.halide.solver import (Tree, evaluate, inline_lets, read_names, simplify,
@@ -414,7 +414,8 @@ class HalideFunction:
             if not (a.flags.c_contiguous and a.flags.writeable):
                 raise TCArgumentError(f"out[{k}] of '{self.name}' must be a writeable C-order "
                                       "array (np.ascontiguousarray makes one)")
-            given.append(a if a.ctypes.data % 128 == 0 else aligned_empty(shape, dtype))
+            aligned = a.ctypes.data % OUTPUT_ALIGNMENT == 0
+            given.append(a if aligned else aligned_empty(shape, dtype))
         return given
 
     @functools.cached_property

@@ -31,6 +31,7 @@ import warnings
 
 import numpy as np
 import torch
+import torch.autograd.forward_ad as fwAD
 
 from tcstage.errors import TCArgumentError, TCError, TCWarning
 from tcstage.grad import Backward, Jvp
@@ -222,7 +223,6 @@ class TCOp:
         """Outputs as dual tensors: primals and tangents from the forward-mode TC, run on the
         primal inputs and their tangents (zero for inputs without one, Python numbers
         included)."""
-        import torch.autograd.forward_ad as fwAD
         jvp_op = self.jvp_op()
         fn = self._checked_for(args, kwargs)
         bound = dict(zip(_param_names(fn), args)) | kwargs
@@ -579,7 +579,6 @@ def _duals(args, kwargs) -> dict | None:
     """id(tensor) -> its unpacked dual for the call's tensors, where forward-mode AD is on
     (torch.func.jvp and torch.autograd.forward_ad both enter a dual level) and one of them
     carries a tangent; else None."""
-    import torch.autograd.forward_ad as fwAD
     if fwAD._current_level < 0:  # (the common case, checked first: no unpacking)
         return None
     duals = {id(a): fwAD.unpack_dual(a) for a in (*args, *kwargs.values())
