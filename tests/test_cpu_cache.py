@@ -138,3 +138,33 @@ def test_every_scalar_type_reaches_a_cached_kernel():
         np.testing.assert_allclose(f(X, *(s.item() for s in scalars), Y, Z), want, rtol=1e-15)
         np.testing.assert_allclose(f(X, *scalars, Y, Z), want, rtol=1e-15)
     assert all(fast.prepared is not None for fast in f._fast_calls.values())
+
+
+@pytest.mark.parametrize("elsewhere_fails", [False, True])
+def test_the_runtime_compiles_in_another_process_meanwhile(own_cache, monkeypatch,
+                                                           elsewhere_fails):
+    """A cache without a runtime gets one compiled by another process while the first pipeline
+    is scheduled and compiled; where that process fails, the runtime is compiled here. Either
+    way the kernel runs, and no scratch directory is left."""
+    if not aot.enabled():
+        pytest.skip("the kernel cache is off here")
+    monkeypatch.setattr(aot, "_runtime_objects", {})
+    started = []
+    real_popen = aot.subprocess.Popen
+
+    def popen(cmd, **kwargs):  # (the linker's runs pass through too)
+        if aot._RUNTIME_SCRIPT in cmd:
+            started.append(cmd)
+            if elsewhere_fails:
+                cmd = [sys.executable, "-c", "raise SystemExit(3)"]
+        return real_popen(cmd, **kwargs)
+    monkeypatch.setattr(aot.subprocess, "Popen", popen)
+    X = np.arange(6, dtype=np.float32)
+    np.testing.assert_array_equal(_fresh_function()(X), X * X + 1)
+    assert len(started) == 1
+    names = os.listdir(own_cache)
+    assert sum(n.startswith("runtime-") and n.endswith(".so") for n in names) == 1
+    assert not [n for n in names if n.startswith(".build")]
+    assert aot._runtime_objects == {}
+    np.testing.assert_array_equal(_fresh_function()(X + 1), (X + 1) * (X + 1) + 1)
+    assert len(started) == 1  # (the runtime is loaded: no other process)

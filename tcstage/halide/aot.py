@@ -30,6 +30,7 @@ import os
 import pathlib
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 
@@ -94,9 +95,9 @@ def _link(objects: list[str], out: str, extra: list[str], cwd: str) -> None:
                       notes=("TCSTAGE_CPU_CACHE=0 compiles in-process instead",))
 
 
-def _build(directory: str, key: str, make_object, extra: list[str]) -> str:
-    """The library `key`.so of `directory`, built (make_object(path) writes its object) unless a
-    verified one is there."""
+def _build(directory: str, key: str, make_object, extra: list[str], before_link=None) -> str:
+    """The library `key`.so of `directory`, built (make_object(path) writes its object, then
+    before_link() runs) unless a verified one is there."""
     path = os.path.join(directory, f"{key}.so")
     digest_path = os.path.join(directory, f"{key}.sha256")
     if not verified(path, digest_path, "the CPU kernel cache's library"):
@@ -105,6 +106,8 @@ def _build(directory: str, key: str, make_object, extra: list[str]) -> str:
         with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as tmp:
             obj = os.path.join(tmp, "pipeline.o")
             make_object(obj)
+            if before_link is not None:
+                before_link()
             built = os.path.join(tmp, "pipeline.so")
             _link([obj], built, extra, tmp)
             publish(built, path, digest_path)
@@ -155,13 +158,72 @@ def _whole_number(variable: str, default: int, otherwise: str) -> int:
         return default
 
 
+def _runtime_name(target: hl.Target) -> str:
+    key = hashlib.sha256(f"{FORMAT}\0{target}\0{_code_digest()}".encode()).hexdigest()[:24]
+    return f"runtime-{key}"
+
+
+# The runtime's object takes 0.7 s of LLVM on the development machine, as long as a small
+# pipeline's: where a cache has no runtime yet, another process compiles it while this one
+# compiles the first pipeline (Halide's Python bindings hold the GIL while they compile, so a
+# thread would not run alongside). Started by _start_runtime, taken by _runtime.
+_runtime_objects: dict[str, tuple[subprocess.Popen, str]] = {}  # directory -> (process, object)
+_RUNTIME_SCRIPT = ("import sys, halide as hl; "
+                   "hl.compile_standalone_runtime(sys.argv[1], hl.Target(sys.argv[2]))")
+
+
+def _start_runtime(directory: str, target: hl.Target) -> None:
+    """Starts compiling the runtime's object in another process, unless the runtime library is
+    loaded, on disk, or on its way."""
+    directory = os.path.realpath(directory)
+    if directory in _runtimes or directory in _runtime_objects or \
+            os.path.exists(os.path.join(directory, f"{_runtime_name(target)}.so")):
+        return
+    scratch = tempfile.mkdtemp(dir=directory, prefix=".build-runtime-")
+    obj = os.path.join(scratch, "runtime.o")
+    try:
+        process = subprocess.Popen([sys.executable, "-c", _RUNTIME_SCRIPT, obj, str(target)],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+    except OSError:  # (no process to spare: _runtime compiles it here)
+        shutil.rmtree(scratch, ignore_errors=True)
+        return
+    _runtime_objects[directory] = (process, obj)
+
+
+def start_runtime(target: hl.Target) -> None:
+    """Starts compiling the runtime for (the ahead-of-time form of) the JIT target `target` in
+    another process, where the cache has none yet: called before a pipeline is scheduled, so
+    that the runtime is ready by the time the pipeline is linked."""
+    with _lock:
+        _start_runtime(CACHE.directory(), _aot_target(target))
+
+
+def _runtime_object(directory: str, target: hl.Target, obj: str) -> None:
+    """Writes the runtime's object to `obj`: the one another process compiled, where it did,
+    else compiled here."""
+    started = _runtime_objects.pop(directory, None)
+    if started is not None:
+        process, made = started
+        try:
+            done = process.wait(timeout=600) == 0 and os.path.getsize(made) > 0
+        except (OSError, subprocess.TimeoutExpired):
+            process.kill()
+            done = False
+        if done:
+            shutil.move(made, obj)
+        shutil.rmtree(os.path.dirname(made), ignore_errors=True)
+        if done:
+            return
+    hl.compile_standalone_runtime(obj, target)
+
+
 def _runtime(directory: str, target: hl.Target) -> str:
     """The runtime library for `target` in `directory`, built and loaded once; its file name."""
-    key = hashlib.sha256(f"{FORMAT}\0{target}\0{_code_digest()}".encode()).hexdigest()[:24]
-    name = f"runtime-{key}"
+    name = _runtime_name(target)
     directory = os.path.realpath(directory)
     if directory not in _runtimes:
-        path = _build(directory, name, lambda obj: hl.compile_standalone_runtime(obj, target),
+        path = _build(directory, name, lambda obj: _runtime_object(directory, target, obj),
                       [f"-Wl,-soname,{name}.so", "-O2", "-fPIC", str(POOL_SOURCE)])
         # (loaded by its path before any pipeline, so theirs resolves to this one)
         lib = ctypes.CDLL(path)
@@ -259,11 +321,13 @@ def compile_pipeline(pipeline: hl.Pipeline, arguments: list, target: hl.Target,
         if found is not None:
             return found
         directory = CACHE.directory()
-        runtime = _runtime(directory, aot)
+        _start_runtime(directory, aot)  # (in another process, while this pipeline compiles)
 
         def make_object(obj: str) -> None:
             pipeline.compile_to({hl.OutputFileType.object: obj}, arguments, ENTRY, aot)
         path = _build(directory, digest, make_object,
-                      [f"-L{directory}", f"-l:{runtime}.so", "-Wl,-rpath,$ORIGIN"])
+                      [f"-L{directory}", f"-l:{_runtime_name(aot)}.so", "-Wl,-rpath,$ORIGIN"],
+                      before_link=lambda: _runtime(directory, aot))
+        _runtime(directory, aot)  # (loaded before the pipeline, which links against it)
         found = _loaded[digest] = AotPipeline(path, kinds)
         return found

@@ -198,6 +198,8 @@ class CpuKernel:
         self._serving: dict[tuple, _Compiled] = {}  # those sizes -> the pipeline that ran
         self._bounds: dict[tuple, list] = {}  # sizes -> output_bounds (a memo)
         schedule = schedule_name(schedule)
+        if aot.enabled():  # (the runtime compiles elsewhere while this kernel is scheduled)
+            aot.start_runtime(self.target)
         self._fallback_note = ""  # why the structured scheduler handed over (see _compile)
         try:
             self._main = self._compile(lowered, schedule, self.values)
