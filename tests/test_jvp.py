@@ -7,15 +7,15 @@ import pytest
 
 import tcstage as tc
 from tcstage.grad import forward
-from test_grad import LAYERS, PAPER, as_double, random_args, run  # tests/
+from test_grad import CORPUS, LAYERS, PAPER, as_double, random_args, run  # tests/
 
 
-def check_tangents(src, name, shapes, scalars=(), tables=(), seed=0):
+def check_tangents(src, name, shapes, scalars=(), tables=(), seed=0, uniform=False):
     src = as_double(src)
     rng = np.random.default_rng(seed)
     prog = tc.define(src)
     fn = prog[name]
-    args = random_args(fn, shapes, dict(scalars), dict(tables), rng)
+    args = random_args(fn, shapes, dict(scalars), dict(tables), rng, uniform)
     jv = forward(prog, name)
     direction = {t.name: rng.standard_normal(np.shape(a)) if t.rank else float(rng.standard_normal())
                  for t, a in zip(fn.checked.inputs, args) if t.type.is_float}
@@ -48,6 +48,12 @@ def test_paper_kernels(case):
 @pytest.mark.parametrize("case", list(LAYERS))
 def test_layers(case):
     check_tangents(*LAYERS[case])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CORPUS))
+def test_tc_corpus_tangents(case):
+    check_tangents(*CORPUS[case])
 
 
 def test_text_is_readable_tc():
@@ -95,7 +101,7 @@ def test_integer_outputs_get_no_tangent_and_constant_outputs_a_zero_one():
 @pytest.mark.parametrize("src, message", [
     ("def p(float(N,K) X) -> (O) { O(n) *=! X(n,k) }", "product reduction"),
     ("def i(int32(N) X) -> (O) { O(i) = X(i) * 2 }", "no floating-point output"),
-    ("def r(float(N) X) -> (O) { O(i) = X(i) + 1\n O(i) max= O(i) * 2 }", "max=!"),
+    ("def r(float(N,K) X) -> (O) { O(n) = X(n,0) + 1\n O(n) max= X(n,k) * 2 }", "max=!"),
     ("def e(float(N, ...) X) -> (O) { O(i, ...) = X(i, ...) * 2 }", "rank-polymorphic"),
 ])
 def test_unsupported_statements_are_clear_errors(src, message):

@@ -147,8 +147,29 @@ def _no_run(forward: str):
                          "with '...' written out",))
 
 
+def _pointwise_updates_as_assignments(fn: C.Function) -> C.Function:
+    """`T(i) *= e`, `T(i) min= e` and `T(i) max= e` without '!' and without reduction indices
+    (TC's wavenet gates `NonLin(b,c,rf) *= sigmoid(...)` this way) combine each element with one
+    value: they are `T(i) = T(i) * e` (or min, max), which differentiates as any overwrite that
+    reads its own earlier value. Over reduction indices they stay what they are: a product or
+    an extremum over the caller's values, refused by the generators."""
+    statements = []
+    for st in fn.statements:
+        if st.reduction in ("*", "min", "max") and not st.init and not st.reduction_vars \
+                and not st.scatter:
+            t = fn.tensors[st.tensor].type
+            own = C.Read(st.tensor, st.lhs_args, t, st.span)
+            value = st.rhs if st.rhs.type == t else C.Cast(t, st.rhs, st.span)
+            combined = C.Binary("*", own, value, t, st.span) if st.reduction == "*" \
+                else C.Call(st.reduction, (own, value), t, st.span)
+            st = attrs.evolve(st, reduction=None, rhs=combined)
+        statements.append(st)
+    return attrs.evolve(fn, statements=tuple(statements))
+
+
 class _Generator:
     def __init__(self, fn: C.Function):
+        fn = _pointwise_updates_as_assignments(fn)
         self.fn = fn
         self.where = f"the gradient of '{fn.name}'"
         self.taken = set(fn.tensors) | set(fn.size_vars) | set(BUILTINS) | {fn.name}

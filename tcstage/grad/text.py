@@ -68,6 +68,11 @@ def polish(head: str, body: list, recomputed: int,
             break
         for line, read in missing:
             k = line - first_line
+            if read.partition("(")[0].strip() == body[k].tensor:
+                # (a statement's read of the tensor it writes, where its where clause may run
+                # past the tensor's shape: no `??` there, and the write shares the condition,
+                # which the forward function warns of already)
+                continue
             body[k] = attrs.evolve(body[k], padded=body[k].padded | {read})
             if k < recomputed:  # padding stops a read bounding its indices: state them
                 body[k] = state_ranges(k, body[k])
