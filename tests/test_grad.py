@@ -120,7 +120,7 @@ LAYERS = {
   O(n,c) *= 1 / (1 + exp(-G(n,c)))
   M(n,c) = X(n,c)
   M(n,c) max= G(n,c) * 2
-  M(n,c) min= X(n,c) + 1
+  M(n,c) min= X(n,c) + 1 where c in 0:2
 }""", "gate", dict(X=(3, 4), G=(3, 4))),
     "shifted_reads": ("""def shift(float(N) X) -> (O) {
   O(i) = X(i + 2) - X(i)

@@ -181,3 +181,27 @@ def test_where_ranges_count_as_facts_of_the_guard():
     np.testing.assert_allclose(fn(I), expected, rtol=1e-6)
     [report] = fn.ranges(I)
     assert re.sub(r"\s", "", report.symbolic["k"]) == "1<=k<3"
+
+
+@pytest.mark.parametrize("where", ["n in 0:N, c in 0:2", "c in 0:2", "n in 0:N, c in 1:3"])
+def test_a_guarded_read_of_the_point_written_is_not_clamped(where):
+    """`T(n,c) = (M(n,c) > 0 ? T(n,c) : 0) where ...`: the read of T at the point written lies
+    in T wherever the write does. Clamping its subscripts (the where range may run past C, so
+    range inference warns) moved a pure variable, which Halide refuses: an internal error. The
+    jvp of `M(n,c) min= X(n,c) + 1 where c in 0:2` generates this read."""
+    src = f"""def h(float(N,C) X, float(N,C) M) -> (T) {{
+      T(n,c) = X(n,c)
+      T(n,c) = (M(n,c) > 0.0 ? T(n,c) : 0) + X(n,c) where {where}
+    }}"""
+    X = rng.standard_normal((3, 4)).astype(np.float32)
+    Mv = rng.standard_normal((3, 4)).astype(np.float32)
+    lo, hi = (1, 3) if "1:3" in where else (0, 2)
+    want = X.copy()
+    for n in range(3):
+        for c in range(lo, hi):
+            want[n, c] = (X[n, c] if Mv[n, c] > 0 else 0) + X[n, c]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)  # (the where range may pass C)
+        f = tc.define(src).h
+    np.testing.assert_allclose(f(X, Mv), want, rtol=1e-6)
+    np.testing.assert_allclose(f(X, Mv, schedule=None), want, rtol=1e-6)

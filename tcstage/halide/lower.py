@@ -332,7 +332,12 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
         """`padded_dims`: for the read of a `??`, the dimensions it tests (and clamps)."""
         b = ranges.tensors[r.tensor]
         n = numbers.get(id(r))
+        # (a read of the tensor written, at the point written, is inside it wherever the write
+        # is: never clamped, and Halide refuses a self-reference whose pure variables moved)
+        at_write = r.tensor == st.tensor and not st.scatter
         args = _halide_order([
+            _simplified(x, variables) if at_write and isinstance(a, C.IndexVar) and
+            k < len(st.indices) and a.name == st.indices[k] else
             _clamp(x, b.mins[k], b.extents[k], tree)
             if C.has_read(a) or (k in padded_dims if padded_dims is not None
                                  else (n, k) in sr.clamped) else
