@@ -943,6 +943,56 @@ py::object py_with_estimates(const py::sequence &outputs, const py::dict &buffer
         throw;
     }
 }
+// -- compiling without the GIL ------------------------------------------------------------------
+
+// Halide's Python bindings hold the GIL while they compile: two seconds of LLVM for a
+// convolution's backward, during which no other Python thread runs. These two compile with
+// the GIL released, so that tcstage compiles a layer's backward on another thread while the
+// forward compiles and runs (tcstage/halide/aot.py). Halide's compiler is thread-safe for
+// separate pipelines; the bindings' warning printer takes the GIL back itself.
+
+template <typename T>
+T &bound(const py::handle &obj, const char *what, const char *expected) {
+    T *p = pybind11_conduit_v1::get_type_pointer_ephemeral<T>(obj.ptr());
+    if (p == nullptr) {
+        PyErr_Clear();
+        std::string tname = py::str(py::type::handle_of(obj).attr("__name__"));
+        throw py::type_error(std::string(what) + ": expected a halide." + expected +
+                             ", got an object of type '" + tname + "'");
+    }
+    return *p;
+}
+
+void py_compile_object(const py::object &pipeline, const std::string &path,
+                       const py::list &arguments, const std::string &name,
+                       const py::object &target) {
+    Halide::Pipeline p = bound<Halide::Pipeline>(pipeline, "compile_object", "Pipeline");
+    const Halide::Target t = bound<Halide::Target>(target, "compile_object", "Target");
+    std::vector<Halide::Argument> args;
+    for (const py::handle &a : arguments) {
+        if (auto *image = pybind11_conduit_v1::get_type_pointer_ephemeral<Halide::ImageParam>(a.ptr())) {
+            args.emplace_back(*image);
+        } else {
+            PyErr_Clear();
+            args.emplace_back(bound<Halide::Param<void>>(a, "compile_object", "Param or ImageParam"));
+        }
+    }
+    guarded([&] {
+        py::gil_scoped_release unlocked;
+        p.compile_to({{Halide::OutputFileType::object, path}}, args, name, t);
+        return 0;
+    });
+}
+
+void py_compile_runtime(const std::string &path, const py::object &target) {
+    const Halide::Target t = bound<Halide::Target>(target, "compile_runtime", "Target");
+    guarded([&] {
+        py::gil_scoped_release unlocked;
+        Halide::compile_standalone_runtime(path, t);
+        return 0;
+    });
+}
+
 // -- calling a compiled pipeline --------------------------------------------------------------
 
 // An argument's type is given as a `kind`: a buffer of Halide type (code << 8 | bits) when
@@ -1169,6 +1219,11 @@ Other Halide node types raise ValueError naming the node type.
           py::arg("mins"),
           "Run a compiled pipeline's `<name>_argv` entry point (its address) on numpy arrays\n"
           "and numbers: see the C++ comment for `kinds` and `mins`; returns its status.");
+    m.def("compile_object", &py_compile_object, py::arg("pipeline"), py::arg("path"),
+          py::arg("arguments"), py::arg("name"), py::arg("target"),
+          "Pipeline.compile_to an object file, with the GIL released while Halide compiles.");
+    m.def("compile_runtime", &py_compile_runtime, py::arg("path"), py::arg("target"),
+          "compile_standalone_runtime, with the GIL released while Halide compiles.");
     py::class_<PreparedCall>(m, "PreparedCall",
                              "A call of an entry point with fixed buffer layouts and scalars.")
         .def(py::init<std::uintptr_t, const py::list &, const py::list &, const py::list &>(),

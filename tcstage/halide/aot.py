@@ -3,7 +3,8 @@ process, a test run or a training restart pays no compile.
 
 Halide's JIT (`Pipeline.compile_to_callable`) compiles again in every process: 2 to 3 s of
 LLVM per kernel on the 2-core development machine, most of a convolution layer's first call. Here
-the scheduled pipeline is compiled once into an object file (`Pipeline.compile_to`), linked into
+the scheduled pipeline is compiled once into an object file (`Pipeline.compile_to`, called
+through `_native.compile_object`, which releases the GIL while Halide compiles), linked into
 a shared library with the C compiler, and kept in `$TCSTAGE_CACHE_DIR/cpu` (tcstage.diskcache:
 written atomically, loaded after a digest check). The libraries are keyed by what determines
 the pipeline (the caller's key: the checked function, its schedule and the sizes that planned
@@ -30,7 +31,6 @@ import os
 import pathlib
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 
@@ -47,8 +47,10 @@ _BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 FORMAT = "aot-1"  # (bumped when the libraries' layout or calling convention changes)
 ENTRY = "tcstage_pipeline"
 CACHE = LibraryCache("cpu", "the CPU kernel cache")
-_lock = threading.Lock()
+_lock = threading.Lock()  # (held briefly: never while a library compiles)
+_runtime_lock = threading.Lock()  # (held while the runtime library is built and loaded)
 _loaded: dict[str, "AotPipeline"] = {}
+_building: dict[str, threading.Event] = {}  # digest -> set when the thread building it is done
 builds = 0  # libraries this process compiled (the runtime's included), for tests and reports
 
 
@@ -102,7 +104,8 @@ def _build(directory: str, key: str, make_object, extra: list[str], before_link=
     digest_path = os.path.join(directory, f"{key}.sha256")
     if not verified(path, digest_path, "the CPU kernel cache's library"):
         global builds
-        builds += 1
+        with _lock:
+            builds += 1
         with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as tmp:
             obj = os.path.join(tmp, "pipeline.o")
             make_object(obj)
@@ -164,74 +167,79 @@ def _runtime_name(target: hl.Target) -> str:
 
 
 # The runtime's object takes 0.7 s of LLVM on the development machine, as long as a small
-# pipeline's: where a cache has no runtime yet, another process compiles it while this one
-# compiles the first pipeline (Halide's Python bindings hold the GIL while they compile, so a
-# thread would not run alongside). Started by _start_runtime, taken by _runtime.
-_runtime_objects: dict[str, tuple[subprocess.Popen, str]] = {}  # directory -> (process, object)
-_RUNTIME_SCRIPT = ("import sys, halide as hl; "
-                   "hl.compile_standalone_runtime(sys.argv[1], hl.Target(sys.argv[2]))")
+# pipeline's: where a cache has no runtime yet, a thread compiles it (without the GIL:
+# _native.compile_runtime) while the first pipeline is scheduled and compiled. Started by
+# _start_runtime, taken by _runtime.
+_runtime_objects: dict[str, tuple[threading.Thread, str, list]] = {}  # directory -> (thread,
+#                                                                       object, its error)
 
 
 def _start_runtime(directory: str, target: hl.Target) -> None:
-    """Starts compiling the runtime's object in another process, unless the runtime library is
-    loaded, on disk, or on its way."""
+    """Starts compiling the runtime's object on a thread of its own, unless the runtime library
+    is loaded, on disk, or on its way. (Under _lock.)"""
     directory = os.path.realpath(directory)
     if directory in _runtimes or directory in _runtime_objects or \
             os.path.exists(os.path.join(directory, f"{_runtime_name(target)}.so")):
         return
     scratch = tempfile.mkdtemp(dir=directory, prefix=".build-runtime-")
-    obj = os.path.join(scratch, "runtime.o")
-    try:
-        process = subprocess.Popen([sys.executable, "-c", _RUNTIME_SCRIPT, obj, str(target)],
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL)
-    except OSError:  # (no process to spare: _runtime compiles it here)
-        shutil.rmtree(scratch, ignore_errors=True)
-        return
-    _runtime_objects[directory] = (process, obj)
+    obj, failed = os.path.join(scratch, "runtime.o"), []
+
+    def compile_runtime() -> None:
+        try:
+            _native.compile_runtime(obj, target)
+        except BaseException as e:  # (the thread that links it compiles it again, and says why)
+            failed.append(e)
+    thread = threading.Thread(target=compile_runtime, name="tcstage-runtime", daemon=True)
+    thread.start()
+    _runtime_objects[directory] = (thread, obj, failed)
 
 
 def start_runtime(target: hl.Target) -> None:
-    """Starts compiling the runtime for (the ahead-of-time form of) the JIT target `target` in
-    another process, where the cache has none yet: called before a pipeline is scheduled, so
-    that the runtime is ready by the time the pipeline is linked."""
+    """Starts compiling the runtime for (the ahead-of-time form of) the JIT target `target`
+    where the cache has none yet: called before a pipeline is scheduled, so that the runtime
+    is ready by the time the pipeline is linked."""
     with _lock:
         _start_runtime(CACHE.directory(), _aot_target(target))
 
 
 def _runtime_object(directory: str, target: hl.Target, obj: str) -> None:
-    """Writes the runtime's object to `obj`: the one another process compiled, where it did,
-    else compiled here."""
-    started = _runtime_objects.pop(directory, None)
+    """Writes the runtime's object to `obj`: the one its thread compiled, where one did, else
+    compiled here."""
+    with _lock:
+        started = _runtime_objects.pop(directory, None)
     if started is not None:
-        process, made = started
-        try:
-            done = process.wait(timeout=600) == 0 and os.path.getsize(made) > 0
-        except (OSError, subprocess.TimeoutExpired):
-            process.kill()
-            done = False
+        thread, made, failed = started
+        thread.join()
+        done = not failed and os.path.exists(made) and os.path.getsize(made) > 0
         if done:
             shutil.move(made, obj)
         shutil.rmtree(os.path.dirname(made), ignore_errors=True)
         if done:
             return
-    hl.compile_standalone_runtime(obj, target)
+    _native.compile_runtime(obj, target)
 
 
 def _runtime(directory: str, target: hl.Target) -> str:
     """The runtime library for `target` in `directory`, built and loaded once; its file name."""
     name = _runtime_name(target)
     directory = os.path.realpath(directory)
-    if directory not in _runtimes:
-        path = _build(directory, name, lambda obj: _runtime_object(directory, target, obj),
-                      [f"-Wl,-soname,{name}.so", "-O2", "-fPIC", str(POOL_SOURCE)])
-        # (loaded by its path before any pipeline, so theirs resolves to this one)
-        lib = ctypes.CDLL(path)
-        lib.halide_set_error_handler.restype = ctypes.c_void_p
-        lib.halide_set_error_handler(_record_error)
-        lib.tcstage_pool_install(pool_threads(), pool_spin_us())
-        _runtimes[directory] = (lib, name)
-    return _runtimes[directory][1]
+    with _runtime_lock:
+        return _runtimes[directory][1] if directory in _runtimes else \
+            _load_runtime(directory, target, name)
+
+
+def _load_runtime(directory: str, target: hl.Target, name: str) -> str:
+    """Builds (unless it is on disk) and loads the runtime library `name`. (Under
+    _runtime_lock.)"""
+    path = _build(directory, name, lambda obj: _runtime_object(directory, target, obj),
+                  [f"-Wl,-soname,{name}.so", "-O2", "-fPIC", str(POOL_SOURCE)])
+    # (loaded by its path before any pipeline, so theirs resolves to this one)
+    lib = ctypes.CDLL(path)
+    lib.halide_set_error_handler.restype = ctypes.c_void_p
+    lib.halide_set_error_handler(_record_error)
+    lib.tcstage_pool_install(pool_threads(), pool_spin_us())
+    _runtimes[directory] = (lib, name)
+    return name
 
 
 # -- pipelines --------------------------------------------------------------------------------------
@@ -316,18 +324,29 @@ def compile_pipeline(pipeline: hl.Pipeline, arguments: list, target: hl.Target,
         [FORMAT, repr(key), str(aot), _code_digest()]).encode()).hexdigest()[:32]
     kinds = [None if isinstance(a, hl.ImageParam) else _scalar_kind(a.type()) for a in arguments]
     kinds += [None] * sum(len(f.types()) for f in pipeline.outputs())
-    with _lock:
-        found = _loaded.get(digest)
-        if found is not None:
-            return found
-        directory = CACHE.directory()
-        _start_runtime(directory, aot)  # (in another process, while this pipeline compiles)
-
+    while True:  # (one thread builds a library; others wanting it wait for it)
+        with _lock:
+            found = _loaded.get(digest)
+            if found is not None:
+                return found
+            building = _building.get(digest)
+            if building is None:
+                building = _building[digest] = threading.Event()
+                directory = CACHE.directory()
+                _start_runtime(directory, aot)  # (on its thread, while this one compiles)
+                break
+        building.wait()  # (and where that build failed, this thread tries, and says why)
+    try:
         def make_object(obj: str) -> None:
-            pipeline.compile_to({hl.OutputFileType.object: obj}, arguments, ENTRY, aot)
+            _native.compile_object(pipeline, obj, arguments, ENTRY, aot)
         path = _build(directory, digest, make_object,
                       [f"-L{directory}", f"-l:{_runtime_name(aot)}.so", "-Wl,-rpath,$ORIGIN"],
                       before_link=lambda: _runtime(directory, aot))
         _runtime(directory, aot)  # (loaded before the pipeline, which links against it)
-        found = _loaded[digest] = AotPipeline(path, kinds)
+        found = AotPipeline(path, kinds)
+        with _lock:
+            _loaded[digest] = found
         return found
+    finally:
+        with _lock:
+            _building.pop(digest).set()
