@@ -10,6 +10,9 @@ compiler diagnostic::
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import attrs
 
 
@@ -131,11 +134,39 @@ class TCWarning(UserWarning):
     """A precondition tcstage cannot check, such as reads that range inference did not bound."""
 
 
+_deferral = threading.local()
+
+
+@contextlib.contextmanager
+def warnings_deferred():
+    """Collects this thread's TCWarnings (`warn`) into the list it yields instead of issuing
+    them: for work done ahead on a thread of its own (a backward kernel compiled while the
+    forward runs), whose warnings belong to the call that later uses it."""
+    collected: list[str] = []
+    previous = getattr(_deferral, "messages", None)
+    _deferral.messages = collected
+    try:
+        yield collected
+    finally:
+        _deferral.messages = previous
+
+
+def deferred_warnings() -> list[str] | None:
+    """The list this thread's warnings go to in `warnings_deferred`; None outside it."""
+    return getattr(_deferral, "messages", None)
+
+
 def warn(message: str) -> None:
-    """Issues a TCWarning attributed to the first caller outside tcstage."""
+    """Issues a TCWarning attributed to the first caller outside tcstage (or collects it, in
+    `warnings_deferred`)."""
     import os
     import sys
     import warnings
+
+    collected = getattr(_deferral, "messages", None)
+    if collected is not None:
+        collected.append(message)
+        return
 
     package = os.path.dirname(os.path.abspath(__file__))
     frame, level = sys._getframe(1), 2

@@ -14,13 +14,15 @@ import difflib
 import math
 import re
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 
 import attrs
 import ml_dtypes
 import numpy as np
 
-from tcstage.errors import TCArgumentError, TCError, TCSemanticError, warn
+from tcstage.errors import (TCArgumentError, TCError, TCSemanticError, deferred_warnings, warn,
+                            warnings_deferred)
 from tcstage.halide import ranges as R
 from tcstage.halide.jit import (DEFAULT_SCHEDULE, OUTPUT_ALIGNMENT, CpuKernel, PreparedRun,
                                 aligned_empty, needs_large_buffers, schedule_name)
@@ -265,6 +267,8 @@ class TCFunction:
         self.specializes_shapes = _subscripts_read_computed_tensors(fn)
         self._ranges: dict[tuple, R.FunctionRanges] = {}
         self._kernels: dict[tuple, CpuKernel] = {}
+        self._pending: dict[tuple, threading.Event] = {}  # kernels being made (_kernel_once)
+        self._kernel_lock = threading.Lock()
         self._large_buffers: dict[tuple, bool] = {}  # (spec, sizes) -> needs_large_buffers
         self._layouts: dict[tuple, list] = {}  # (spec, sizes and scalars) -> _output_layout
         self._fast_calls: dict[tuple, _FastCall] = {}  # see _fast_key
@@ -374,14 +378,56 @@ class TCFunction:
             large = needs_large_buffers(self.checked, self._infer(spec), b.sizes)
             self._large_buffers[spec, sizes] = large
         shapes = sizes if specialize_shapes else None
-        key = (spec, schedule, large, shapes)
-        kernel = self._kernels.get(key)
-        if kernel is None:
-            lowered = lower(self.checked, self._infer(spec), dict(spec), cpu=True)
-            kernel = CpuKernel(lowered, b.sizes, schedule, specialize_shapes=bool(specialize_shapes),
-                               large_buffers=large)
-            self._kernels[key] = kernel
+        kernel = self._kernel_once((spec, schedule, large, shapes), lambda: CpuKernel(
+            lower(self.checked, self._infer(spec), dict(spec), cpu=True), b.sizes, schedule,
+            specialize_shapes=bool(specialize_shapes), large_buffers=large))
         return kernel, b, torch_in
+
+    def _kernel_once(self, key: tuple, make) -> CpuKernel:
+        """The kernel of `key`, made by `make()` once however many threads ask: one that asks
+        while another makes it waits for it (a backward kernel compiled ahead, `compile_ahead`).
+        Warnings held for a kernel made ahead are issued to the first caller that gets it."""
+        while True:
+            with self._kernel_lock:
+                kernel = self._kernels.get(key)
+                pending = self._pending.get(key)
+                if kernel is None and pending is None:
+                    pending = self._pending[key] = threading.Event()
+                    break
+            if kernel is not None:
+                for message in kernel.take_deferred_warnings():
+                    warn(message)
+                return kernel
+            pending.wait()  # (made elsewhere; where that failed, made here, with its error)
+        try:
+            kernel = make()
+            held = deferred_warnings()
+            if held:  # (made ahead: its warnings go with it, before any caller can get it)
+                kernel.defer_warnings(held)
+                held.clear()
+            with self._kernel_lock:
+                self._kernels[key] = kernel
+            return kernel
+        finally:
+            with self._kernel_lock:
+                self._pending.pop(key).set()
+
+    def compile_ahead(self, *args) -> threading.Thread:
+        """Starts compiling, on a thread of its own, the CPU kernel that a plain call with
+        arguments of these shapes and dtypes (their values do not matter) will run, and returns
+        the thread. The call then waits for it rather than compiling again, and gets its
+        warnings. Halide compiles without the GIL, so this runs alongside the caller's own
+        compiles and kernels: tcstage.torch compiles a layer's backward while its forward
+        compiles and runs. Errors are left to the call, which meets them again."""
+        def work() -> None:
+            with warnings_deferred():
+                try:
+                    self._cpu_kernel(args, {}, None, _DEFAULT, None)
+                except Exception:  # (the call that needs the kernel raises it)
+                    pass
+        thread = threading.Thread(target=work, name=f"tcstage-compile-{self.name}", daemon=True)
+        thread.start()
+        return thread
 
     def explain(self, *args, out=None, schedule=_DEFAULT, specialize_shapes: bool | None = None,
                 **named) -> str:

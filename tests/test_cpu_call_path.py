@@ -152,3 +152,38 @@ def test_threads_share_a_prepared_run_without_sharing_buffers():
             results = list(pool.map(lambda a: f(a, 2.0), inputs))
             for a, r in zip(inputs, results):
                 np.testing.assert_array_equal(r, a * np.float32(2))
+
+
+# -- compile_ahead: a kernel compiled on a thread of its own, for a later call -----------------------
+
+def test_a_kernel_compiled_ahead_serves_the_call_and_keeps_its_warnings():
+    """The call after compile_ahead compiles nothing and gets the warnings the compile made
+    (here range inference's, specialised to k), issued at the call, not on the thread."""
+    import warnings
+    f = tc.define("def f(float(N) A, int32 k) -> (O) { O(i) = A(i + k) where i in 0:3 }").f
+    A = np.arange(10, dtype=np.float32)
+    with warnings.catch_warnings(record=True) as early:
+        warnings.simplefilter("always")
+        f.compile_ahead(A, 2).join()
+    assert [w for w in early if issubclass(w.category, tc.TCWarning)] == []
+    assert f.compile_count == 1
+    with pytest.warns(tc.TCWarning, match="only if 5 <= N"):
+        np.testing.assert_array_equal(f(A, 2), A[2:5])
+    assert f.compile_count == 1
+
+
+def test_a_call_while_its_kernel_compiles_ahead_waits_for_it():
+    f = tc.define(MATMUL).mm
+    A, B = f32(40, 30), f32(30, 20)
+    thread = f.compile_ahead(A, B)
+    np.testing.assert_allclose(f(A, B), A @ B, rtol=1e-4, atol=1e-4)  # (maybe while it runs)
+    thread.join()
+    assert f.compile_count == 1
+
+
+def test_a_kernel_that_fails_ahead_fails_at_the_call():
+    f = tc.define(SCALE).scale
+    f.compile_ahead(f32(3, 4), "two").join()  # (a string for the scalar: the call's error)
+    with pytest.raises(tc.TCArgumentError):
+        f(f32(3, 4), "two")
+    np.testing.assert_allclose(f(f32(3, 4), 2.0), f32(3, 4) * 2, rtol=1e-6)

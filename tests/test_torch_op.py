@@ -283,6 +283,38 @@ def test_double_backward_is_a_clear_error(tmm):
 
 # -- autograd --------------------------------------------------------------------------------------
 
+def test_the_backward_compiles_on_a_thread_while_the_forward_runs(monkeypatch):
+    """A first forward whose input requires grad starts the backward kernel's compile on a
+    thread of its own (TCOp._compile_backward_ahead): backward() compiles nothing more, and
+    the gradients are einsum's. A forward without grad starts nothing."""
+    import threading
+    import tcstage.program as program
+    made_on = []
+
+    class Recorded(program.CpuKernel):
+        def __init__(self, lowered, *args, **kwargs):
+            made_on.append((lowered.fn.name, threading.current_thread().name))
+            super().__init__(lowered, *args, **kwargs)
+    monkeypatch.setattr(program, "CpuKernel", Recorded)
+    # (a TC of this test's own: an operator, and its kernels, are made once per process)
+    layer = tct.op("def ahead(float(M,K) A, float(N,K) B) -> (C) {\n"
+                   "  C(m,n) +=! A(m,k) * B(n,k) * 3\n}", "ahead")
+    with torch.no_grad():
+        layer(torch.randn(4, 3), torch.randn(5, 3))
+    assert made_on == [("ahead", threading.current_thread().name)]
+    A = torch.randn(6, 5, requires_grad=True)
+    B = torch.randn(7, 5, requires_grad=True)
+    C = layer(A, B)
+    d_C = torch.randn(6, 7)
+    C.backward(d_C)
+    names = dict(made_on)
+    assert names["ahead_grad"] == "tcstage-compile-ahead_grad"
+    assert [n for n, _ in made_on].count("ahead_grad") == 1
+    torch.testing.assert_close(C, 3 * torch.einsum("mk,nk->mn", A, B))
+    torch.testing.assert_close(A.grad, 3 * d_C @ B.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(B.grad, 3 * d_C.T @ A.detach(), rtol=1e-5, atol=1e-5)
+
+
 def test_gradients_match_pytorch(mlp1):
     x = torch.randn(4, 6, requires_grad=True)
     W = torch.randn(3, 6, requires_grad=True)

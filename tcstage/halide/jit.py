@@ -197,6 +197,7 @@ class CpuKernel:
         self._rescheduled: list[_Compiled] = []  # scheduled for sizes where _main failed
         self._serving: dict[tuple, _Compiled] = {}  # those sizes -> the pipeline that ran
         self._bounds: dict[tuple, list] = {}  # sizes -> output_bounds (a memo)
+        self._deferred_warnings: list[str] = []  # of a kernel made ahead (TCFunction)
         schedule = schedule_name(schedule)
         if aot.enabled():  # (the runtime compiles elsewhere while this kernel is scheduled)
             aot.start_runtime(self.target)
@@ -211,6 +212,14 @@ class CpuKernel:
             note = f"{failed} failed on it ({_halide_message(e)})"
             self._main = attrs.evolve(self._unscheduled_pipeline(), note=note)
             warn(f"'{self.fn.name}' runs unscheduled on the CPU: {note}")
+
+    def defer_warnings(self, messages: list[str]) -> None:
+        """Holds the warnings of making this kernel ahead, for the call that first uses it."""
+        self._deferred_warnings = self._deferred_warnings + list(messages)
+
+    def take_deferred_warnings(self) -> list[str]:
+        taken, self._deferred_warnings = self._deferred_warnings, []
+        return taken
 
     @property
     def schedule(self) -> str | CpuSchedule | None:

@@ -169,6 +169,7 @@ class TCOp:
         self._index_reads: dict[int, tuple] = {}
         self._cpu_calls: dict[tuple, tuple] = {}  # _fast_key -> (program._FastCall, has reads)
         self._checked_types: set[tuple] = set()  # argument types of calls _check_call passed
+        self._ahead: set[tuple] = set()  # shapes whose backward was compiled ahead
         self._scalars = [not (t.rank or t.name in self.runs) for t in self.checked.inputs]
         inout = [o for o in self.checked.outputs if self.checked.tensors[o].inout]
         if inout:
@@ -382,6 +383,7 @@ class TCOp:
         fn = self.program_for(ftype)[self.name]
         device = _device(args)
         if device.type == "cpu":
+            self._compile_backward_ahead(args, ftype)
             results = _run_cpu(fn, args)
             # (a rank-polymorphic function's instances keep their own: not memoised here)
             run = getattr(fn, "_fast_calls", {}).get(key) if key is not None else None
@@ -397,6 +399,29 @@ class TCOp:
             raise TCArgumentError(f"'{self.name}' runs on CPU and CUDA tensors, not on "
                                   f"{device.type}")
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _compile_backward_ahead(self, args, ftype) -> None:
+        """Where autograd will want this call's backward (an input requires grad), starts
+        compiling its CPU kernel on a thread of its own (`TCFunction.compile_ahead`), once per
+        set of shapes: it compiles while this forward compiles and runs, so a first forward
+        and backward costs about the longer of the two compiles, not their sum."""
+        if self.backward_op is None or self.forward is not None or self.polymorphic or \
+                not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            return
+        shapes = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a
+                       for a in args)
+        with _ops_lock:
+            if shapes in self._ahead:
+                return
+            if len(self._ahead) > 1024:
+                self._ahead.clear()
+            self._ahead.add(shapes)
+        with torch.no_grad():
+            inputs = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+            outputs = self._fake(*inputs)  # (the outputs' and gradients' shapes and dtypes)
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        backward = self.backward_op
+        backward.program_for(ftype)[backward.name].compile_ahead(*inputs, *outputs, *outputs)
 
     def _fake(self, *args):
         """Outputs of the right shapes and dtypes, without computing: shapes from range
