@@ -26,6 +26,7 @@ from tcstage.errors import (TCArgumentError, TCError, TCSemanticError, deferred_
 from tcstage.halide import ranges as R
 from tcstage.halide.jit import (DEFAULT_SCHEDULE, OUTPUT_ALIGNMENT, CpuKernel, PreparedRun,
                                 aligned_empty, needs_large_buffers, schedule_name)
+from tcstage.halide.aot import share_torch_threads
 from tcstage.halide.lower import Lowered, lower
 from tcstage.halide.solver import evaluate
 from tcstage.lang import ast, ellipsis
@@ -574,6 +575,8 @@ class _FastCall:
     @staticmethod
     def of(kernel: CpuKernel, fn: C.Function, sizes: dict, args, torch: bool) -> "_FastCall":
         """The memo of a call with these arguments, after it ran."""
+        if torch:  # (PyTorch is loaded: kernels run on its OpenMP team; aot.py)
+            share_torch_threads()
         inputs = []
         for t, a in zip(fn.inputs, args):
             if not t.rank:

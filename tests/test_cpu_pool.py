@@ -52,8 +52,11 @@ def scale():
 
 @linux_only
 def test_parallel_loops_run_on_the_pools_workers(scale):
-    # (at least: a test that loads a second cache's runtime library starts a second pool)
-    assert _pool_threads() >= aot.pool_threads() - 1 > 0 or aot.pool_threads() == 1
+    # (at least: a test that loads a second cache's runtime library starts a second pool;
+    # where this process loaded PyTorch first, the loops run on its OpenMP team instead)
+    shared = "torch" in sys.modules and aot._torch_gomp_parallel() is not None and \
+        bool(aot._openmp_shared)
+    assert _pool_threads() >= aot.pool_threads() - 1 > 0 or aot.pool_threads() == 1 or shared
 
 
 def _in_child(queue):
@@ -128,3 +131,66 @@ def test_the_environment_sets_the_pool(env, threads, warning):
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == [str(threads), str(threads - 1)]
     assert (warning is not None and warning in r.stderr) or (warning is None and not r.stderr)
+
+
+TORCH_SCRIPT = textwrap.dedent(f"""
+    import os, sys, threading, numpy as np
+    import torch  # (first: the runtime library loads after it, and shares its OpenMP team)
+    import tcstage as tc
+    from tcstage.halide import aot
+    f = tc.define({SCALE!r}).scale
+    rng = np.random.default_rng(0)
+    def check(rows, pytorch=True):
+        X = rng.standard_normal((rows, 1024)).astype(np.float32)
+        w = rng.standard_normal(1024).astype(np.float32)
+        assert np.allclose(f(X, w), X * w + 1, rtol=1e-6, atol=1e-6)
+        if pytorch:
+            assert torch.allclose(torch.from_numpy(X).mul(torch.from_numpy(w)).add(1),
+                                  torch.from_numpy(f(X, w)), rtol=1e-6, atol=1e-6)
+            # (PyTorch's team runs its own loops between ours)
+    for rows in (256, 300, 64):
+        check(rows)
+    failures = []
+    def calls():
+        try:
+            for rows in (256, 190, 512):
+                check(rows)
+        except BaseException as e:
+            failures.append(e)
+    threads = [threading.Thread(target=calls) for _ in range(3)]
+    [t.start() for t in threads]; [t.join() for t in threads]
+    assert not failures, failures
+    pid = os.fork()
+    if pid == 0:  # (a forked child cannot use the parent's team: it starts workers of its own;
+        #           PyTorch's own parallel operators hang there, a limitation of libgomp)
+        try:
+            check(256, pytorch=False)
+            os._exit(0)
+        except BaseException:
+            os._exit(3)
+    assert os.waitpid(pid, 0)[1] == 0, "the forked child failed"
+    names = [open(f"/proc/self/task/{{t}}/comm").read().strip()
+             for t in os.listdir("/proc/self/task")]
+    print(aot._torch_gomp_parallel() is not None, names.count("tcstage-pool"))
+""")
+
+
+@linux_only
+@pytest.mark.parametrize("share", ["1", "0"])
+def test_with_pytorch_loaded_loops_run_on_its_openmp_team(share):
+    """With PyTorch loaded, parallel loops run on PyTorch's OpenMP threads (no tcstage-pool
+    threads start), unless TCSTAGE_TORCH_OPENMP=0; results stay numpy's, from several Python
+    threads at once and in a forked child."""
+    if not aot.enabled():
+        pytest.skip("the pool belongs to the CPU kernel cache, which is off here")
+    pytest.importorskip("torch")
+    env = {**{k: v for k, v in os.environ.items() if k != "HL_NUM_THREADS"},
+           "TCSTAGE_TORCH_OPENMP": share}
+    r = subprocess.run([sys.executable, "-c", TORCH_SCRIPT], capture_output=True, text=True,
+                       cwd=ROOT, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    found_openmp, workers = r.stdout.split()
+    if found_openmp == "False" or CORES < 2:
+        assert int(workers) == max(CORES - 1, 0)
+    else:
+        assert int(workers) == (0 if share == "1" else CORES - 1)

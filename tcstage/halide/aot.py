@@ -31,6 +31,7 @@ import os
 import pathlib
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 
@@ -239,7 +240,53 @@ def _load_runtime(directory: str, target: hl.Target, name: str) -> str:
     lib.halide_set_error_handler(_record_error)
     lib.tcstage_pool_install(pool_threads(), pool_spin_us())
     _runtimes[directory] = (lib, name)
+    if "torch" in sys.modules:
+        _share_openmp(lib)
     return name
+
+
+def share_torch_threads() -> None:
+    """Where PyTorch is loaded and runs its operators on OpenMP, the pool of every runtime
+    library loaded runs its loops on PyTorch's OpenMP team instead of threads of its own
+    (pool.c says why): called when tcstage.torch is imported and when a call first passes
+    tensors. TCSTAGE_TORCH_OPENMP=0 keeps tcstage's own threads."""
+    with _runtime_lock:
+        for lib, _ in _runtimes.values():
+            _share_openmp(lib)
+
+
+_openmp_shared: set[int] = set()  # (the runtime libraries that share it, by handle)
+
+
+def _share_openmp(lib: ctypes.CDLL) -> None:
+    if lib._handle in _openmp_shared or os.environ.get("TCSTAGE_TORCH_OPENMP", "1") == "0":
+        return
+    _openmp_shared.add(lib._handle)
+    parallel = _torch_gomp_parallel()
+    if parallel is not None:
+        lib.tcstage_pool_share_openmp(ctypes.c_void_p(parallel))
+
+
+@functools.cache
+def _torch_gomp_parallel() -> int | None:
+    """The address of GOMP_parallel in the OpenMP runtime PyTorch loaded (GNU libgomp, or
+    Intel's libiomp5, which provides the same entry point), or None where it runs on none."""
+    torch = sys.modules.get("torch")
+    if torch is None or not getattr(torch._C, "has_openmp", False):
+        return None
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split(None, 5)[-1].strip() for line in f if "/lib" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        if os.path.basename(path).startswith(("libgomp", "libiomp")):
+            try:  # (already loaded: RTLD_NOLOAD only finds it)
+                runtime = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+                return ctypes.cast(runtime.GOMP_parallel, ctypes.c_void_p).value
+            except (OSError, AttributeError):
+                continue
+    return None
 
 
 # -- pipelines --------------------------------------------------------------------------------------

@@ -15,8 +15,11 @@ except ImportError as _e:  # pragma: no cover - depends on the installation
     raise ImportError("tcstage.torch needs PyTorch: pip install 'tcstage[torch]' "
                       f"({_e})") from None
 
+from tcstage.halide import aot as _aot
 from tcstage.torch.backward import backward_from_text, check_backward
 from tcstage.torch.ops import NAMESPACE, TCOp, op
 from tcstage.torch.shapes import evaluate_symbolic
+
+_aot.share_torch_threads()  # (kernels loaded before PyTorch: see tcstage/halide/pool.c)
 
 __all__ = ["op", "TCOp", "NAMESPACE", "backward_from_text", "check_backward", "evaluate_symbolic"]
