@@ -426,7 +426,9 @@ class TCFunction:
                     self._cpu_kernel(args, {}, None, _DEFAULT, None)
                 except Exception:  # (the call that needs the kernel raises it)
                     pass
-        thread = threading.Thread(target=work, name=f"tcstage-compile-{self.name}", daemon=True)
+        # (not a daemon: Python waits for it at exit, where a daemon thread in the middle of a
+        # compile would be killed as it took the GIL back, aborting the process)
+        thread = threading.Thread(target=work, name=f"tcstage-compile-{self.name}")
         thread.start()
         return thread
 

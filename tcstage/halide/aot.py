@@ -190,7 +190,8 @@ def _start_runtime(directory: str, target: hl.Target) -> None:
             _native.compile_runtime(obj, target)
         except BaseException as e:  # (the thread that links it compiles it again, and says why)
             failed.append(e)
-    thread = threading.Thread(target=compile_runtime, name="tcstage-runtime", daemon=True)
+    # (not a daemon: see TCFunction.compile_ahead)
+    thread = threading.Thread(target=compile_runtime, name="tcstage-runtime")
     thread.start()
     _runtime_objects[directory] = (thread, obj, failed)
 
