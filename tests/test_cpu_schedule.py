@@ -219,6 +219,18 @@ def test_tmm_contraction_packed(M, K, N):
         assert "packed B" in text, text
 
 
+@pytest.mark.parametrize("M,K,N,by_columns", [(20, 512, 1024, True), (20, 256, 512, False)])
+def test_large_shared_operands_go_column_by_column(M, K, N, by_columns):
+    """B(k, n) of 2 MiB (over the 1 MiB of COLUMN_ORDER_BYTES) is read column by column of
+    tiles, each column's slice copied; 512 KiB keeps rows of tiles. numpy's product either
+    way, in float64 against float32 results."""
+    fn = define(GEMM)
+    A, B = f32(M, K), f32(K, N)
+    np.testing.assert_allclose(fn(A, B), A.astype(np.float64) @ B, rtol=1e-4, atol=1e-3)
+    text = fn.explain(A, B)
+    assert ("column by column of tiles, B copied per column" in text) == by_columns, text
+
+
 @pytest.mark.parametrize("M,K", [(7, 13), (29, 16)])
 def test_gram_reads_one_input_both_ways(M, K):
     # A(j, k) is packed, A(i, k) is not: both read the same input

@@ -74,6 +74,8 @@ class FuncInfo:
     #   innermost subscript alone ("" if none): a scatter of rows, `T(I(b,l), r_d) += ...`
     update_rvars: tuple[tuple[str, ...], ...] = ()  # "other": per update, its RVars,
     #                                                  innermost first
+    rvar_extent_trees: tuple = ()  # a reduction: its RVars' extents as trees (an input's
+    #                                extent, `A.extent.0`, where not constant)
 
     @property
     def contraction(self) -> bool:
@@ -162,7 +164,8 @@ def _classify(d: dict) -> FuncInfo:
         extents = tuple(_constant(rv[2]) for rv in first["rvars"])
         return FuncInfo(name, args, "reduction", tuple(rv[0] for rv in first["rvars"]),
                         extents, reads, len(rest), operator, epilogue_reads=tuple(
-                            r for u in rest for r in _reads(u) if r.func != name))
+                            r for u in rest for r in _reads(u) if r.func != name),
+                        rvar_extent_trees=tuple(rv[2] for rv in first["rvars"]))
     # A scatter or a scan: its updates may still write each point of some pure variables at
     # that point alone (a histogram per row: `h(bin(r, y), y) += 1` along y)
     # (Halide makes every read of the Func itself in them keep that point too)

@@ -497,6 +497,12 @@ def _func_extents(lowered: Lowered, values: Mapping[str, int]) -> dict[str, tupl
             extents[v.func.name()] = tuple(reversed(tensors.get(name, ())))
     for name, f in zip(lowered.fn.outputs, lowered.outputs):
         extents.setdefault(f.name(), tuple(reversed(tensors.get(name, ()))))
+    # (and each input's, by the names Halide's trees give them, `A.extent.0`: a reduction's
+    # extent is often an input's, as a matrix product's K)
+    for name, p in lowered.params.items():
+        if isinstance(p, hl.ImageParam):
+            for k, e in enumerate(reversed(tensors.get(name, ()))):
+                extents[f"{p.name()}.extent.{k}"] = (e,)
     return extents
 
 

@@ -697,6 +697,10 @@ class HalideFunction:
         regions = self.required_regions(b, shapes)
         extents = {name: tuple(hi - lo + 1 for lo, hi in reversed(region))
                    for name, region in regions.items() if name in funcs}
+        # (and the inputs' extents, by the names Halide's trees give them: an RDom over an
+        # input, a matrix product's, is that long)
+        extents.update({f"{a.name}.extent.{a.rank - 1 - k}": (b.sizes[f"{a.name}.{k}"],)
+                        for a in self.arguments if a.is_buffer for k in range(a.rank)})
         realized, report, held = schedule_pipeline(copies, funcs, images, PIPELINE_STRUCTURED,
                                                    target, extents, os.cpu_count() or 1,
                                                    stencils=True, align=align)
