@@ -581,8 +581,11 @@ class _FastCall:
             share_torch_threads()
         inputs = []
         for t, a in zip(fn.inputs, args):
-            if not t.rank:
-                inputs.append(a)
+            if not t.rank and (type(a) in (int, float, bool) or isinstance(a, np.generic)):
+                inputs.append(a)  # (a number: the memo's key holds its value, baked in)
+            elif not t.rank:  # (a 0-dimensional tensor or array for a scalar, as a rank-
+                inputs = None  # polymorphic function's instance at rank 0 takes: its value
+                break          # changes from call to call under the same key)
             elif type(a) is np.ndarray and a.flags.c_contiguous and a.flags.aligned:
                 inputs.append((a.shape, a.dtype))
             elif type(a) is not np.ndarray and a.is_contiguous():

@@ -187,3 +187,18 @@ def test_a_kernel_that_fails_ahead_fails_at_the_call():
     with pytest.raises(tc.TCArgumentError):
         f(f32(3, 4), "two")
     np.testing.assert_allclose(f(f32(3, 4), 2.0), f32(3, 4) * 2, rtol=1e-6)
+
+
+def test_zero_dimensional_arrays_for_scalars_are_read_every_call():
+    """A rank-polymorphic function at rank 0 takes its tensors as scalars: 0-dimensional
+    arrays and tensors whose values change under the same memo key (shape, dtype, strides). A
+    prepared run baked the first call's values in, and a later call returned them (opcheck of
+    any_rank's softmax gradient found it)."""
+    f = tc.define("def f(float(...) X, float(...) Y) -> (O) { O(...) = X(...) * 2 + Y(...) }").f
+    for x, y in [(1.0, 2.0), (3.0, -1.0), (0.5, 0.25)]:
+        got = f(np.array(x, np.float32), np.array(y, np.float32))
+        assert float(got) == 2 * x + y
+    torch = pytest.importorskip("torch")
+    for x, y in [(1.0, 2.0), (3.0, -1.0)]:
+        got = f(torch.tensor(x), torch.tensor(y))
+        assert float(got) == 2 * x + y
