@@ -122,6 +122,19 @@ LAYERS = {
   M(n,c) max= G(n,c) * 2
   M(n,c) min= X(n,c) + 1 where c in 0:2
 }""", "gate", dict(X=(3, 4), G=(3, 4))),
+    # (a version that overwrites part of its tensor keeps the earlier values elsewhere: its
+    # recompute in the gradient started from nothing, and fmax saw 0 there; found by the
+    # gradient fuzz campaign, seed 970113, minimised)
+    "partial_overwrite_recomputed": ("""def po(float(N) X) -> (O) {
+  O(i) = X(i) * X(i)
+  O(i) = X(i) * 3 where i in 0:2
+  O(i) = O(i) * O(i)
+}""", "po", dict(X=(5,))),
+    "partial_overwrite_fuzz_970113": ("""def f(float(M, M) W) -> (O0) {
+  O0(k, i) min=! W(i, i) + W(1, n + k) where n in 0:M - 1
+  O0(_v, m) = W(2 * m, _v)
+  O0(k, m) = fmax(O0(k, m), 1)
+}""", "f", dict(W=(7, 7))),
     "shifted_reads": ("""def shift(float(N) X) -> (O) {
   O(i) = X(i + 2) - X(i)
 }""", "shift", dict(X=(9,))),

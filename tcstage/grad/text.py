@@ -58,8 +58,8 @@ def render(head: str, body) -> str:
 def polish(head: str, body: list, recomputed: int,
            state_ranges: Callable[[int, GradStatement], GradStatement], where: str) -> str:
     """The text of the backward function whose statements are `body` (the first `recomputed`
-    of them copied from the forward function; `state_ranges(k, st)` gives such a statement a
-    where clause for each index). `where` names the function in errors."""
+    of them copied from the forward function; `state_ranges(k, st)` gives statement k, where it
+    is such a copy, a where clause for each index). `where` names the function in errors."""
     body = list(body)
     first_line = head.count("\n") + 1
     for _ in range(4):
@@ -74,8 +74,9 @@ def polish(head: str, body: list, recomputed: int,
                 # which the forward function warns of already)
                 continue
             body[k] = attrs.evolve(body[k], padded=body[k].padded | {read})
-            if k < recomputed:  # padding stops a read bounding its indices: state them
-                body[k] = state_ranges(k, body[k])
+            # (padding stops a read bounding its indices: a copy of a forward statement states
+            # them, as `state_ranges` gives them; it leaves other statements as they are)
+            body[k] = state_ranges(k, body[k])
     return render(head, without_needless_where(head, body, recomputed))
 
 
