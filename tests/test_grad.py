@@ -135,6 +135,13 @@ LAYERS = {
   O0(_v, m) = W(2 * m, _v)
   O0(k, m) = fmax(O0(k, m), 1)
 }""", "f", dict(W=(7, 7))),
+    # (a recomputed first statement that reads nothing, its ranges taken from the tensor's
+    # later statements in the forward: its copy states them; fuzz seed 970143)
+    "recomputed_constant_start": ("""def cs(float(S, 5, P) D) -> (O) {
+  T(r, m) = 2.0
+  T(r, m) *= D(r, m, r) where m in 0:2
+  O(r, m) = T(r, m) * T(r, m)
+}""", "cs", dict(D=(4, 5, 6))),
     "shifted_reads": ("""def shift(float(N) X) -> (O) {
   O(i) = X(i + 2) - X(i)
 }""", "shift", dict(X=(9,))),

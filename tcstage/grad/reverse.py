@@ -167,6 +167,14 @@ def _pointwise_updates_as_assignments(fn: C.Function) -> C.Function:
     return attrs.evolve(fn, statements=tuple(statements))
 
 
+def _reads_bound(st: C.Statement) -> bool:
+    """Whether every index of statement st is a plain subscript of one of its reads, or has a
+    where range: what range inference needs of a tensor's first statement."""
+    plain = {a.name for n in C.walk(st.rhs) if isinstance(n, C.Read)
+             for a in n.args if isinstance(a, C.IndexVar)}
+    return all(v in plain or any(w.var == v for w in st.where) for v in st.variables)
+
+
 class _Generator:
     def __init__(self, fn: C.Function):
         fn = _pointwise_updates_as_assignments(fn)
@@ -748,9 +756,14 @@ class _Generator:
             self.recompute.append(n)
             op = "=" if st.reduction is None else f"{st.reduction}={'!' if st.init else ''}"
             where = tuple((w.var, self.renamed(n, w.lo), self.renamed(n, w.hi)) for w in st.where)
-            body.append(GradStatement(self.version_of[n].name, st.indices, op,
-                                       self.renamed(n, st.rhs), where,
-                                       scatter=tuple(self.renamed(n, a) for a in st.scatter)))
+            copy = GradStatement(self.version_of[n].name, st.indices, op,
+                                 self.renamed(n, st.rhs), where,
+                                 scatter=tuple(self.renamed(n, a) for a in st.scatter))
+            if not _reads_bound(st):
+                # (`O(r, m) = 0.0`, whose ranges the forward took from O's later statements:
+                # its copy starts a tensor of its own, so it states them)
+                copy = self.state_ranges(len(body), copy)
+            body.append(copy)
         body += self.statements
         name = self.fresh(f"{fn.name}_grad")
 
