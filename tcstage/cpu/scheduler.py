@@ -1323,7 +1323,7 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
         # column's slice of them stays in cache for all its rows, where row by row every row
         # of tiles streamed all of them again (a 1024^3 matrix product: 21 -> 7 ms).
         by_columns = packs and not packed_whole or not packs and at is None and \
-            _shared_operand_bytes(info, plan, p1) > COLUMN_ORDER_BYTES
+            _shared_operand_bytes(info, plan, p1, f.type().bytes()) > COLUMN_ORDER_BYTES
         tile_loops = [yo, xo] if by_columns else [xo, yo]
         anchor.reorder(xi, yi, *tile_loops, *_vars(outer))
     else:
@@ -1431,10 +1431,11 @@ COLUMN_ORDER_BYTES = 1 << 20  # operands every row of tiles reads beyond which t
 #                               column by column (about half an L2 cache)
 
 
-def _shared_operand_bytes(info: FuncInfo, plan: _Plan, p1: str) -> int:
+def _shared_operand_bytes(info: FuncInfo, plan: _Plan, p1: str, value_bytes: int) -> int:
     """The bytes of a reduction's reads that do not depend on its tile rows' variable `p1`,
     over the output's columns and the reduction, at the planned sizes (0 where a size is not
-    known): what every row of tiles reads again."""
+    known), counting `value_bytes` a value (the reduction's type): what every row of tiles
+    reads again."""
     known = {k: v[0] for k, v in plan.extents.items() if ".extent." in k}
     terms = 1
     for tree, constant in zip(info.rvar_extent_trees, info.rvar_extents):
@@ -1444,7 +1445,7 @@ def _shared_operand_bytes(info: FuncInfo, plan: _Plan, p1: str) -> int:
             return 0
     columns = (plan.extents.get(info.name) or (0,))[0] or 0
     shared = sum(1 for r in info.reads if not r.dims_using(p1))
-    return shared * columns * terms * 4
+    return shared * columns * terms * value_bytes
 
 
 BALANCE = 0.9  # the least share of the cores' time a parallel loop's tasks may keep busy

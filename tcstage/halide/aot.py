@@ -380,8 +380,7 @@ def compile_pipeline(pipeline: hl.Pipeline, arguments: list, target: hl.Target,
             building = _building.get(digest)
             if building is None:
                 building = _building[digest] = threading.Event()
-                directory = CACHE.directory()
-                _start_runtime(directory, aot)  # (on its thread, while this one compiles)
+                directory = CACHE.directory()  # (CpuKernel started its runtime: start_runtime)
                 break
         building.wait()  # (and where that build failed, this thread tries, and says why)
     try:
