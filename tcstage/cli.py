@@ -73,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"tcstage: error: {e.strerror or e}{where}", 1)
     except MemoryError:
         return _fail("tcstage: error: out of memory; try smaller --sizes", 1)
-    except KeyboardInterrupt:
-        return _fail("tcstage: interrupted", 130)
+    except KeyboardInterrupt as e:  # (a tuning run stopped by SIGTERM before anything passed
+        # names the signal: its status is the signal's, as after a run that has a best)
+        return _fail("tcstage: interrupted", _interrupted_status(getattr(e, "signal", "")))
     except Exception as e:  # a bug in tcstage: say so in one line, unless asked for the traceback
         if os.environ.get("TCSTAGE_TRACEBACK"):
             raise
@@ -728,9 +729,14 @@ def _tuned(result, saved: str = "") -> int:
         print(saved)
     if not result.interrupted:
         return 0
+    return _interrupted_status(result.stopped.partition("(")[2].rstrip(")"))
+
+
+def _interrupted_status(signal_name: str) -> int:
+    """128 + the signal's number, as a shell reports a process the signal killed (no name:
+    Ctrl-C, 130)."""
     import signal
-    name = result.stopped.partition("(")[2].rstrip(")")
-    return 128 + (getattr(signal, name) if name else signal.SIGINT)
+    return 128 + (getattr(signal, signal_name) if signal_name else signal.SIGINT)
 
 
 def _cache(args) -> int:

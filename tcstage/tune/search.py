@@ -16,6 +16,7 @@ import contextlib
 import math
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -231,7 +232,9 @@ def _stop_on_signals(caught: list[str]):
     name of each signal that came. The handler raises KeyboardInterrupt at once, and the
     search also checks `caught` after each candidate: a KeyboardInterrupt raised while Python
     runs a finalizer (a generator closed by the garbage collector, a connection's __del__) is
-    printed and dropped, and once that left a tuning run going after Ctrl-C."""
+    printed and dropped, and once that left a tuning run going after Ctrl-C. Such a drop is not
+    printed while the search runs (it stops anyway): a SIGTERM that came during a fork printed
+    a traceback from logging's fork hook, which a caller reads as a crash."""
     if threading.current_thread() is not threading.main_thread():
         yield caught
         return
@@ -240,13 +243,21 @@ def _stop_on_signals(caught: list[str]):
         caught.append(signal.Signals(number).name)
         raise KeyboardInterrupt
 
+    printing = sys.unraisablehook
+
+    def drop_own_interrupts(unraisable):
+        if not (caught and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+            printing(unraisable)
+
     previous = {}
     for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
         # (a signal the caller ignores stays ignored, as `nohup` and background jobs expect)
         if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
             previous[sig] = signal.signal(sig, stop)
+    sys.unraisablehook = drop_own_interrupts
     try:
         yield caught
     finally:
+        sys.unraisablehook = printing
         for sig, handler in previous.items():
             signal.signal(sig, handler)

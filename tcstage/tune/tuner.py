@@ -394,9 +394,11 @@ class _Session:
             best, checked = state.best_unchecked, False
             if best is None:
                 if interrupted:  # (Ctrl-C before anything passed: Python's own meaning)
-                    raise KeyboardInterrupt(
+                    stop = KeyboardInterrupt(
                         f"tuning '{self.fn.name}' was {stopped} after {state.evaluated} "
                         "candidates, before any passed its check")
+                    stop.signal = stopped.partition("(")[2].rstrip(")")  # ("": Ctrl-C)
+                    raise stop
                 raise TCError(f"no candidate for '{self.fn.name}' compiled and passed the check "
                               f"({state.evaluated} evaluated)")
             warn(f"the best options found for '{self.fn.name}' were not checked against the "

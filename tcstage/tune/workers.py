@@ -11,6 +11,7 @@ and one crashed worker breaks the whole pool.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
@@ -55,7 +56,8 @@ class LocalPool:
                     process = ctx.Process(target=_child, args=(function, item, write,
                                                                 self.memory, os.getpid()),
                                           daemon=True)
-                    process.start()
+                    with _stopping_signals_held():
+                        process.start()
                     write.close()  # the child's copy is the only one: EOF when it dies
                     running[read] = (index, process, time.monotonic())
                 now = time.monotonic()
@@ -103,15 +105,37 @@ def _die_with_parent() -> None:
         return
 
 
+_STOPPING = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None))
+                  if s is not None)
+
+
+@contextlib.contextmanager
+def _stopping_signals_held():
+    """Holds Ctrl-C and the other stopping signals while a worker is forked: the tuner's
+    handler raises KeyboardInterrupt, which inside fork's hooks (logging's, say) Python prints
+    as a traceback and drops, and which in the new child, before `_child` set its own
+    handlers, killed the child with a traceback. A held signal comes once the fork is done
+    (the child starts with it held, and drops it or dies of it in `_child`)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _child(function, item, write, memory, parent: int) -> None:
     os.setsid()  # its own process group: a time-out kills the compilers it started too
     _die_with_parent()
     if os.getppid() != parent:  # (the tuner died before the request took effect)
         os._exit(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the tuner's to handle
-    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-        if sig is not None:  # (not the tuner's handlers, inherited through fork)
-            signal.signal(sig, signal.SIG_DFL)
+    for sig in _STOPPING[1:]:  # (not the tuner's handlers, inherited through fork)
+        signal.signal(sig, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):  # (held by the parent during the fork)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPPING)
     if memory:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     try:
