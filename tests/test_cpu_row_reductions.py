@@ -2,6 +2,7 @@
 dimension to reuse it) vectorise the reduction loop instead of packing the input: their
 results against numpy at awkward sizes, for every operator."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +71,55 @@ def test_a_sum_of_negations_is_vectorised_in_the_fused_row_pipeline():
     want = Y * (dY - (dY * Y).sum(1, keepdims=True))
     np.testing.assert_allclose(f(X, Y.astype(np.float32), dY), want, rtol=1e-4, atol=1e-5)
     assert f.compile_count == 1
+
+
+def test_a_softmax_gradient_is_one_pass_per_row_with_no_updates():
+    # The gradient's `d_E(n,c) +=! d_Y(n,c) / S(n)` then `d_E(n,c) += d_S(n)` lower to one
+    # definition (each update was a pass of its own), and d_E, read once by d_X at its own
+    # point, is inlined there; the max it subtracts is no longer differentiated (no ties).
+    source = (Path(__file__).parent.parent / "examples" / "layers.tc").read_text()
+    f = tc.define(tc.gradient(source, "softmax")).softmax_grad
+    for n, c in [(1, 1), (7, 13), (67, 512)]:
+        X, dY = f32(n, c), f32(c, n).T.copy()
+        X[:, -1] = X.max(1)  # (a tie in every row)
+        E = np.exp(X.astype(np.float64) - X.max(1, keepdims=True))
+        Y = E / E.sum(1, keepdims=True)
+        got = f(X, Y.astype(np.float32), dY)
+        np.testing.assert_allclose(got, Y * (dY - (dY * Y).sum(1, keepdims=True)),
+                                   rtol=1e-4, atol=1e-6)
+    text = f.explain(X, Y.astype(np.float32), dY)
+    assert "update" not in text, text
+    assert re.search(r"\n  d_E(\$\d+)?: pointwise, inlined into d_X(\$\d+)? \(its one read\)",
+                     text), text
+
+
+@pytest.mark.parametrize("n, c", [(1, 1), (5, 37)])
+def test_pointwise_accumulations_fold_into_one_definition(n, c):
+    # `+=`, `*=`, `max=` and `min=` over the whole tensor, after its first statement, are one
+    # Halide definition on the CPU, with the same operations in the same order: NaN in a
+    # max= is still skipped (fmax), a where clause narrower than the tensor stays an update
+    f = tc.define("""def f(float(N,C) A, float(N,C) B) -> (O, P) {
+  O(n,c) +=! A(n,c)
+  O(n,c) += B(n,c) * 2
+  O(n,c) *= A(n,c)
+  O(n,c) max= B(n,c)
+  P(n,c) = A(n,c)
+  P(n,c) min= B(n,c)
+  P(n,c) += 1 where c in 0:1
+}""").f
+    A, B = f32(n, c), f32(c, n).T.copy()
+    B[0, 0] = np.nan
+    O, P = f(A, B)
+    a, b = A.astype(np.float64), B.astype(np.float64)
+    np.testing.assert_allclose(O, np.fmax((a + b * 2) * a, b), rtol=1e-6)
+    want_p = np.fmin(a, b)
+    want_p[:, 0] += 1
+    np.testing.assert_allclose(P, want_p, rtol=1e-6)
+    text = f.explain(A, B)
+    lines = {line.split(":")[0].strip().split("$")[0]: line for line in text.splitlines()[1:]}
+    assert re.fullmatch(r"  O(\$\d+)?: pointwise, computed once, .*n in parallel", lines["O"]), \
+        text
+    assert "definition by definition" in lines["P"], text  # (the partial update stays one)
 
 
 def test_an_update_halide_cannot_prove_associative_keeps_the_structured_schedule():

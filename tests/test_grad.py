@@ -489,6 +489,61 @@ def test_softmax_gradient_reads_its_exponentials_and_output_back():
     assert "d_X(n, c) +=! d_E(n, c) * E(n, c)" in text, text
 
 
+STABILISED = """
+def softmax(double(N,C) X) -> (Y) { M(n) max=! X(n,c)
+  S(n) +=! exp(X(n,c) - M(n))
+  Y(n,c) = exp(X(n,c) - M(n)) / S(n) }
+def logsoftmax(double(N,C) X) -> (Y) { M(n) max=! X(n,c)
+  S(n) +=! exp(X(n,c) - M(n))
+  Y(n,c) = X(n,c) - M(n) - log(S(n)) }
+def scaled(double(N,C) X) -> (Y) { M max=! X(n,c)
+  S(n) max=! exp(2 * (X(n,c) - M))
+  Y(n,c) = exp(2 * X(n,c) - 2 * M) / S(n) }
+def unnormalised(double(N,C) X) -> (Y) { M(n) max=! X(n,c)
+  Y(n,c) = exp(X(n,c) - M(n)) }
+def linear(double(N,C) X) -> (Y) { M(n) max=! X(n,c)
+  S(n) +=! X(n,c) - M(n)
+  Y(n,c) = (X(n,c) - M(n)) / S(n) }
+def elsewhere(double(N,C) X) -> (Y) { M(n) max=! X(n,c)
+  S +=! exp(X(n,c) - M(n))
+  Y(n,c) = exp(X(n,c) - M(n)) / S }
+def neighbour(double(N,C) X) -> (Y) { M(n) max=! X(n,c)
+  S(n) +=! exp(X(n,c) - M(n))
+  Y(n,c) = exp(X(n,c) - M(n + 1)) / S(n) where n in 0:N-1 }
+"""
+
+
+@pytest.mark.parametrize("name, constant", [
+    ("softmax", True), ("logsoftmax", True), ("scaled", True),
+    # exp(X - M) alone scales with exp(-M); a sum of shifts counts C of them; one sum over
+    # every row scales by a different exp(-M(n)) per term; exp(X(n,c) - M(n + 1)) / S(n)
+    # scales by exp(M(n) - M(n + 1))
+    ("unnormalised", False), ("linear", False), ("elsewhere", False), ("neighbour", False)])
+def test_a_max_the_outputs_do_not_depend_on_is_a_constant_of_the_gradient(name, constant):
+    # (the outputs are the same for any M: by hand, exp(X - M) / sum(exp(X - M)) and
+    # X - M - log(sum(exp(X - M))) do not change when M(n) does; `scaled` is softmax of 2X)
+    from tcstage.grad.invariance import stabilisers
+    assert stabilisers(tc.define(STABILISED)[name].written) == ({"M"} if constant else set())
+    text = tc.gradient(STABILISED, name)
+    assert ("M_ties" not in text and "d_M" not in text) == constant, text
+    shapes = dict(X=(3, 5))
+    check_directional(STABILISED, name, shapes)
+
+
+def test_softmax_gradient_at_tied_maxima_is_the_closed_form():
+    # Y * (d_Y - sum(d_Y * Y)) (PyTorch's softmax backward), with ties in every row: the
+    # max's tie split no longer enters (it summed to rounding error before)
+    x = np.array([[1.0, 3.0, 3.0, 2.0], [0.5, 0.5, 0.5, 0.5], [-2.0, 7.0, 7.0, 7.0]])
+    d_y = np.random.default_rng(3).standard_normal(x.shape)
+    _, g, (y,), _ = gradients(STABILISED, "softmax", [x], [d_y])
+    expected = y * (d_y - (d_y * y).sum(1, keepdims=True))
+    np.testing.assert_allclose(g["X"], expected, rtol=1e-12, atol=1e-15)
+    _, g, _, _ = gradients(STABILISED, "logsoftmax", [x], [d_y])
+    np.testing.assert_allclose(g["X"], d_y - np.exp(x - x.max(1, keepdims=True))
+                               / np.exp(x - x.max(1, keepdims=True)).sum(1, keepdims=True)
+                               * d_y.sum(1, keepdims=True), rtol=1e-12, atol=1e-15)
+
+
 def corpus_functions():
     """Every function of the TC corpus (TC's own benchmark kernels, tests/tc_corpus) with
     small sizes: the arguments of check_directional."""

@@ -84,6 +84,22 @@ def test_max_ties_split_the_tangent():
     np.testing.assert_array_equal(t_O, [3.0, 7.0])  # the mean of the tied elements' tangents
 
 
+def test_a_softmax_tangent_at_tied_maxima_is_the_closed_form():
+    # Y * (t_X - sum(Y * t_X)): the max subtracted is a constant of the jvp (tc.gradient's
+    # stabilisers), so its tie split, which summed to rounding error, is not in the text
+    from test_grad import STABILISED
+    jv = forward(STABILISED, "softmax")
+    assert "t_M" not in jv.source and "ties" not in jv.source, jv.source
+    x = np.array([[1.0, 3.0, 3.0, 2.0], [0.5, 0.5, 0.5, 0.5]])
+    t_x = np.random.default_rng(4).standard_normal(x.shape)
+    y, t_y = tc.define(jv.source)[jv.name](x, t_x)
+    e = np.exp(x - x.max(1, keepdims=True))
+    np.testing.assert_allclose(y, e / e.sum(1, keepdims=True), rtol=1e-14)
+    np.testing.assert_allclose(t_y, y * (t_x - (y * t_x).sum(1, keepdims=True)), rtol=1e-12,
+                               atol=1e-15)
+    check_tangents(STABILISED, "logsoftmax", dict(X=(3, 5)))
+
+
 def test_integer_outputs_get_no_tangent_and_constant_outputs_a_zero_one():
     jv = forward("""def f(double(N) X, int32(N) I) -> (O, C, J) {
   O(i) = X(i) * X(i)

@@ -313,6 +313,9 @@ def _fused_rows(structure, funcs, output: hl.Func, plan: _Plan) -> tuple[hl.Func
     for f in structure.funcs:
         if f.name == info.name and not info.epilogue:
             continue
+        if f.name != info.name and (reader := _read_once_in_place(structure, f)):
+            report.append(f"{f.name}: pointwise, inlined into {reader} (its one read)")
+            continue
         func = funcs[f.name]
         func.compute_at(anchor, no)
         lanes = plan.lanes(func.types()[0])
@@ -343,6 +346,23 @@ def _fused_rows(structure, funcs, output: hl.Func, plan: _Plan) -> tuple[hl.Func
                           + f", {where}"
                           + (f", {f.args[0]} in vectors of {lanes}" if vectorized else ""))
     return anchor, report
+
+
+def _read_once_in_place(structure, f: FuncInfo) -> str | None:
+    """The pointwise Func that reads pointwise `f` once, at its own point, and is the only one
+    to read it (a gradient's `d_E` in `d_X(n, c) = d_E(n, c) * E(n, c)`): inlined there, f
+    costs no pass and no store of its own. None where there is no such reader."""
+    if f.family != "pointwise" or f.epilogue:
+        return None
+    sites = [(g, r) for g in structure.funcs for r in g.reads + g.epilogue_reads
+             if r.func == f.name]
+    if len(sites) != 1:
+        return None
+    reader, read = sites[0]
+    if reader.family != "pointwise" or reader.args != f.args or \
+            read.args != tuple(("var", v) for v in reader.args):
+        return None
+    return reader.name
 
 
 def _pointwise_anchors(structure, outputs: set[str]) -> dict[str, str]:

@@ -26,6 +26,7 @@ from tcstage.errors import TCError, TCRangeError
 from tcstage.grad import Backward
 from tcstage.grad import source as S
 from tcstage.grad.derivative import differentiable, partials
+from tcstage.grad.invariance import stabilisers
 from tcstage.grad.text import GradStatement, equal_trees, polish
 from tcstage.halide import ranges as R
 from tcstage.lang import checked as C
@@ -331,10 +332,14 @@ class _Generator:
         self.d_outputs = {o: self.fresh(f"d_{o}") for o in fn.outputs}
 
     def activity(self) -> None:
-        """Which versions depend differentiably on a floating-point input."""
+        """Which versions depend differentiably on a floating-point input. A stabiliser (the
+        max a softmax subtracts, see `invariance`) does not: no output depends on it."""
         fn = self.fn
+        constant = stabilisers(fn)
         for n, st in enumerate(fn.statements):
             v = self.version_of[n]
+            if st.tensor in constant:
+                continue
             if v.prev is not None and v.prev.varied:
                 v.varied = True
             for leaf in _leaves(st.rhs):

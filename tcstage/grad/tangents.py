@@ -20,6 +20,7 @@ from tcstage.errors import TCError
 from tcstage.grad import Jvp
 from tcstage.grad import source as S
 from tcstage.grad.derivative import differentiable, partials
+from tcstage.grad.invariance import stabilisers
 from tcstage.grad.reverse import _SPELLING, _Generator, _stored, _text, _tree_expr
 from tcstage.grad.text import GradStatement, polish
 from tcstage.halide import ranges as R
@@ -124,11 +125,13 @@ class _Tangents(_Generator):
         a tensor read before a later statement makes it varied is varied throughout)."""
         fn = self.fn
         varied: set[str] = set()
+        constant = stabilisers(fn)  # (the max a softmax subtracts: see `invariance`)
         changed = True
         while changed:
             changed = False
             for st in fn.statements:
-                if st.tensor in varied or not fn.tensors[st.tensor].type.is_float:
+                if st.tensor in varied or st.tensor in constant or \
+                        not fn.tensors[st.tensor].type.is_float:
                     continue
                 if any(isinstance(leaf, C.ScalarParam) or leaf.tensor in varied
                        or fn.tensors[leaf.tensor].kind == "input"
