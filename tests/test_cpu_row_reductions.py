@@ -122,6 +122,25 @@ def test_pointwise_accumulations_fold_into_one_definition(n, c):
     assert "definition by definition" in lines["P"], text  # (the partial update stays one)
 
 
+def test_a_division_by_a_row_invariant_is_within_two_ulp_and_others_are_exact():
+    # `/ S(n)` and `/ C` do not change along c: a product by a reciprocal computed once per
+    # row (docs/cpu.md), not correctly rounded; `/ B(n,c)` stays a division per element
+    f = tc.define("""def f(float(N,C) A, float(N,C) B, float(N) S) -> (O, P, Q) {
+  O(n,c) = A(n,c) / S(n) + A(n,c) / C
+  P(n,c) = A(n,c) / B(n,c)
+  Q(n,c) = A(n,c) / 4
+}""").f
+    rng = np.random.default_rng(5)
+    A, B, S = (rng.uniform(0.5, 2, shape).astype(np.float32) for shape in
+               [(33, 37), (33, 37), (33,)])
+    O, P, Q = f(A, B, S)
+    with np.errstate(all="ignore"):
+        want = A / S[:, None] + A / np.float32(37)
+    assert np.max(np.abs(O - want) / np.spacing(want)) <= 2
+    np.testing.assert_array_equal(P, A / B)
+    np.testing.assert_array_equal(Q, A / np.float32(4))
+
+
 def test_an_update_halide_cannot_prove_associative_keeps_the_structured_schedule():
     # `0 - A(n,c)` is no negation to lower as one: Halide sees `O(n) + (0 - A(n,c))`, cannot
     # prove it associative and refuses the vectorised reduction. That Func goes without (its
@@ -178,7 +197,11 @@ def test_row_pipelines_are_fused_per_block_of_rows(name, n, c):
     text = f.explain(*args)
     assert "a fused row pipeline" in text and "note:" not in text, text
     assert all("per block of rows" in line or "a fused row pipeline" in line
+               or "cheap: recomputed by its readers" in line
                for line in text.splitlines()[1:]), text
+    if name == "layernorm":  # (X - mean, read by var and by Y: recomputed, not stored)
+        assert re.search(r"\n  xc(\$\d+)?: pointwise, cheap: recomputed by its readers", text), \
+            text
 
 
 NN = (Path(__file__).parent.parent / "examples" / "nn.tc").read_text()

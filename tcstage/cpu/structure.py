@@ -66,6 +66,7 @@ class FuncInfo:
     #                                 at its own point, along which they may run in parallel
     operations: int = 0  # pointwise: the arithmetic its values compute, in nodes (subscripts
     #                      and the values they read not counted)
+    calls: int = 0  # pointwise: the function calls among them (exp, sqrt, ...: each costs more)
     epilogue_reads: tuple[Read, ...] = ()  # a reduction: what its in-place updates read
     update_own: tuple[tuple[str, ...], ...] = ()  # "other": per update, `parallel`'s variables
     update_in_place: tuple[bool, ...] = ()  # "other": per update, whether it rewrites every
@@ -151,9 +152,10 @@ def _classify(d: dict) -> FuncInfo:
     if all(in_place(u) for u in updates):
         reads = tuple(r for u in defs for r in _reads(u) if r.func != name)
         view = not updates and all(_only_reads(v) for v in defs[0]["values"])
-        ops = sum(_operations(inline_lets(v)) for u in defs for v in u["values"])
+        values = [inline_lets(v) for u in defs for v in u["values"]]
         return FuncInfo(name, args, "pointwise", epilogue=len(updates), reads=reads, view=view,
-                        operations=ops)
+                        operations=sum(map(_operations, values)),
+                        calls=sum(map(_calls, values)))
     first, rest = updates[0], updates[1:]
     if (first["rvars"] and tuple(first["args"]) == pure_args
             and first["predicate"] == ("int", True) and all(in_place(u) for u in rest)
@@ -227,6 +229,17 @@ def _operations(tree) -> int:
     if tree[0] in ("read", "var", "int", "uint", "float"):
         return 0
     return 1 + sum(_operations(t) for t in tree[1:] if isinstance(t, tuple))
+
+
+def _calls(tree) -> int:
+    """How many calls a value makes outside its subscripts."""
+    if not isinstance(tree, tuple) or not tree:
+        return 0
+    if not isinstance(tree[0], str):  # (a call's arguments)
+        return sum(map(_calls, tree))
+    if tree[0] in ("read", "var", "int", "uint", "float"):
+        return 0
+    return (tree[0] == "call") + sum(_calls(t) for t in tree[1:] if isinstance(t, tuple))
 
 
 def _reads_of(tree) -> set[str]:
