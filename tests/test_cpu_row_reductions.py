@@ -122,6 +122,26 @@ def test_pointwise_accumulations_fold_into_one_definition(n, c):
     assert "definition by definition" in lines["P"], text  # (the partial update stays one)
 
 
+def test_the_layer_norm_gradient_recomputes_its_centred_input():
+    # xc = X - mean is read by var, d_G, d_var and d_xc (the last two in the row pipeline):
+    # recomputed by each instead of stored, the results still those of the closed form
+    source = (Path(__file__).parent.parent / "examples" / "layers.tc").read_text()
+    f = tc.define(tc.gradient(source, "layernorm")).layernorm_grad
+    X, G, B, dY = f32(67, 130), f32(130), f32(130) * 0 + 0.5, f32(130, 67).T.copy()
+    x = X.astype(np.float64)
+    xc = x - x.mean(1, keepdims=True)
+    r = 1 / np.sqrt((xc * xc).mean(1, keepdims=True) + 1e-5)
+    Y = (G * xc * r + B).astype(np.float32)
+    d_X, d_G, d_B = f(X, G, B, Y, dY)
+    g = dY * G
+    want = r * (g - g.mean(1, keepdims=True) - xc * r * r * (g * xc).mean(1, keepdims=True))
+    np.testing.assert_allclose(d_X, want, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(d_G, (dY * xc * r).sum(0), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(d_B, dY.astype(np.float64).sum(0), rtol=1e-4, atol=1e-4)
+    text = f.explain(X, G, B, Y, dY)
+    assert re.search(r"\n  xc(\$\d+)?: pointwise, cheap: recomputed by its readers", text), text
+
+
 def test_a_division_by_a_row_invariant_is_within_two_ulp_and_others_are_exact():
     # `/ S(n)` and `/ C` do not change along c: a product by a reciprocal computed once per
     # row (docs/cpu.md), not correctly rounded; `/ B(n,c)` stays a division per element
