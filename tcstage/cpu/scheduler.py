@@ -1344,15 +1344,21 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
     # (a few taps known at compile time, computed per tile of another reduction: unrolled,
     # LLVM reuses the loads the tile's rows share)
     unroll_taps = at is not None and small_window and None not in info.rvar_extents
-    lanes, vectors = _tile(extents[0], plan.lanes(f.type()), want_vectors)
+    if at is None and not s.register_tile[0] and s.pack_operands:
+        p0 = _vector_dim(info, extent, plan.lanes(f.type()))
+    lanes, vectors = _tile(extent[p0], plan.lanes(f.type()), want_vectors)
     width = lanes * vectors
     rows = 1
+    others = [a for a in info.args if a != p0]
+    p1 = others[0] if others else None
     if p1 is not None:
-        p1 = _tile_rows(info, vectors, lambda q: max(1, min(
+        p1 = _tile_rows(info, p0, vectors, lambda q: max(1, min(
             want_rows or plan.accumulators() // vectors, extent[q] or 1 << 20)))
         rows = max(1, min(want_rows or plan.accumulators() // vectors, extent[p1]))
-    outer = tuple(a for a in info.args[1:] if a != p1)
+    outer = tuple(a for a in info.args if a not in (p0, p1))
     vectorized = lanes > 1
+    if p0 != info.args[0]:  # (each tile's values with p0 innermost: vectors in registers)
+        f.reorder_storage(*_vars([p0, *others]))
 
     # Reads strided in p0 that do not depend on p1: packed per column of tiles.
     packs = []
@@ -1374,8 +1380,9 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
         # operands are packed once, whole, and the rows of tiles run in parallel instead.
         # Computed per tile of another reduction (`at`), it would pack its operands (a
         # filter's weights: they do not depend on p1) again for every one of those tiles.
-        columns = math.ceil(extents[0] / width) * math.prod(extent[a] for a in outer)
-        packed_whole = bool(packs) and (columns < 2 * plan.threads or at is not None)
+        columns = math.ceil((extent[p0] or 1 << 20) / width) * math.prod(extent[a] for a in outer)
+        small = bool(packs) and p0 != info.args[0] and _small_panels(packs, plan, inputs)
+        packed_whole = bool(packs) and (columns < 2 * plan.threads or at is not None or small)
         # Without packing, the same holds where the operands that every row of tiles reads
         # alike (a matrix product's B(k, n)) outgrow the cache: column by column, each
         # column's slice of them stays in cache for all its rows, where row by row every row
@@ -1385,13 +1392,13 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
         tile_loops = [yo, xo] if by_columns else [xo, yo]
         anchor.reorder(xi, yi, *tile_loops, *_vars(outer))
     else:
-        tile_loops, packed_whole, by_columns = [xo], False, False
+        tile_loops, packed_whole, by_columns, small = [xo], False, False, False
         anchor.reorder(xi, xo, *_vars(outer))
     if vectorized:
         anchor.vectorize(xi, lanes)
     loops = [*tile_loops, *_vars(outer)]
     if s.parallel_outer:
-        trip = {xo.name(): math.ceil((extents[0] or 1 << 20) / width),
+        trip = {xo.name(): math.ceil((extent[p0] or 1 << 20) / width),
                 **{a: extent[a] or 1 << 20 for a in outer}}
         if p1 is not None:
             trip[yo.name()] = math.ceil((extent[p1] or 1 << 20) / rows)
@@ -1461,14 +1468,16 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
                 reordered.append(r.func)
 
     along = f" of {p1}" if p1 is not None and p1 != info.args[1] else ""
+    across = f" of {p0}" if p0 != info.args[0] else ""
     text = (f"tiles of {width} x {rows} ({vectors} vector{'s' * (vectors > 1)} of {lanes} lanes"
-            f" x {rows} row{'s' * (rows > 1)}{along}) held in registers" if vectorized else
-            f"tiles of 1 x {rows}{along} (not vectorised: {p0} has extent {extents[0]})")
+            f"{across} x {rows} row{'s' * (rows > 1)}{along}) held in registers" if vectorized
+            else f"tiles of 1 x {rows}{along} (not vectorised: {p0} has extent {extent[p0]})")
     if packs:
         text += "; packed " + ", ".join(f"{inputs[r.func].name() if r.func in inputs else r.func}"
                                         for r, _ in packs) \
             + (" per column of tiles" if not packed_whole else " once, whole" + (
-                "" if at is not None else " (too few columns of tiles to share among the cores)"))
+                "" if at is not None else " (small)" if small else
+                " (too few columns of tiles to share among the cores)"))
     if reordered:
         text += "; " + ", ".join(inputs[n].name() for n in reordered) + \
             " copied once into the reduction's order"
@@ -1545,7 +1554,46 @@ def _reduction_order(read, info: FuncInfo, p0: str, p1: str | None, outer) -> li
     return order if order != sorted(order) else None
 
 
-def _tile_rows(info: FuncInfo, vectors: int, rows_of) -> str:
+PANEL_WHOLE_BYTES = 1 << 20  # packed operands up to this size packed once, whole, where the
+#                              tiles vectorise another dimension than the innermost
+
+
+def _small_panels(packs, plan: _Plan, inputs) -> bool:
+    """Whether every operand to pack is at most PANEL_WHOLE_BYTES at the planned sizes (its
+    extents known): a grouped convolution's weights, per column of tiles, were packed again
+    for every image, group and output row."""
+    for r, _ in packs:
+        name = inputs[r.func].name() if r.func in inputs else r.func
+        sizes = [plan.extents.get(f"{name}.extent.{k}", (None,))[0]
+                 for k in range(len(r.args))]
+        if None in sizes or math.prod(sizes) * 4 > PANEL_WHOLE_BYTES:
+            return False
+    return True
+
+
+def _vector_dim(info: FuncInfo, extent: dict, lanes: int) -> str:
+    """The output dimension a contraction's register tiles vectorise: its innermost, unless
+    that is narrower than a vector and another fills whole vectors, which a read without it
+    broadcasts and which reads with it that are strided get packed for. A grouped convolution's
+    14-wide output rows took vectors of 8 lanes, half the machine's, where its 16 output
+    channels fill one; the tile's values are then stored across the output's rows, a
+    scatter per row of the tile, once per 144 steps of the reduction there."""
+    p0 = info.args[0]
+    if info.family != "reduction" or (extent[p0] or 0) >= lanes or len(info.args) < 2:
+        return p0
+
+    def filled(q):  # (the share of the lanes of whole vectors that hold values)
+        e = extent[q] or 0
+        return e / (math.ceil(e / lanes) * lanes) if e >= lanes else 0.0
+    best = max(info.args[1:], key=filled)
+    terms = math.prod(e or 1 << 20 for e in info.rvar_extents)
+    if filled(best) < 0.75 or terms < lanes or \
+            all(r.dims_using(best) for r in info.reads):
+        return p0
+    return best
+
+
+def _tile_rows(info: FuncInfo, p0: str, vectors: int, rows_of) -> str:
     """The output dimension along which a register tile has its rows (`rows_of(q)` of them):
     the one that needs the fewest loads per accumulator at each step of the reduction. A read
     that uses the vectorised dimension p0 loads `vectors` vectors per row if it also uses the
@@ -1559,8 +1607,6 @@ def _tile_rows(info: FuncInfo, vectors: int, rows_of) -> str:
     convolution at 32x32x32x32 ran 2.3x faster than with rows of output rows), and a matrix
     product's its second dimension. The second dimension keeps them unless another needs a
     quarter fewer loads."""
-    p0 = info.args[0]
-
     def loads(q: str) -> float:
         rows = rows_of(q)
         total = 0.0
@@ -1574,8 +1620,9 @@ def _tile_rows(info: FuncInfo, vectors: int, rows_of) -> str:
                 total += per_row
         return total / (vectors * rows)
 
-    second = info.args[1]
-    best = min(info.args[1:], key=loads)
+    candidates = [a for a in info.args if a != p0]
+    second = candidates[0]
+    best = min(candidates, key=loads)
     return best if loads(best) < 0.75 * loads(second) else second
 
 
