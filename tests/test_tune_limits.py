@@ -287,6 +287,21 @@ def test_a_signal_prints_the_best_so_far_and_exits_with_its_status(tmp_path, sig
     assert "Traceback" not in err
 
 
+def _tuner_after(tmp_path, setup: str):
+    """A subprocess that runs `setup` (Python), then `tcstage tune` on tmm with an unbounded
+    budget, one worker at a time."""
+    script = textwrap.dedent(setup) + textwrap.dedent(f"""
+        import sys
+        from tcstage import cli
+        sys.exit(cli.main(["tune", {os.path.join(ROOT, 'examples', 'tmm.tc')!r}, "--sizes",
+                           "M=64,K=32,N=128", "--measure", "model", "--budget", "100000",
+                           "--jobs", "1"]))
+    """)
+    env = dict(os.environ, TCSTAGE_CACHE_DIR=str(tmp_path))
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, preexec_fn=default_sigint)
+
+
 @pytest.mark.slow  # (a tuning run or a tuner in a subprocess: the slow step)
 @pytest.mark.parametrize("fork, best", [(12, True), (3, False)])
 def test_a_signal_during_a_fork_stops_the_tuner_without_a_traceback(tmp_path, fork, best):
@@ -295,9 +310,8 @@ def test_a_signal_during_a_fork_stops_the_tuner_without_a_traceback(tmp_path, fo
     # signal comes, every time, inside a hook run after the twelfth worker's fork (the first
     # generation, 8 candidates, has passed: there is a best so far); then after the third
     # (nothing passed yet: the status is still SIGTERM's).
-    script = textwrap.dedent(f"""
-        import os, signal, sys, time
-        from tcstage import cli
+    child = _tuner_after(tmp_path, f"""
+        import os, signal, time
         forks = []
         def signal_in_the_hook():
             forks.append(1)
@@ -307,14 +321,7 @@ def test_a_signal_during_a_fork_stops_the_tuner_without_a_traceback(tmp_path, fo
                 while time.monotonic() < deadline:  # (an unheld signal is handled here)
                     pass
         os.register_at_fork(after_in_parent=signal_in_the_hook)
-        sys.exit(cli.main(["tune", {os.path.join(ROOT, 'examples', 'tmm.tc')!r}, "--sizes",
-                           "M=64,K=32,N=128", "--measure", "model", "--budget", "100000",
-                           "--jobs", "1"]))
     """)
-    env = dict(os.environ, TCSTAGE_CACHE_DIR=str(tmp_path))
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env,
-                             preexec_fn=default_sigint)
     out, err = communicate_or_dump(child)
     assert child.returncode == 143, err
     assert "Traceback" not in err, err
@@ -359,22 +366,14 @@ def test_ctrl_c_before_anything_passed_exits_130_without_a_traceback(tmp_path):
     # (every compile hangs, so nothing can have passed when the signal comes; sleeping a
     # few seconds instead raced a fast machine, which had evaluated 8 candidates in 3 s)
     started = tmp_path / "started"
-    script = textwrap.dedent(f"""
-        import sys, time
-        from tcstage import cli
+    child = _tuner_after(tmp_path, f"""
+        import time
         from tcstage.tune import evaluate
         def hang(job, codegen=True):
             open({str(started)!r}, "a").close()
             time.sleep(3600)
         evaluate._compile = hang
-        sys.exit(cli.main(["tune", {os.path.join(ROOT, 'examples', 'tmm.tc')!r}, "--sizes",
-                           "M=64,K=32,N=128", "--measure", "model", "--budget", "100000",
-                           "--jobs", "1"]))
     """)
-    env = dict(os.environ, TCSTAGE_CACHE_DIR=str(tmp_path))
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=env,
-                             preexec_fn=default_sigint)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and child.poll() is None and not started.exists():
         time.sleep(0.1)
