@@ -142,6 +142,21 @@ LAYERS = {
   T(r, m) *= D(r, m, r) where m in 0:2
   O(r, m) = T(r, m) * T(r, m)
 }""", "cs", dict(D=(4, 5, 6))),
+    # (a read between a tensor's statements sees the sum so far, not the finished one: the
+    # recompute of T1 read the output O0; gradient fuzz seed 970457, minimised)
+    "read_between_accumulations_fuzz_970457": ("""def f(float(P, P) C) -> (O0) {
+  O0(j, n) = C(j, j) where n in 0:2
+  T1(kh) = 1.0 - O0(kh, kh)
+  O0(q, j) += fmin(1.0, T1(j))
+}""", "f", dict(C=(4, 4))),
+    # (the backward's d_I0 starts as `= 0` and accumulates d_T0, itself started as `= 0`:
+    # the type checker learned int32 for d_I0 from d_T0's provisional type, and the gradient
+    # was truncated; gradient fuzz seed 971074, minimised)
+    "accumulated_from_a_zeroed_gradient_fuzz_971074": ("""def f(float(2, R) I0) -> (O0) {
+  O0(k) = I0(k, k)
+  T0(k, v) = O0(k) + I0(v, v)
+  O0(x1) = T0(x1, x1)
+}""", "f", dict(I0=(2, 5))),
     "shifted_reads": ("""def shift(float(N) X) -> (O) {
   O(i) = X(i + 2) - X(i)
 }""", "shift", dict(X=(9,))),

@@ -300,3 +300,19 @@ def test_maxpool_without_where_is_ambiguous():
 def open_example(name):
     from pathlib import Path
     return (Path(__file__).parent.parent / "examples" / name).read_text()
+
+
+def test_a_literal_start_takes_its_type_from_the_first_decided_statement():
+    # D starts as a literal, then float; C starts as a literal and accumulates D: C is float
+    # too (it was int32, learned from D's provisional type, and truncated 0.75 to 0), and so
+    # is E, whose first statement reads D before D was decided
+    f = tc.define("""def f(float(N) A) -> (C, E) {
+  D(i) = 0 where i in 0:N
+  C(i) = 0 where i in 0:N
+  E(i) = D(i) * 2
+  C(i) += D(i)
+  D(i) += A(i)
+}""").f
+    C, E = f(np.full(3, 0.75, np.float32))
+    assert C.dtype == np.float32 and E.dtype == np.float32
+    np.testing.assert_array_equal(C, [0, 0, 0])  # (C read D before A was added: 0)

@@ -257,6 +257,7 @@ class _Generator:
         self.version_of: list[_Version] = []
         self.reads_of: list[dict] = []
         counts: dict[str, int] = {}
+        last_read: dict[str, int] = {}  # tensor -> the last statement that read it
         for n, st in enumerate(fn.statements):
             self.reads_of.append(dict(current))
             tensor = fn.tensors[st.tensor]
@@ -271,7 +272,10 @@ class _Generator:
             if cur is None:
                 version = _Version(st.tensor, "", [n], None, "first")
             elif st.reduction == "+" and not st.init and not self_read and all(
-                    fn.statements[k].reduction in (None, "+") for k in cur.statements):
+                    fn.statements[k].reduction in (None, "+") for k in cur.statements) and \
+                    last_read.get(st.tensor, -1) <= cur.statements[-1]:
+                # (a statement between read the sum so far: a version of its own, else that
+                # read was recomputed from the finished sum; fuzz seed 970457)
                 cur.statements.append(n)
                 version = cur
             elif st.reduction in ("*", "min", "max") and not st.init:
@@ -287,6 +291,9 @@ class _Generator:
                 counts[st.tensor] = counts.get(st.tensor, 0) + 1
             current[st.tensor] = version
             self.version_of.append(version)
+            for x in C.walk(st.rhs):
+                if isinstance(x, C.Read):
+                    last_read[x.tensor] = n
             if st.reduction == "*":
                 raise TCError(f"{self.where}: the gradient of a product reduction ('*=!') is "
                               "not generated", st.span,

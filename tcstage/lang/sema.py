@@ -148,6 +148,8 @@ def _check(d: ast.Def, callees: _Callees) -> inline.Callee:
     names, globals_ = inline.def_names(d)
     while True:
         defined, statements, weak_origin, learned = dict(tensors), [], set(), {}
+        tentative: dict[str, ScalarType] = {}  # learned from a read of a provisional type
+        derived: set[str] = set()  # typed by a first statement reading a provisional type
         expanded, inlined, used, deferred = [], {}, set(), []
         for written in d.statements:
             call = _as_call(written, defined, size_vars, callees)
@@ -164,13 +166,24 @@ def _check(d: ast.Def, callees: _Callees) -> inline.Callee:
                 checker = _StatementChecker(defined, size_vars, outputs, s, hints,
                                             frozenset(callees.defs))
                 stmt, tensor = checker.check()
+                # (a right-hand side reading a tensor whose own type is not learned yet,
+                # `d_I(v, v) += d_T(k, v)` after `d_T(y, x) = 0`, or one typed from such a
+                # tensor, has that type for now: it teaches a type only where nothing else
+                # does, else d_I stayed int32 for good and truncated its gradients)
+                pending = (weak_origin - hints.keys()) | derived
+                reads = {n.tensor for n in C.walk(stmt.rhs) if isinstance(n, C.Read)}
                 if checker.weak and stmt.first_definition:
                     weak_origin.add(tensor.name)
+                elif stmt.first_definition and reads & pending:
+                    derived.add(tensor.name)
                 elif not checker.weak and tensor.name in weak_origin and tensor.name not in hints:
-                    learned.setdefault(tensor.name, checker.rhs_type)
+                    (tentative if reads & pending else learned).setdefault(
+                        tensor.name, checker.rhs_type)
                 defined[tensor.name] = tensor
                 statements.append(stmt)
                 expanded.append(s)
+        if not learned:
+            learned = {t: ty for t, ty in tentative.items() if t not in hints}
         if not learned:
             if deferred:  # a call's argument whose type no later statement changed
                 raise deferred[0]
