@@ -729,7 +729,8 @@ def _tuned(result, saved: str = "") -> int:
         print(saved)
     if not result.interrupted:
         return 0
-    return _interrupted_status(result.stopped.partition("(")[2].rstrip(")"))
+    from tcstage.tune.search import stopping_signal
+    return _interrupted_status(stopping_signal(result.stopped))
 
 
 def _interrupted_status(signal_name: str) -> int:

@@ -366,8 +366,7 @@ def _inlined_in_rows(structure, f: FuncInfo) -> str:
       ad hoc)."""
     if f.family != "pointwise" or f.epilogue:
         return ""
-    sites = [(g, r) for g in structure.funcs for r in g.reads + g.epilogue_reads
-             if r.func == f.name]
+    sites = _read_sites(structure, f.name)
     if len(sites) == 1:
         reader, read = sites[0]
         if reader.family == "pointwise" and reader.args == f.args and \
@@ -399,8 +398,13 @@ def _recomputed_by_readers(structure, f: FuncInfo) -> bool:
     readers = structure.readers.get(f.name, frozenset())
     if not _cheap_value(f) or not 0 < len(readers) <= CHEAP_READERS:
         return False
-    return all(all(a[0] == "var" for a in r.args)
-               for g in structure.funcs for r in g.reads + g.epilogue_reads if r.func == f.name)
+    return all(all(a[0] == "var" for a in r.args) for _, r in _read_sites(structure, f.name))
+
+
+def _read_sites(structure, name: str) -> list:
+    """(The reading Func's info, the read) for each read of Func `name` in the structure."""
+    return [(g, r) for g in structure.funcs for r in g.reads + g.epilogue_reads
+            if r.func == name]
 
 
 def _pointwise_anchors(structure, outputs: set[str]) -> dict[str, str]:
@@ -1366,7 +1370,8 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
         for r in info.reads:
             dims = r.dims_using(p0)
             if len(dims) == 1 and dims[0] > 0 and r.args[dims[0]] == ("var", p0) \
-                    and (p1 is None or not r.dims_using(p1)) and (r.func in funcs or r.func in inputs):
+                    and (p1 is None or not r.dims_using(p1)) \
+                    and (r.func in funcs or r.func in inputs):
                 packs.append((r, dims[0]))
 
     x, xo, xi = hl.Var(p0), hl.Var(f"{p0}_o"), hl.Var(f"{p0}_i")

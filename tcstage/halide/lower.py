@@ -464,7 +464,8 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
     # RVars, which left such sums crossing rows of memory (CPU only: the CUDA path keeps one
     # definition per statement).
     negated = cpu and fresh and not partial and not folded and st.init and \
-        st.reduction == "+" and isinstance(st.rhs, C.Unary) and st.rhs.op == "-" and tensor.type.is_float
+        st.reduction == "+" and isinstance(st.rhs, C.Unary) and st.rhs.op == "-" and \
+        tensor.type.is_float
     if negated:
         st = attrs.evolve(st, rhs=st.rhs.operand)
     rhs = to_halide(st.rhs, names, read=read, dim=dim, padded=padded, cpu=cpu)

@@ -24,6 +24,7 @@ import attrs
 
 from tcstage.errors import TCError
 from tcstage.tune.result import Candidate
+from tcstage.tune.workers import STOPPING_SIGNALS
 
 STRATEGIES = ("genetic", "tpe")
 DEFAULT_STRATEGY = "tpe"  # better than genetic at equal budgets: benchmarks/results/tune-*
@@ -207,6 +208,12 @@ def run(genes: dict, known, propose, evaluate, warm, limits: Limits, strategy: s
     return state, stopped, time.monotonic() - started
 
 
+def stopping_signal(stopped: str) -> str:
+    """The signal named in a stop reason, `interrupted (SIGTERM)` ("" for Ctrl-C's, which
+    goes unnamed, and for other reasons)."""
+    return stopped.partition("(")[2].rstrip(")") if stopped.startswith("interrupted") else ""
+
+
 def sampler(strategy: str, population: int, seed: int):
     import optuna
     if strategy == "genetic":
@@ -250,9 +257,9 @@ def _stop_on_signals(caught: list[str]):
             printing(unraisable)
 
     previous = {}
-    for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+    for sig in STOPPING_SIGNALS:
         # (a signal the caller ignores stays ignored, as `nohup` and background jobs expect)
-        if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
             previous[sig] = signal.signal(sig, stop)
     sys.unraisablehook = drop_own_interrupts
     try:

@@ -40,7 +40,7 @@ from tcstage.tune.heuristic import heuristic_options
 from tcstage.tune.progress import Progress
 from tcstage.tune.result import STATUSES, Candidate, TuneResult
 from tcstage.tune.search import (DEFAULT_STRATEGY, EFFORTS, STRATEGIES, Limits, run,
-                                 search_limits)
+                                 search_limits, stopping_signal)
 from tcstage.tune.space import Space, build_space, loop_extents
 from tcstage.tune.workers import LocalPool, default_memory, make_pool
 
@@ -397,7 +397,7 @@ class _Session:
                     stop = KeyboardInterrupt(
                         f"tuning '{self.fn.name}' was {stopped} after {state.evaluated} "
                         "candidates, before any passed its check")
-                    stop.signal = stopped.partition("(")[2].rstrip(")")  # ("": Ctrl-C)
+                    stop.signal = stopping_signal(stopped)  # ("": Ctrl-C)
                     raise stop
                 raise TCError(f"no candidate for '{self.fn.name}' compiled and passed the check "
                               f"({state.evaluated} evaluated)")

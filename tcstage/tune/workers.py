@@ -105,8 +105,9 @@ def _die_with_parent() -> None:
         return
 
 
-_STOPPING = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None))
-                  if s is not None)
+# (Ctrl-C first: `_child` ignores it and restores the others' defaults)
+STOPPING_SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None))
+                         if s is not None)
 
 
 @contextlib.contextmanager
@@ -119,7 +120,7 @@ def _stopping_signals_held():
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING_SIGNALS)
     try:
         yield
     finally:
@@ -132,10 +133,10 @@ def _child(function, item, write, memory, parent: int) -> None:
     if os.getppid() != parent:  # (the tuner died before the request took effect)
         os._exit(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the tuner's to handle
-    for sig in _STOPPING[1:]:  # (not the tuner's handlers, inherited through fork)
+    for sig in STOPPING_SIGNALS[1:]:  # (not the tuner's handlers, inherited through fork)
         signal.signal(sig, signal.SIG_DFL)
     if hasattr(signal, "pthread_sigmask"):  # (held by the parent during the fork)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPPING)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPPING_SIGNALS)
     if memory:
         resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     try:
