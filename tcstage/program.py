@@ -11,6 +11,7 @@ is imported by the caller, never here.
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import re
 import sys
@@ -24,10 +25,10 @@ import numpy as np
 from tcstage.errors import (TCArgumentError, TCError, TCSemanticError, deferred_warnings, warn,
                             warnings_deferred)
 from tcstage.halide import ranges as R
-from tcstage.halide.jit import (DEFAULT_SCHEDULE, OUTPUT_ALIGNMENT, CpuKernel, PreparedRun,
-                                aligned_empty, needs_large_buffers, schedule_name)
+from tcstage.halide.jit import (DEFAULT_SCHEDULE, OUTPUT_ALIGNMENT, PER_CALL, CpuKernel,
+                                PreparedRun, aligned_empty, needs_large_buffers, schedule_name)
 from tcstage.halide.aot import share_torch_threads
-from tcstage.halide.lower import Lowered, lower
+from tcstage.halide.lower import Lowered, lower, scalar_argument
 from tcstage.halide.solver import evaluate
 from tcstage.lang import ast, ellipsis
 from tcstage.lang import checked as C
@@ -527,14 +528,18 @@ class TCFunction:
 def _fast_key(args) -> tuple | None:
     """What a call's checks, specialisation and compiled kernel depend on, for plain calls
     (numpy arrays, dense CPU PyTorch tensors, and Python or numpy scalars in signature order):
-    each array's shape, dtype, strides and flags, each scalar's type and value. None for
-    anything else (lists, other tensors), which takes the full path."""
+    each array's shape, dtype, strides and flags, each scalar's type, and its value but for a
+    float's (no size depends on one, and a float such as a loss changes with every call: the
+    memo passes it with each call). None for anything else (lists, other tensors), which takes
+    the full path."""
     key = []
     torch = None
     for a in args:
         if type(a) is np.ndarray:
             key.append((a.shape, a.dtype, a.strides, a.flags.writeable, a.flags.aligned))
-        elif type(a) in (int, float, bool) or isinstance(a, np.generic):
+        elif type(a) is float or isinstance(a, np.floating):
+            key.append(type(a))
+        elif type(a) in (int, bool) or isinstance(a, np.generic):
             key.append((type(a), a))
         else:
             torch = torch or _torch()
@@ -561,6 +566,9 @@ class _FastCall:
     sizes: dict
     torch: bool = False
     prepared: PreparedRun | None = None
+    # (per argument `prepared` passes, a float scalar's conversion, None for a buffer; empty
+    # where no float scalar is passed)
+    conversions: tuple = ()
     sorted_sizes: tuple = attrs.field(init=False)
     torch_dtypes: tuple = attrs.field(init=False)  # of the outputs, where prepared and torch
 
@@ -579,9 +587,12 @@ class _FastCall:
         """The memo of a call with these arguments, after it ran."""
         if torch:  # (PyTorch is loaded: kernels run on its OpenMP team; aot.py)
             share_torch_threads()
-        inputs = []
+        inputs, conversions = [], {}
         for t, a in zip(fn.inputs, args):
-            if not t.rank and (type(a) in (int, float, bool) or isinstance(a, np.generic)):
+            if not t.rank and (type(a) is float or isinstance(a, np.floating)):
+                inputs.append(PER_CALL)  # (a float: its value comes with each call)
+                conversions[len(inputs) - 1] = functools.partial(scalar_argument, t=t.type)
+            elif not t.rank and (type(a) in (int, bool) or isinstance(a, np.generic)):
                 inputs.append(a)  # (a number: the memo's key holds its value, baked in)
             elif not t.rank:  # (a 0-dimensional tensor or array for a scalar, as a rank-
                 inputs = None  # polymorphic function's instance at rank 0 takes: its value
@@ -594,15 +605,23 @@ class _FastCall:
                 inputs = None
                 break
         fast = _FastCall(kernel, fn, sizes, torch)
-        if inputs is not None:
-            fast = attrs.evolve(fast, prepared=kernel.prepared(fast.sorted_sizes, inputs))
+        prepared = kernel.prepared(fast.sorted_sizes, inputs) if inputs is not None else None
+        if prepared is not None:
+            fast = attrs.evolve(fast, prepared=prepared, conversions=tuple(
+                conversions.get(k) for k in prepared.passed) if conversions else ())
         return fast
 
     def __call__(self, args):
         prepared = self.prepared
         if prepared is not None:
-            hosts = [a if type(a) is np.ndarray else a.data_ptr()
-                     for a in map(args.__getitem__, prepared.buffers)]
+            if self.conversions:
+                hosts = [a if type(a) is np.ndarray else a.data_ptr() if convert is None
+                         else convert(a)
+                         for a, convert in zip(map(args.__getitem__, prepared.passed),
+                                               self.conversions)]
+            else:
+                hosts = [a if type(a) is np.ndarray else a.data_ptr()
+                         for a in map(args.__getitem__, prepared.passed)]
             outputs = []
             if self.torch:
                 empty = _torch().empty

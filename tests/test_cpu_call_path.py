@@ -202,3 +202,31 @@ def test_zero_dimensional_arrays_for_scalars_are_read_every_call():
     for x, y in [(1.0, 2.0), (3.0, -1.0)]:
         got = f(torch.tensor(x), torch.tensor(y))
         assert float(got) == 2 * x + y
+
+
+@pytest.mark.parametrize("kind", ["float", "double", "half"])
+def test_float_scalars_are_passed_with_each_call_by_one_memo(kind):
+    """A float scalar (a loss passed to its backward) changes with every call: the memo's key
+    leaves its value out and its prepared run passes it, converted to the TC's type (a double's
+    bits, a half rounded), where it once baked the first value in and missed on every new one."""
+    dtype = {"float": np.float32, "double": np.float64, "half": np.float16}[kind]
+    f = tc.define(f"def scale({kind}(N) A, {kind} s) -> (O) {{ O(i) = A(i) * s }}").scale
+    A = np.linspace(-2, 2, 11).astype(dtype)
+    for s in (2.5, 0.1, np.float32(-3.25), np.float64(1e-3), 7.0):
+        want = A * dtype(s) if kind != "half" else (A.astype(np.float32) *
+                                                    np.float32(np.float16(s))).astype(dtype)
+        np.testing.assert_array_equal(f(A, s), want)
+    assert len(f._fast_calls) == 3  # (one per type: Python float, numpy float32 and float64)
+    if tc.halide.aot.enabled():
+        assert all(fast.prepared is not None for fast in f._fast_calls.values())
+    with pytest.raises(tc.TCArgumentError, match="scalar input s"):
+        f(A, "two")
+
+
+def test_a_float_for_an_integer_scalar_is_refused_on_every_call():
+    f = tc.define(SHIFT).shift
+    A = np.arange(10, dtype=np.float32)
+    np.testing.assert_array_equal(f(A, 2), A[2:])
+    for _ in range(2):
+        with pytest.raises(tc.TCArgumentError, match="scalar input k of 'shift' is int32"):
+            f(A, 2.0)

@@ -671,3 +671,35 @@ def test_a_scalar_output_reaches_the_backward_operator_as_a_number():
     torch.testing.assert_close(loss, (x.detach() ** 2).sum())
     loss.backward()
     torch.testing.assert_close(x.grad, 2 * x.detach())
+
+
+def test_indices_are_checked_on_every_call_of_a_memoised_layout(lut2):
+    """The bounds are worked out once per set of sizes; each call still checks the values."""
+    LUT1, I1, LUT2, I2 = _lut_inputs()
+    for _ in range(3):
+        lut2(LUT1, I1, LUT2, I2)
+    bad = I2.clone()
+    bad[2, 1] = -1
+    with pytest.raises(IndexError, match=r"index -1 in I2\[2, 1\] .* \[0, 8\)"):
+        lut2(LUT1, I1, LUT2, bad)
+
+
+def test_an_index_changed_after_the_forward_is_refused_by_autograd(lut2):
+    """The backward of a call does not check its indices again (the forward did): autograd
+    saved them and refuses a backward after they were changed in place."""
+    LUT1, I1, LUT2, I2 = (t.requires_grad_() if t.is_floating_point() else t
+                          for t in _lut_inputs())
+    O1, O2 = lut2(LUT1, I1, LUT2, I2)
+    I1[0, 0] = 100
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (O1.sum() + O2.sum()).backward()
+
+
+def test_a_scalar_output_gradient_follows_each_call():
+    """A scalar output and its gradient reach the backward as numbers that change with every
+    call (a loss): each backward uses its own."""
+    op = tct.op("def sumsq(float(N) X) -> (L) { L +=! X(i) * X(i) }", "sumsq")
+    for k, g in enumerate((1.0, -2.5, 0.125)):
+        X = torch.linspace(-1, 1, 9, dtype=torch.float64).mul(k + 1).requires_grad_()
+        (dX,) = torch.autograd.grad(op(X), X, torch.tensor(g, dtype=torch.float64))
+        torch.testing.assert_close(dX, 2 * X.detach() * g)

@@ -1110,15 +1110,17 @@ int py_call_argv(std::uintptr_t entry, const py::list &args, const py::list &kin
     return run_entry(entry, argv);
 }
 
-// A call of an entry point whose buffers' layouts and scalars' values are fixed (a call like
-// one made before: tcstage's memo of such calls keys them on shapes, strides, types and
-// scalar values), made once so that each call only sets the buffers' host pointers. A small
-// kernel's call through it costs a microsecond or so, where call_argv's builds every header.
+// A call of an entry point whose buffers' layouts are fixed (a call like one made before:
+// tcstage's memo of such calls keys them on shapes, strides and types), made once so that each
+// call only sets the buffers' host pointers and the values of the scalars that change from call
+// to call (a float's: a loss passed to its backward; an integer's, which can decide sizes, is
+// fixed with the layouts). A small kernel's call through it costs a microsecond or so, where
+// call_argv's builds every header.
 class PreparedCall {
 public:
     // kinds: per argument as above; layouts: per argument, None for a scalar, else
     // (shape, strides in elements, mins or None), numpy's order; scalars: per argument, the
-    // value of a scalar (None for a buffer).
+    // value of a fixed scalar, None for a buffer or for a scalar passed with each call.
     PreparedCall(std::uintptr_t entry, const py::list &kinds, const py::list &layouts,
                  const py::list &scalars)
         : entry_(entry), dims_(kinds.size()), scalars_(kinds.size(), 0) {
@@ -1129,23 +1131,28 @@ public:
         for (size_t k = 0; k < n; ++k) {
             const int kind = kinds[k].cast<int>();
             if (kind < 0) {
-                write_scalar(&scalars_[k], kind, scalars[k]);
+                if (scalars[k].is_none()) {
+                    passed_.push_back({k, kind, 0});
+                } else {
+                    write_scalar(&scalars_[k], kind, scalars[k]);
+                }
                 continue;
             }
             py::tuple layout = layouts[k].cast<py::tuple>();
             dims_[k] = dimensions(layout[0], layout[1], layout[2]);
+            passed_.push_back({k, kind, headers_.size()});
             headers_.push_back(buffer_header(kind, dims_[k]));
-            buffer_args_.push_back(k);
         }
     }
 
-    // Runs on `hosts`: per buffer argument, in order, its data's address (an int) or a numpy
-    // array. Each call fills copies of the headers, so concurrent calls share nothing mutable.
-    int operator()(const py::list &hosts) const {
-        const size_t buffers = headers_.size();
-        if (hosts.size() != buffers) {
-            throw std::invalid_argument("PreparedCall: " + std::to_string(buffers) +
-                                        " buffers, got " + std::to_string(hosts.size()));
+    // Runs on `values`: per argument passed with each call, in argument order, a buffer's data
+    // address (an int) or numpy array, or a scalar's value. Each call fills copies of the
+    // headers and scalars, so concurrent calls share nothing mutable.
+    int operator()(const py::list &values) const {
+        if (values.size() != passed_.size()) {
+            throw std::invalid_argument("PreparedCall: " + std::to_string(passed_.size()) +
+                                        " arguments per call, got " +
+                                        std::to_string(values.size()));
         }
         std::vector<halide_buffer_t> headers(headers_);
         std::vector<std::uint64_t> scalars(scalars_);
@@ -1153,31 +1160,43 @@ public:
         for (size_t k = 0; k < argv.size(); ++k) {
             argv[k] = &scalars[k];
         }
-        for (size_t j = 0; j < buffers; ++j) {
-            py::handle host = hosts[j];
-            if (PyLong_Check(host.ptr())) {
-                headers[j].host = static_cast<uint8_t *>(PyLong_AsVoidPtr(host.ptr()));
+        for (size_t j = 0; j < passed_.size(); ++j) {
+            const Passed &p = passed_[j];
+            py::handle value = values[j];
+            if (p.kind < 0) {
+                write_scalar(&scalars[p.argument], p.kind, value);
+                continue;
+            }
+            halide_buffer_t &header = headers[p.header];
+            if (PyLong_Check(value.ptr())) {
+                header.host = static_cast<uint8_t *>(PyLong_AsVoidPtr(value.ptr()));
                 if (PyErr_Occurred()) {
                     throw py::error_already_set();
                 }
-            } else if (py::isinstance<py::array>(host)) {
-                headers[j].host = static_cast<uint8_t *>(
-                    const_cast<void *>(py::reinterpret_borrow<py::array>(host).data()));
+            } else if (py::isinstance<py::array>(value)) {
+                header.host = static_cast<uint8_t *>(
+                    const_cast<void *>(py::reinterpret_borrow<py::array>(value).data()));
             } else {
-                throw std::invalid_argument("PreparedCall: buffer " + std::to_string(j) +
+                throw std::invalid_argument("PreparedCall: argument " +
+                                            std::to_string(p.argument) +
                                             " is neither an address nor a numpy array");
             }
-            argv[buffer_args_[j]] = &headers[j];
+            argv[p.argument] = &header;
         }
         return run_entry(entry_, argv);
     }
 
 private:
+    struct Passed {
+        size_t argument;  // its index among the entry point's arguments
+        int kind;
+        size_t header;    // a buffer's index in headers_
+    };
     std::uintptr_t entry_;
     std::vector<std::vector<halide_dimension_t>> dims_;  // (read only: headers point here)
     std::vector<std::uint64_t> scalars_;
     std::vector<halide_buffer_t> headers_;
-    std::vector<size_t> buffer_args_;  // each header's argument index
+    std::vector<Passed> passed_;  // the arguments passed with each call, in order
 };
 
 }  // namespace
@@ -1225,11 +1244,12 @@ Other Halide node types raise ValueError naming the node type.
     m.def("compile_runtime", &py_compile_runtime, py::arg("path"), py::arg("target"),
           "compile_standalone_runtime, with the GIL released while Halide compiles.");
     py::class_<PreparedCall>(m, "PreparedCall",
-                             "A call of an entry point with fixed buffer layouts and scalars.")
+                             "A call of an entry point with fixed buffer layouts (and fixed scalars).")
         .def(py::init<std::uintptr_t, const py::list &, const py::list &, const py::list &>(),
              py::arg("entry"), py::arg("kinds"), py::arg("layouts"), py::arg("scalars"))
-        .def("__call__", &PreparedCall::operator(), py::arg("hosts"),
-             "Run on the buffers' addresses (ints) or numpy arrays; returns the status.");
+        .def("__call__", &PreparedCall::operator(), py::arg("values"),
+             "Run on the buffers' addresses (ints) or numpy arrays and the scalars passed "
+             "with each call, in argument order; returns the status.");
     m.def("simplify", &py_simplify, py::arg("expr"),
           "Simplify a halide.Expr with Halide's simplifier and return the tree.");
     m.def("solve_for_inner_interval", &py_solve_for_inner_interval, py::arg("cond"),

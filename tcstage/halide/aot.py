@@ -351,10 +351,12 @@ class AotPipeline:
 
     def prepare(self, layouts: list, scalars: list):
         """A call of this pipeline made ready for arguments of fixed layouts: a
-        `_native.PreparedCall`, called on the buffers' addresses or numpy arrays, that returns
-        the status (a caller runs `run` again for the error of a nonzero one). `layouts`: per
-        argument, None for a scalar, else (shape, strides in elements, mins or None, numpy
-        dtype), numpy's order; `scalars`: per argument, a scalar's value (None for a buffer)."""
+        `_native.PreparedCall`, called on the buffers' addresses or numpy arrays and the
+        values of the scalars passed with each call, in argument order, that returns the status
+        (a caller runs `run` again for the error of a nonzero one). `layouts`: per argument,
+        None for a scalar, else (shape, strides in elements, mins or None, numpy dtype), numpy's
+        order; `scalars`: per argument, a fixed scalar's value (None for a buffer, or for a
+        scalar passed with each call)."""
         kinds = [_buffer_kind(np.dtype(layout[3])) if k is None else k
                  for layout, k in zip(layouts, self.scalar_kinds)]
         return _native.PreparedCall(self.address, kinds,

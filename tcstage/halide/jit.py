@@ -397,26 +397,30 @@ class CpuKernel:
         """The run of the pipeline serving these sizes (a tuple of sorted items), made ready for
         arguments of fixed layouts once a call at these sizes ran (and so chose that pipeline):
         `inputs` per input, in signature order, (shape, numpy dtype) of a C-contiguous aligned
-        array, or a scalar's value. None where the pipeline is not a cached library's (the JIT
-        has no prepared calls) or a value needs converting: in/out outputs, an output returned
-        as another type than the one stored, an array of another dtype than Halide's buffer."""
+        array, a fixed scalar's value, or PER_CALL for a scalar passed with each call (as
+        `scalar_argument` converts it). None where the pipeline is not a cached library's (the
+        JIT has no prepared calls) or a value needs converting: in/out outputs, an output
+        returned as another type than the one stored, an array of another dtype than Halide's
+        buffer."""
         compiled = self._serving.get(sorted_sizes, self._main)
         plan = compiled.plan
         if not isinstance(compiled.call, aot.AotPipeline) or plan.inouts or \
                 any(wanted is not None for *_, wanted in plan.outputs):
             return None
-        layouts, scalars, buffers = [], [], []
+        layouts, scalars, passed = [], [], []
         for k, ((_, t, dtype), given) in enumerate(zip(plan.inputs, inputs)):
             if dtype is None:
                 layouts.append(None)
-                scalars.append(scalar_argument(given, t))
+                scalars.append(None if given is PER_CALL else scalar_argument(given, t))
+                if given is PER_CALL:
+                    passed.append(k)
                 continue
             shape, given_dtype = given
             if given_dtype != dtype:
                 return None
             layouts.append((shape, _dense_strides(shape), None, dtype))
             scalars.append(None)
-            buffers.append(k)
+            passed.append(k)
         outputs = []
         for (_, stored, _), (mins, extents) in zip(plan.outputs,
                                                    self.output_bounds(dict(sorted_sizes))):
@@ -424,7 +428,7 @@ class CpuKernel:
                             stored))
             scalars.append(None)
             outputs.append((extents, np.dtype(stored)))
-        return PreparedRun(compiled.call.prepare(layouts, scalars), tuple(buffers),
+        return PreparedRun(compiled.call.prepare(layouts, scalars), tuple(passed),
                            tuple(outputs))
 
     def _run_elsewhere(self, sizes: tuple, values: dict, run: tuple, failed: _Compiled,
@@ -467,15 +471,20 @@ class CpuKernel:
         return results
 
 
+PER_CALL = type("PerCall", (), {"__repr__": lambda self: "PER_CALL"})()
+"""`CpuKernel.prepared`'s mark of a scalar input whose value comes with each call."""
+
+
 @attrs.frozen(eq=False)
 class PreparedRun:
     """A kernel's run at fixed sizes and argument layouts (`CpuKernel.prepared`): a call then
-    passes the inputs' buffers (their addresses, or numpy arrays) and fresh outputs' to `call`,
-    a `_native.PreparedCall`, and nothing else is looked up or converted. A nonzero status
-    leaves the error to the full run (`CpuKernel.__call__`), which reports it."""
+    passes the inputs' buffers (their addresses, or numpy arrays), the PER_CALL scalars' values
+    and fresh outputs' buffers to `call`, a `_native.PreparedCall`, and nothing else is looked
+    up. A nonzero status leaves the error to the full run (`CpuKernel.__call__`), which reports
+    it."""
 
     call: object
-    buffers: tuple  # the indices of the inputs passed as buffers
+    passed: tuple  # the indices of the inputs passed with each call: buffers, PER_CALL scalars
     outputs: tuple  # (shape, numpy dtype) of each output, C-contiguous
 
 

@@ -61,32 +61,56 @@ def _plain(read: C.Read) -> bool:
     return len(names) == len(read.args) == len(set(names))
 
 
-def check(fn: C.Function, reads: tuple[IndexRead, ...], ranges: R.FunctionRanges,
-          tensors: dict, values: dict) -> None:
-    """Raises TCIndexError where an index tensor (`tensors[name]`, a torch.Tensor) holds a value
-    outside the dimension it indexes, at an element the statement reads; `values` binds the
-    size variables and scalars the ranges are written with."""
+@attrs.frozen
+class Bound:
+    """One index read of function `function` at fixed sizes: the elements of call argument `position` in `window` must
+    lie in [lo, hi) (`window` None: the whole tensor)."""
+
+    function: str
+    read: IndexRead
+    position: int
+    window: tuple[slice, ...] | None
+    lo: int
+    hi: int
+
+
+def bounds(fn: C.Function, reads: tuple[IndexRead, ...], ranges: R.FunctionRanges,
+           values: dict) -> tuple[Bound, ...]:
+    """The bounds of `reads` at the sizes and scalars `values` binds (computed once per set of
+    sizes: a call then costs a min/max per index tensor, nothing else)."""
+    found = []
+    position = {t.name: k for k, t in enumerate(fn.inputs)}
     for r in reads:
-        index = tensors[r.index]
         window = []
         for v in r.variables:
             span = ranges.statements[r.statement].ranges[v]
             lo = int(evaluate_symbolic(span.lo, values))
             window.append(slice(max(lo, 0), int(evaluate_symbolic(span.hi, values)) + 1))
-        part = index[tuple(window)]
+        extents = ranges.tensors[r.table]
+        lo = int(evaluate_symbolic(extents.mins[r.dim], values))
+        hi = lo + int(evaluate_symbolic(extents.extents[r.dim], values))
+        dims = [int(d) if d.isdigit() else values[d] for d in fn.tensors[r.index].dims]
+        whole = all(w.start == 0 and w.stop >= n for w, n in zip(window, dims))
+        found.append(Bound(fn.name, r, position[r.index], None if whole else tuple(window), lo, hi))
+    return tuple(found)
+
+
+def check(found: tuple[Bound, ...], args) -> None:
+    """Raises TCIndexError where an index tensor in `args` (torch.Tensors, the call's arguments
+    in signature order) holds a value outside the dimension it indexes, at an element the
+    statement reads."""
+    for b in found:
+        part = args[b.position] if b.window is None else args[b.position][b.window]
         if part.numel() == 0:
             continue
-        bounds = ranges.tensors[r.table]
-        lo = int(evaluate_symbolic(bounds.mins[r.dim], values))
-        hi = lo + int(evaluate_symbolic(bounds.extents[r.dim], values))
-        least, most = (int(x) for x in torch.aminmax(part))
-        if lo <= least and most < hi:
+        least, most = (int(x) for x in torch.aminmax(part))  # (ints: compared as tensors
+        if b.lo <= least and most < b.hi:                      # they cost 4 us more)
             continue
-        bad = ((part < lo) | (part >= hi)).nonzero()[0].tolist()
-        where = [w.start + k for w, k in zip(window, bad)]
+        bad = ((part < b.lo) | (part >= b.hi)).nonzero()[0].tolist()
+        where = bad if b.window is None else [w.start + k for w, k in zip(b.window, bad)]
         value = int(part[tuple(bad)])
         raise TCIndexError(
-            f"'{fn.name}': index {value} in {r.index}[{', '.join(map(str, where))}] is out of "
-            f"range for dimension {r.dim} of {r.table}, which is [{lo}, {hi})",
+            f"'{b.function}': index {value} in {b.read.index}[{', '.join(map(str, where))}] is out "
+            f"of range for dimension {b.read.dim} of {b.read.table}, which is [{b.lo}, {b.hi})",
             notes=("skip this check (at your own risk: an index out of range then reads a "
                    "clamped element) with layer.check_indices = False",))

@@ -41,7 +41,8 @@ from tcstage.lang.retype import SPELLING, retype
 from tcstage.lang.types import BFLOAT16, FLOAT16, FLOAT32, FLOAT64, ScalarType
 from tcstage.program import PolymorphicFunction, Program, _fast_key, define, resolve
 from tcstage.torch.backward import backward_from_text, check_backward
-from tcstage.torch.indices import check as check_index_values, index_reads
+from tcstage.torch.indices import bounds as index_bounds, check as check_index_values, \
+    index_reads
 from tcstage.torch.shapes import evaluate_symbolic
 
 NAMESPACE = "tcstage"
@@ -369,17 +370,20 @@ class TCOp:
             return typed
 
     # -- implementations -----------------------------------------------------------------------
-    def _run(self, *args):
+    def _run(self, *args, indices_checked: bool = False):
+        # (`indices_checked`: the index tensors are ones the forward call checked, saved for
+        # the backward by autograd, which refuses them if they were changed in place since)
         key = _fast_key(args)  # (None unless every tensor is a dense CPU one)
         fast = self._cpu_calls.get(key) if key is not None else None
         if fast is not None:  # a call like an earlier one: its checks and binding hold
-            run, reads_indices = fast
-            if reads_indices and (self.forward or self).check_indices:
-                self._check_index_values(args)
+            run, bounds = fast
+            if bounds and not indices_checked and (self.forward or self).check_indices:
+                check_index_values(bounds, args)
             return run(args)
         ftype = self.float_type(args)
-        if (self.forward or self).check_indices:
-            self._check_index_values(args)
+        bounds = self._index_bounds(args)
+        if bounds and not indices_checked and (self.forward or self).check_indices:
+            check_index_values(bounds, args)
         fn = self.program_for(ftype)[self.name]
         device = _device(args)
         if device.type == "cpu":
@@ -390,8 +394,7 @@ class TCOp:
             if run is not None:
                 if len(self._cpu_calls) > 1024:  # a memo for loops over a few shapes
                     self._cpu_calls.clear()
-                self._cpu_calls[key] = (run, bool(self._index_reads.get(
-                    id(self._checked_for(args)), True)))
+                self._cpu_calls[key] = (run, bounds)
         elif device.type == "cuda":
             results = _run_cuda(self.program_for(ftype), self.name, args,
                                 "auto" if self.options is None else self.options)
@@ -445,21 +448,22 @@ class TCOp:
                            else torch.empty(shape, dtype=dtype))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def _check_index_values(self, args) -> None:
+    def _index_bounds(self, args) -> tuple:
+        """The bounds (`indices.Bound`) the index tensors of a call with these arguments' sizes
+        must keep to; empty where no subscript reads one."""
         checked = self._checked_for(args)
         with _ops_lock:
             reads = self._index_reads.get(id(checked))
             if reads is None:
                 reads = self._index_reads[id(checked)] = index_reads(checked)
         if not reads:
-            return
+            return ()
         values = _sizes(checked, args)
         scalars = {t.name: int(a) for t, a in zip(checked.inputs, args)
                    if t.rank == 0 and t.type.is_int and not isinstance(a, bool)}
         values.update(scalars)
         spec = tuple(sorted((s, scalars[s]) for s in R.needs_specialization(checked)))
-        check_index_values(checked, reads, self._inferred(checked, spec),
-                           {t.name: a for t, a in zip(checked.inputs, args)}, values)
+        return index_bounds(checked, reads, self._inferred(checked, spec), values)
 
     def _inferred(self, checked: C.Function, spec: tuple) -> R.FunctionRanges:
         key = (id(checked), spec)  # (a polymorphic function keeps its instances: ids stay)
@@ -494,7 +498,17 @@ class TCOp:
         outputs = saved
         d_outputs = [torch.zeros_like(o) if g is None else g.to(o.dtype)
                      for g, o in zip(grads, outputs)]
-        results = self.backward_op(*inputs, *outputs, *d_outputs)
+        backward_op, args = self.backward_op, (*inputs, *outputs, *d_outputs)
+        # (a scalar output and its gradient come as 0-dimensional tensors, which the dispatcher
+        # would convert to numbers: converted here, the call can skip it; not where a graph of
+        # the backward is recorded, create_graph=True, whose operator call must see them)
+        numbers = args if torch.is_grad_enabled() else tuple(
+            a.item() if scalar and isinstance(a, torch.Tensor) and not a.dim() and a.is_cpu
+            else a for a, scalar in zip(args, backward_op._scalars))
+        if _eager_route(numbers, backward_op._scalars) is _PLAIN:  # (as its __call__ would)
+            results = backward_op._run(*numbers, indices_checked=True)
+        else:
+            results = backward_op(*args)
         results = results if isinstance(results, tuple) else (results,)
         by_name = dict(zip(self.backward_op.checked.outputs, results))
         gradients = []
