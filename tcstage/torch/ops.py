@@ -22,6 +22,7 @@ call's floating-point tensors, so a TC written with `float` runs in float64, flo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import keyword
@@ -491,13 +492,11 @@ class TCOp:
     def _backward(self, ctx, *grads):
         if isinstance(self.backward, TCError):
             raise self.backward
-        backward = self.backward
         saved = list(ctx.saved_tensors)
         inputs = [saved.pop(0) if s is None else s for s in ctx.scalars]
-        fn = self._checked_for(inputs)
         outputs = saved
-        d_outputs = [torch.zeros_like(o) if g is None else g.to(o.dtype)
-                     for g, o in zip(grads, outputs)]
+        d_outputs = [torch.zeros_like(o) if g is None else g if g.dtype == o.dtype
+                     else g.to(o.dtype) for g, o in zip(grads, outputs)]
         backward_op, args = self.backward_op, (*inputs, *outputs, *d_outputs)
         # (a scalar output and its gradient come as 0-dimensional tensors, which the dispatcher
         # would convert to numbers: converted here, the call can skip it; not where a graph of
@@ -510,22 +509,26 @@ class TCOp:
         else:
             results = backward_op(*args)
         results = results if isinstance(results, tuple) else (results,)
-        by_name = dict(zip(self.backward_op.checked.outputs, results))
-        gradients = []
-        for k, (t, a) in enumerate(zip(fn.inputs, inputs)):
-            grad_name = backward.d_inputs.get(t.name)
-            if grad_name is None or not isinstance(a, torch.Tensor) or \
-                    not ctx.needs_input_grad[k]:
-                gradients.append(None)  # integer tensors, and scalars (not Tensors to torch)
-                continue
-            g = by_name[grad_name]
-            if g.shape != a.shape:
-                raise TCError(f"the backward TC '{backward.name}' gives {grad_name} the shape "
-                              f"{tuple(g.shape)}, but {t.name} has shape {tuple(a.shape)}",
+        gradients = tuple(None if j is None or not needed else results[j]
+                          for j, needed in zip(self._gradient_picks, ctx.needs_input_grad))
+        for g, a, t, j in zip(gradients, inputs, self.checked.inputs, self._gradient_picks):
+            if g is not None and g.shape != a.shape:
+                grad_name = self.backward_op.checked.outputs[j]
+                raise TCError(f"the backward TC '{self.backward.name}' gives {grad_name} the "
+                              f"shape {tuple(g.shape)}, but {t.name} has shape "
+                              f"{tuple(a.shape)}",
                               notes=("the gradient must cover the whole input; check the "
                                      "backward's ranges (tcstage show --ranges)",))
-            gradients.append(g)
-        return tuple(gradients)
+        return gradients
+
+    @functools.cached_property
+    def _gradient_picks(self) -> tuple:
+        """Per input, the index of its gradient among the backward TC's outputs; None for one
+        without (integer tensors, scalars: not Tensors to autograd)."""
+        outputs = list(self.backward_op.checked.outputs)
+        return tuple(outputs.index(self.backward.d_inputs[t.name])
+                     if t.name in self.backward.d_inputs and t.rank else None
+                     for t in self.checked.inputs)
 
     def _no_double_backward(self, ctx, *grads):
         if self.role == "jvp":
