@@ -2,7 +2,8 @@
 """Benchmark (not a test): TC layers as PyTorch operators against the same PyTorch layers.
 
     python3 benchmarks/torch_bench.py [--device cpu|cuda] [--layers tmm,MLP1] [--runs 7]
-                                      [--first-call conv_s2,groupnorm] [--no-write]
+                                      [--first-call conv_s2,groupnorm] [--threads 1]
+                                      [--no-write]
 
 For each layer, in one process: forward time and forward+backward time (medians of --runs
 after two warm-up calls) of the tcstage operator (`tcstage.torch.op`, backward = the generated
@@ -17,7 +18,8 @@ recompilations after the first call (goal: 0), and the first forward+backward ca
 compiled), and again with the cache the first left (what a second process or a restarted
 training run pays).
 
-Results go to benchmarks/results/torch-<device>-<machine>-<date>.md unless --no-write.
+Results go to benchmarks/results/torch-<device>-<machine>[-<n>-threads]-<date>.md unless
+--no-write.
 """
 
 from __future__ import annotations
@@ -268,11 +270,16 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--first-call", default="conv_s2,padconv,groupnorm,softmax-512,gelu",
                     help="layers whose first call is timed in new processes ('' for none)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="PyTorch's threads, which tcstage's CPU kernels run on too (default: "
+                         "PyTorch's default); the results file's name says a number given")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--overhead", action="store_true",
                     help="only the per-call overhead (a 4-element add, CPU)")
     a = ap.parse_args()
     DEVICE = a.device
+    if a.threads is not None:
+        torch.set_num_threads(a.threads)
     where = torch.cuda.get_device_name() if DEVICE == "cuda" else machine()
     calls = overhead() if DEVICE == "cpu" else []
     overhead_lines = ["", "Per-call cost of a 4-element add (the kernel is nothing; best of 5 "
@@ -295,7 +302,8 @@ def main() -> None:
         print(row, flush=True)
     lines = [f"# tcstage.torch operators vs PyTorch ({DEVICE})", "",
              f"Machine: {where}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
-             f"{datetime.date.today()}. `python3 benchmarks/torch_bench.py --device {DEVICE}`.",
+             f"{datetime.date.today()}. `python3 benchmarks/torch_bench.py --device {DEVICE}"
+             f"{'' if a.threads is None else f' --threads {a.threads}'}`.",
              "", "Forward, and forward + backward, of one call (medians of "
              f"{a.runs} after 2 warm-ups); ratio = tcstage / PyTorch, same run, same inputs; "
              "outputs and gradients checked against PyTorch's first.", "",
@@ -324,6 +332,7 @@ def main() -> None:
     if not a.no_write:
         tag = "cpu-" + re.sub(r"[^a-z0-9]+", "-", machine().lower()).strip("-")[:40] \
             if DEVICE == "cpu" else re.sub(r"[^a-z0-9]+", "-", where.lower())
+        tag += "" if a.threads is None else f"-{a.threads}-thread{'s' * (a.threads > 1)}"
         out = ROOT / "benchmarks" / "results" / f"torch-{tag}-{datetime.date.today()}.md"
         out.write_text(text)
         print("wrote", out)
