@@ -43,3 +43,24 @@ def test_the_oracle_catches_a_wrong_gradient(monkeypatch):
     monkeypatch.setattr(gradient, "backward", scaled)
     outcome = gradient.check(programs.case(1, gradient.FEATURES))
     assert outcome.kind == "mismatch", str(outcome)
+
+
+@pytest.mark.parametrize("seed", [971618, 970826, 971216])
+def test_float32_tensors_of_integer_values_get_float32_steps(seed):
+    """A float computed from integers stays float32 after retyping (`atan(Y(q, q))`): its
+    round-off made central differences at a double's step disagree with the exact gradient
+    (campaign seeds 970826, 971216, 971618). Larger steps and a float32 round-off allowance
+    check them, and still catch a gradient 2% off (971618's d_O0)."""
+    outcome = gradient.check(programs.case(seed, gradient.FEATURES))
+    assert outcome.kind == "ok" and outcome.checked, str(outcome)
+
+
+def test_the_float32_allowance_still_catches_a_wrong_gradient(monkeypatch):
+    real = gradient.backward
+
+    def scaled(program, name):
+        bw = real(program, name)
+        return attrs.evolve(bw, source=bw.source.replace("d_O0(", "1.02 * d_O0("))
+    monkeypatch.setattr(gradient, "backward", scaled)
+    outcome = gradient.check(programs.case(971618, gradient.FEATURES))
+    assert outcome.kind == "mismatch", str(outcome)
