@@ -52,14 +52,28 @@ def test_the_schedule_says_it_vectorised_the_reduction():
     assert "the reduction over" in text and "in vectors of" in text
 
 
+# Softmax's gradient as tc.gradient wrote it statement by statement, before it learnt the
+# closed form (docs/gradient.md): the shape of any gradient that sums and spreads over rows
+SOFTMAX_GRAD_BY_STATEMENT = """
+def softmax_grad(float(N, C) X, float(N, C) Y, float(N, C) d_Y) -> (d_X) {
+  M(n) max=! X(n, c)
+  E(n, c) = exp(X(n, c) - M(n))
+  S(n) +=! E(n, c)
+  d_E(n, c) +=! d_Y(n, c) / S(n)
+  d_S(n) +=! -(d_Y(n, c) * Y(n, c) / S(n))
+  d_E(n, c) += d_S(n) where c in 0:C
+  d_X(n, c) +=! d_E(n, c) * E(n, c)
+}
+"""
+
+
 def test_a_sum_of_negations_is_vectorised_in_the_fused_row_pipeline():
     # In softmax's gradient, d_S(n) +=! -(d_Y(n,c) * (E(n,c) / S(n)) / S(n)) reached Halide as
     # `d_S(n) + (0 - ...)`, whose associativity Halide cannot prove: its row reduction stayed
     # serial. It is now lowered as the negation of a sum (the same values: negation is
     # exact), vectorised like the others, all in the fused row pipeline, nothing falling back
     # to Mullapudi2016.
-    source = (Path(__file__).parent.parent / "examples" / "layers.tc").read_text()
-    f = tc.define(tc.gradient(source, "softmax")).softmax_grad
+    f = tc.define(SOFTMAX_GRAD_BY_STATEMENT).softmax_grad
     X, dY = f32(9, 37), f32(37, 9).T.copy()
     E = np.exp(X.astype(np.float64) - X.max(1, keepdims=True))
     Y = E / E.sum(1, keepdims=True)
@@ -77,8 +91,7 @@ def test_a_softmax_gradient_is_one_pass_per_row_with_no_updates():
     # The gradient's `d_E(n,c) +=! d_Y(n,c) / S(n)` then `d_E(n,c) += d_S(n)` lower to one
     # definition (each update was a pass of its own), and d_E, read once by d_X at its own
     # point, is inlined there; the max it subtracts is no longer differentiated (no ties).
-    source = (Path(__file__).parent.parent / "examples" / "layers.tc").read_text()
-    f = tc.define(tc.gradient(source, "softmax")).softmax_grad
+    f = tc.define(SOFTMAX_GRAD_BY_STATEMENT).softmax_grad
     for n, c in [(1, 1), (7, 13), (67, 512)]:
         X, dY = f32(n, c), f32(c, n).T.copy()
         X[:, -1] = X.max(1)  # (a tie in every row)
@@ -333,10 +346,9 @@ def test_tap_tiles_serve_calls_with_more_taps_than_planned():
             np.testing.assert_allclose(db, a.transpose(0, 2, 1) @ dc, rtol=1e-4, atol=1e-4)
 
 
-QUIET_SCRIPT = """
+QUIET_SCRIPT = f"""
 import numpy as np, tcstage as tc
-source = open("examples/layers.tc").read()
-f = tc.define(tc.gradient(source, "softmax")).softmax_grad
+f = tc.define({SOFTMAX_GRAD_BY_STATEMENT!r}).softmax_grad
 rng = np.random.default_rng(0)
 X, dY = rng.standard_normal((2, 512, 1024)).astype(np.float32)
 E = np.exp(X.astype(np.float64) - X.max(1, keepdims=True))

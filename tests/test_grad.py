@@ -497,11 +497,82 @@ def test_a_statements_own_value_is_read_back_in_its_gradient(case):
             bw.source
 
 
-def test_softmax_gradient_reads_its_exponentials_and_output_back():
+def test_softmax_gradient_reads_its_output_instead_of_exponentials():
+    """Softmax's three statements (E = exp, S its row sum, Y = E / S) differentiate together
+    to PyTorch's closed form: the backward reads Y and computes no exponential, max or sum of
+    exponentials again (tcstage/grad/normalized.py)."""
     text = tc.gradient(example("layers"), "softmax")
-    assert text.count("exp(") == 1, text  # (E's recomputation only)
-    assert "d_S(n) +=! -(d_Y(n, c) * Y(n, c) / S(n))" in text, text
-    assert "d_X(n, c) +=! d_E(n, c) * E(n, c)" in text, text
+    assert "exp(" not in text and "M(n)" not in text and "S(n)" not in text, text
+    assert "Y_dot_d_Y(n) +=! d_Y(n, c) * Y(n, c)" in text, text
+    assert "d_X(n, c) +=! Y(n, c) * (d_Y(n, c) - Y_dot_d_Y(n))" in text, text
+    check_directional(example("layers"), "softmax", dict(X=(3, 5)))
+
+
+NORMALIZED = """
+def attention(double(B,Q,K) A) -> (P) {
+  M(b,q) max=! A(b,q,k)
+  S(b,q) +=! exp(A(b,q,k) - M(b,q))
+  P(b,q,k) = exp(A(b,q,k) - M(b,q)) / S(b,q) }
+def renamed(double(N,C) X, double(C) W) -> (Y) {
+  E(m,j) = exp(X(m,j) * W(j))
+  S(i) +=! E(i,k)
+  Y(n,c) = E(n,c) / S(n) }
+def columns(double(C,N) X) -> (Y) {
+  S(n) +=! exp(X(c,n))
+  Y(c,n) = X(c,n) - log(S(n)) }
+def two_outputs(double(N,C) X) -> (Y, E) {
+  E(n,c) = exp(X(n,c))
+  S(n) +=! E(n,c)
+  Y(n,c) = E(n,c) / S(n) }
+def sum_read_elsewhere(double(N,C) X) -> (Y, T) {
+  S(n) +=! exp(X(n,c))
+  Y(n,c) = exp(X(n,c)) / S(n)
+  T(n) = S(n) * S(n) }
+def part_of_the_row(double(N,C) X) -> (Y) {
+  S(n) +=! exp(X(n,c)) where c in 0:C-1
+  Y(n,c) = exp(X(n,c)) / S(n) }
+def another_numerator(double(N,C) X) -> (Y) {
+  S(n) +=! exp(X(n,c))
+  Y(n,c) = exp(2 * X(n,c)) / S(n) }
+def squares(double(N,C) X) -> (Y) {
+  E(n,c) = X(n,c) * X(n,c)
+  S(n) +=! E(n,c)
+  Y(n,c) = E(n,c) / S(n) }
+def shifted_log(double(N,C) X) -> (Y) {
+  S(n) +=! exp(X(n,c))
+  Y(n,c) = X(n,c) + 1 - log(S(n)) }
+"""
+
+
+@pytest.mark.parametrize("name, closed, shapes", [
+    ("attention", True, dict(A=(2, 3, 4))),
+    ("renamed", True, dict(X=(3, 5), W=(5,))),  # (E a tensor, other index names)
+    ("columns", True, dict(X=(4, 3))),  # (log-softmax over the first index)
+    ("two_outputs", True, dict(X=(3, 4))),  # (E's own gradient flows as well)
+    # S read by another statement too, summed over part of the row, a numerator other than
+    # S's terms, no exponential, and a log-softmax whose argument is not S's: generic rules
+    ("sum_read_elsewhere", False, dict(X=(3, 4))), ("part_of_the_row", False, dict(X=(3, 4))),
+    ("another_numerator", False, dict(X=(3, 4))), ("squares", False, dict(X=(3, 4))),
+    ("shifted_log", False, dict(X=(3, 4)))])
+def test_softmax_and_log_softmax_in_closed_form_only_where_they_are(name, closed, shapes):
+    """Central differences check every case; the closed form (no d_S, one exp at most: the
+    log-softmax's exp(Y)) is used exactly where the statements are a softmax or log-softmax
+    over a whole row whose sum nothing else reads."""
+    bw = check_directional(NORMALIZED, name, shapes)
+    body = bw.source.split("{", 1)[1]
+    assert ("d_S" not in body) == closed, bw.source
+
+
+def test_softmax_closed_forms_match_pytorch():
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(5).standard_normal((4, 7))
+    d_y = np.random.default_rng(6).standard_normal((4, 7))
+    for name, f in (("softmax", torch.softmax), ("logsoftmax", torch.log_softmax)):
+        src = example("layers") if name == "softmax" else example("nn")
+        _, g, (y,), _ = gradients(as_double(src), name, [x], [d_y])
+        X = torch.tensor(x, requires_grad=True)
+        (expected,) = torch.autograd.grad(f(X, 1), X, torch.tensor(d_y))
+        np.testing.assert_allclose(g["X"], expected.numpy(), rtol=1e-12, atol=1e-15)
 
 
 STABILISED = """

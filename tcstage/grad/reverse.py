@@ -27,6 +27,7 @@ from tcstage.grad import Backward
 from tcstage.grad import source as S
 from tcstage.grad.derivative import differentiable, partials
 from tcstage.grad.invariance import stabilisers
+from tcstage.grad.normalized import Normalization, normalizations
 from tcstage.grad.text import GradStatement, equal_trees, polish
 from tcstage.halide import ranges as R
 from tcstage.lang import checked as C
@@ -220,6 +221,7 @@ class _Generator:
         self.versions_of(fn)
         self.signature()
         self.activity()
+        self.normalized = normalizations(fn, self.same_range)
         self.statements: list[GradStatement] = []
         self.grad_started: set[str] = set()  # gradient tensors with a statement (or inputs)
         self.grad_names: dict = {}
@@ -395,6 +397,14 @@ class _Generator:
                       "inputs; its gradient is not generated (write a where clause for it)",
                       st.span)
 
+    def same_range(self, n: int, v: str, k: int, w: str) -> bool:
+        """Whether index v of forward statement n and index w of statement k range alike."""
+        try:
+            return all(S.to_tc(a) == S.to_tc(b)
+                       for a, b in zip(self.var_range(n, v), self.var_range(k, w)))
+        except TCError:  # (a range that depends on scalar inputs' values)
+            return False
+
     def covers(self, n: int) -> bool:
         """Whether statement n writes every element of its tensor."""
         st = self.fn.statements[n]
@@ -438,6 +448,10 @@ class _Generator:
         seed = C.Read(d_w, lhs, tensor.type)
         if w.prev is not None and n == w.statements[0] and w.prev.varied:
             self.pass_to_previous(n, w, d_w)
+        rule = self.normalized.get(n)
+        if rule is not None:
+            self.normalized_backward(rule, seed, C.Read(w.name, lhs, tensor.type))
+            return
         rhs = self.renamed(n, st.rhs)
         if st.reduction in ("max", "min"):
             box = tuple((v, *self.var_range(n, v)) for v in st.variables)
@@ -464,7 +478,14 @@ class _Generator:
         # again, and a quotient's divisor gets -d * Y / S (softmax's).
         value = C.Read(w.name, lhs, tensor.type) \
             if st.reduction is None and not st.scatter and w.statements == [n] else None
-        for leaf, g in partials(rhs, seed, f"{self.where}, statement '{_text(st)}'", value):
+        self.contribute_partials(n, rhs, seed, value)
+
+    def contribute_partials(self, n: int, rhs: C.Expr, seed: C.Expr,
+                            value: C.Expr | None = None) -> None:
+        """The gradient `seed` of `rhs` (statement n's, renamed) to each differentiable leaf."""
+        fn = self.fn
+        where = f"{self.where}, statement '{_text(fn.statements[n])}'"
+        for leaf, g in partials(rhs, seed, where, value):
             if isinstance(leaf, C.ScalarParam):
                 target = leaf.name
             elif fn.tensors[_forward_name(self, n, leaf.tensor)].kind == "input":
@@ -474,6 +495,28 @@ class _Generator:
                 if not target.varied:
                     continue
             self.contribute(n, target, leaf, g)
+
+    def normalized_backward(self, rule: Normalization, d_y: C.Read, y: C.Read) -> None:
+        """A softmax's or log-softmax's gradient in closed form (`normalized`): the row sum
+        it needs, then the gradient of its argument, with no exponential computed again but
+        exp(Y) of a log-softmax."""
+        n = rule.output
+        st = self.fn.statements[n]
+        box = tuple((v, *self.var_range(n, v)) for v in st.indices)
+        kept = tuple(S.var(v) for v in rule.kept)
+        if rule.kind == "softmax":
+            total = self.fresh(f"{y.tensor}_dot_{d_y.tensor}")
+            self.emit(GradStatement(total, rule.kept, "+=!", S.mul(d_y, y), box))
+            row = C.Read(total, kept, y.type)
+            g = S.mul(y, S.sub(d_y, row))
+        else:
+            total = self.fresh(f"{d_y.tensor}_sum")
+            self.emit(GradStatement(total, rule.kept, "+=!", d_y, box))
+            row = C.Read(total, kept, y.type)
+            g = S.sub(d_y, S.mul(S.call("exp", y), row))
+        g = S.substitute(g, {v: S.var(w) for v, w in rule.renaming})
+        self.contribute_partials(rule.argument_at,
+                                 self.renamed(rule.argument_at, rule.argument), g)
 
     def pass_to_previous(self, n: int, w: _Version, d_w: str) -> None:
         """The gradient of the previous version where statement n did not overwrite it."""
