@@ -74,15 +74,17 @@ def test_strided_padded_convolution(convs, H, W):
 def test_a_padded_input_is_computed_once_on_the_cpu(convs, name, stride, H, W):
     """On the CPU, `I(...) ?? 0` reads a padded copy of I computed once (Halide's
     constant_exterior, dense), not a select and clamped subscripts per element in the
-    convolution's inner loop, which gathered its vectors (8x slower at 32x32x32x32). Sizes
-    past a vector and a tile, one prime; the values against np.pad's."""
+    convolution's inner loop, which gathered its vectors (8x slower at 32x32x32x32): image by
+    image, per step of the convolution's parallel loop over n, so that each image's copy is
+    still in cache when the convolution reads it. Sizes past a vector and a tile, one prime;
+    the values against np.pad's."""
     I = rng.standard_normal((2, 5, H, W)).astype(np.float32)
     Wt = rng.standard_normal((16, 5, 3, 3)).astype(np.float32)
     f = tc.define(CONVS)[name]  # (planned for these sizes: the fixture's kernels are not)
     np.testing.assert_allclose(f(I, Wt), conv_ref(I, Wt, stride, 1), rtol=1e-4, atol=1e-4)
     lines = f.explain(I, Wt).splitlines()
     assert any(line.strip().split(":")[0].split("$")[0] == "I_padded" and
-               "pointwise, computed once" in line
+               "pointwise, computed per n of O" in line and "its parallel loop" in line
                for line in lines), lines
     # (strided, the register tile's rows are output channels, which no input read uses:
     # each vector of the input, loaded at stride 2, serves the whole tile)

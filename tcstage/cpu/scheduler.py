@@ -107,6 +107,7 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
     padded = {v: w for w in windows for v in _padded(structure, structure.info(w),
                                                       structure.info(windows[w]), funcs)}
     plan.loops_kept |= {windows[w] for w in padded.values()}
+    sliced = {}  # pointwise Func -> the reduction it may be computed per parallel step of
     for info in structure.funcs:
         if info.name in fused:
             continue  # (in the row pipeline)
@@ -130,6 +131,10 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
             elif read_by_reduction and not is_output and schedule.inline_pointwise and \
                     _recomputed_by_readers(structure, info):
                 report.append(f"{info.name}: pointwise, cheap: recomputed by its readers")
+            elif read_by_reduction and not is_output and not info.epilogue and \
+                    _sliced_by(structure, info) is not None:
+                sliced[info.name] = len(report)  # (scheduled once its reader is, below)
+                report.append("")
             elif is_output or read_by_reduction or info.epilogue or \
                     not schedule.inline_pointwise:
                 report.append(f"{info.name}: pointwise, {_pointwise(f, info, plan)}")
@@ -146,6 +151,10 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
         report.append(f"{info.name}: reduction ({info.operator}) over "
                       f"{', '.join(info.rvars)}, {_reduction(f, anchor, info, plan, funcs, inputs)}"
                       + (f"; {reader} computed on its tiles" if reader else ""))
+    for name, at in sliced.items():
+        info = structure.info(name)
+        report[at] = f"{name}: pointwise, " + _per_parallel_step(
+            funcs[name], info, plan, *_sliced_by(structure, info))
     for name, reader in windows.items():
         info = structure.info(name)
         tile = plan.tiles.get(reader)  # (None: the reader got no register tiles; its own)
@@ -443,6 +452,8 @@ class _Plan:
         self.tiles: dict[str, _Tiles] = {}  # reduction -> its register tiles
         self.loops_kept: set[str] = set()  # reductions whose outer loops others are computed
         #   at (a padded input's line buffer, `_padded_rows`): not fused by `_balanced`
+        self.parallel_loops: dict[str, tuple[hl.Func, str]] = {}  # reduction computed once ->
+        #   (the Func whose loops it runs, the name of its parallel loop)
         self.align = align  # (see schedule_pipeline)
 
     def row_vectors(self, func: str) -> bool:
@@ -482,6 +493,42 @@ def _pointwise(f: hl.Func, info: FuncInfo, plan: _Plan) -> str:
     return ("computed once" + (f", {info.args[0]} in vectors of {lanes}" if vectorize else "")
             + (f", {info.args[-1]} in parallel" + (f", {task} at a time" if task > 1 else "")
                if parallel else ""))
+
+
+def _sliced_by(structure, info: FuncInfo) -> tuple[str, str] | None:
+    """(reduction, variable) where pointwise `info` is read by that reduction alone, and only
+    at its own outermost index `variable` in its own outermost dimension (a padded input's
+    image, `I_padded(n, ...)` of a convolution over n): computed per parallel step of the
+    reduction over that variable, each step's slice is computed once, into a buffer that stays
+    in cache for the reduction to read, instead of once for all of them, stored to memory and
+    read back (a padded 32x32x34x34 input: a fifth of conv_s2's forward)."""
+    readers = structure.readers.get(info.name, frozenset())
+    if len(readers) != 1 or len(info.args) < 2:
+        return None
+    reader = structure.info(next(iter(readers)))
+    reads = [r for r in reader.reads if r.func == info.name]
+    if reader.family != "reduction" or not reader.args or not reads:
+        return None
+    outer = reader.args[-1]
+    if all(r.args[-1] == ("var", outer) and r.dims_using(outer) == (len(r.args) - 1,)
+           for r in reads):
+        return reader.name, outer
+    return None
+
+
+def _per_parallel_step(f: hl.Func, info: FuncInfo, plan: _Plan, reader: str, var: str) -> str:
+    """`_sliced_by`'s schedule, where the reduction runs its loop over `var` in parallel (else
+    computed once, `_pointwise`)."""
+    anchor, loop = plan.parallel_loops.get(reader, (None, None))
+    if loop != var:
+        return _pointwise(f, info, plan)
+    f.compute_at(anchor, hl.Var(var))
+    extents = plan.extents.get(info.name, ())
+    lanes = plan.lanes(f.types()[0])
+    vectorize = bool(extents) and extents[0] >= lanes
+    _stages(f, info, 0, None, lanes if vectorize else 0, hl.TailStrategy.ShiftInwards)
+    return (f"computed per {var} of {reader}, its parallel loop"
+            + (f", {info.args[0]} in vectors of {lanes}" if vectorize else ""))
 
 
 # Elements a parallel task of a pointwise pass computes at least: one row of 1024 floats per
@@ -1413,6 +1460,8 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
             1 + (bool(packs) and not packed_whole)
         loops[-1] = _balanced(anchor, loops, trips, kept, plan.threads)
         anchor.parallel(loops[-1])
+        if at is None:
+            plan.parallel_loops[info.name] = (anchor, loops[-1].name())
 
     f.compute_at(anchor, tile_loops[0])
     plan.tiles[info.name] = _Tiles(anchor, tile_loops[0], rows)
