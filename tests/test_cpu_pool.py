@@ -54,7 +54,7 @@ def scale():
 def test_parallel_loops_run_on_the_pools_workers(scale):
     # (at least: a test that loads a second cache's runtime library starts a second pool;
     # where this process loaded PyTorch first, the loops run on its OpenMP team instead)
-    shared = "torch" in sys.modules and aot._torch_gomp_parallel() is not None and \
+    shared = "torch" in sys.modules and aot._torch_openmp() is not None and \
         bool(aot._openmp_shared)
     assert _pool_threads() >= aot.pool_threads() - 1 > 0 or aot.pool_threads() == 1 or shared
 
@@ -171,7 +171,7 @@ TORCH_SCRIPT = textwrap.dedent(f"""
     assert os.waitpid(pid, 0)[1] == 0, "the forked child failed"
     names = [open(f"/proc/self/task/{{t}}/comm").read().strip()
              for t in os.listdir("/proc/self/task")]
-    print(aot._torch_gomp_parallel() is not None, names.count("tcstage-pool"))
+    print(aot._torch_openmp() is not None, names.count("tcstage-pool"))
 """)
 
 
@@ -194,3 +194,48 @@ def test_with_pytorch_loaded_loops_run_on_its_openmp_team(share):
         assert int(workers) == max(CORES - 1, 0)
     else:
         assert int(workers) == (0 if share == "1" else CORES - 1)
+
+
+THREADS_SCRIPT = textwrap.dedent(f"""
+    import os, sys, threading, time, numpy as np
+    import torch
+    import tcstage as tc
+    torch.set_num_threads(int(sys.argv[1]))
+    f = tc.define({SCALE!r}).scale
+    X = torch.randn(2048, 1024)
+    w = torch.randn(1024)
+    f(X, w)  # (compiled, and the kernel memo made)
+    def cpu_seconds():
+        main, others = threading.get_native_id(), 0.0
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{{task}}/stat") as s:
+                fields = s.read().rsplit(")", 1)[1].split()
+            ticks = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            if int(task) != main:
+                others += ticks
+        return others
+    before, start = cpu_seconds(), time.process_time()
+    while time.process_time() - start < 1.5:
+        assert torch.allclose(f(X, w), X * w + 1, rtol=1e-5, atol=1e-5)
+    print(cpu_seconds() - before, time.process_time() - start)
+""")
+
+
+@linux_only
+def test_kernels_on_pytorchs_team_use_as_many_threads_as_pytorch_would():
+    """torch.set_num_threads(1) makes tcstage's CPU kernels serial too: no other thread does
+    work for them (they took the pool's thread count, every core, from PyTorch's team)."""
+    if not aot.enabled():
+        pytest.skip("the pool belongs to the CPU kernel cache, which is off here")
+    pytest.importorskip("torch")
+    env = {k: v for k, v in os.environ.items() if k not in ("HL_NUM_THREADS",
+                                                            "TCSTAGE_TORCH_OPENMP")}
+    for threads in ([1, 2] if CORES >= 2 else [1]):
+        r = subprocess.run([sys.executable, "-c", THREADS_SCRIPT, str(threads)],
+                           capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        others, total = map(float, r.stdout.split())
+        if threads == 1:
+            assert others <= 0.05 * total, (others, total)
+        else:  # (the control: with two, the second thread takes a good share)
+            assert others >= 0.2 * total, (others, total)

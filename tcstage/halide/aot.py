@@ -263,15 +263,16 @@ def _share_openmp(lib: ctypes.CDLL) -> None:
     if lib._handle in _openmp_shared or os.environ.get("TCSTAGE_TORCH_OPENMP", "1") == "0":
         return
     _openmp_shared.add(lib._handle)
-    parallel = _torch_gomp_parallel()
-    if parallel is not None:
-        lib.tcstage_pool_share_openmp(ctypes.c_void_p(parallel))
+    entries = _torch_openmp()
+    if entries is not None:
+        lib.tcstage_pool_share_openmp(*(ctypes.c_void_p(e) for e in entries))
 
 
 @functools.cache
-def _torch_gomp_parallel() -> int | None:
-    """The address of GOMP_parallel in the OpenMP runtime PyTorch loaded (GNU libgomp, or
-    Intel's libiomp5, which provides the same entry point), or None where it runs on none."""
+def _torch_openmp() -> tuple[int, int | None] | None:
+    """The addresses of GOMP_parallel and omp_get_max_threads in the OpenMP runtime PyTorch
+    loaded (GNU libgomp, or Intel's libiomp5, which provides the same entry points), or None
+    where it runs on none."""
     torch = sys.modules.get("torch")
     if torch is None or not getattr(torch._C, "has_openmp", False):
         return None
@@ -284,9 +285,12 @@ def _torch_gomp_parallel() -> int | None:
         if os.path.basename(path).startswith(("libgomp", "libiomp")):
             try:  # (already loaded: RTLD_NOLOAD only finds it)
                 runtime = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-                return ctypes.cast(runtime.GOMP_parallel, ctypes.c_void_p).value
+                parallel = ctypes.cast(runtime.GOMP_parallel, ctypes.c_void_p).value
             except (OSError, AttributeError):
                 continue
+            max_threads = getattr(runtime, "omp_get_max_threads", None)
+            return parallel, None if max_threads is None else \
+                ctypes.cast(max_threads, ctypes.c_void_p).value
     return None
 
 
