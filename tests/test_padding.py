@@ -89,6 +89,12 @@ def test_a_padded_input_is_computed_once_on_the_cpu(convs, name, stride, H, W):
     # (strided, the register tile's rows are output channels, which no input read uses:
     # each vector of the input, loaded at stride 2, serves the whole tile)
     assert stride == 1 or any("rows of f)" in line for line in lines), lines
+    # (16 rows of f each read their own weight: the weights are copied with f innermost, so
+    # that a tile's weights share one address; the padded copy is vectorised)
+    assert any("rows of f)" in line and "Wt copied once with f innermost" in line
+               for line in lines), lines
+    assert any(line.strip().startswith("I_padded") and "in vectors of" in line
+               for line in lines), lines
 
 
 def test_padding_with_a_value_that_varies_keeps_the_guarded_read():

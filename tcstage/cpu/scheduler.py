@@ -523,12 +523,11 @@ def _per_parallel_step(f: hl.Func, info: FuncInfo, plan: _Plan, reader: str, var
     if loop != var:
         return _pointwise(f, info, plan)
     f.compute_at(anchor, hl.Var(var))
-    extents = plan.extents.get(info.name, ())
     lanes = plan.lanes(f.types()[0])
-    vectorize = bool(extents) and extents[0] >= lanes
-    _stages(f, info, 0, None, lanes if vectorize else 0, hl.TailStrategy.ShiftInwards)
-    return (f"computed per {var} of {reader}, its parallel loop"
-            + (f", {info.args[0]} in vectors of {lanes}" if vectorize else ""))
+    # (vectorised, the tail guarded: a padded row is a few vectors and an edge, 34 floats for
+    # a 32-wide image; scalar, the copy was a fifth of conv_s2's forward, ad hoc)
+    _stages(f, info, 0, None, lanes, hl.TailStrategy.GuardWithIf)
+    return f"computed per {var} of {reader}, its parallel loop, {info.args[0]} in vectors of {lanes}"
 
 
 # Elements a parallel task of a pointwise pass computes at least: one row of 1024 floats per
@@ -1521,6 +1520,25 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
                                 hl.TailStrategy.GuardWithIf)
                 reordered.append(r.func)
 
+    # Reads along the tile's rows that no vector uses (a convolution's weights Wt(f, c, kh, kw)
+    # in a tile of 28 rows of f): each row multiplies in its own element, broadcast from an
+    # address of its own, and past a dozen rows those addresses outnumber the general registers:
+    # LLVM reloaded them from the stack for every other multiply-add (perf annotate). Copied
+    # once, whole, with the rows' dimension innermost (`_pack`'s transpose), a tile's elements
+    # lie side by side: one address and constant offsets. Only an operand every tile of every
+    # outer index shares (weights, not tbmm's X(b, n, m): copied whole, it made tbmm 1.6x
+    # slower).
+    by_rows = []
+    if vectorized and p1 is not None and rows >= ROW_ADDRESSES:
+        for r in info.reads:
+            dims = r.dims_using(p1)
+            if r.func in inputs and not r.dims_using(p0) and len(dims) == 1 and dims[0] > 0 \
+                    and r.args[dims[0]] == ("var", p1) and \
+                    not any(r.dims_using(v) for v in outer) and \
+                    r.func not in {*reordered, *by_rows, *(q.func for q, _ in packs)}:
+                _pack(inputs[r.func].in_(f), dims[0], anchor, None, s.parallel_outer)
+                by_rows.append(r.func)
+
     along = f" of {p1}" if p1 is not None and p1 != info.args[1] else ""
     across = f" of {p0}" if p0 != info.args[0] else ""
     text = (f"tiles of {width} x {rows} ({vectors} vector{'s' * (vectors > 1)} of {lanes} lanes"
@@ -1535,6 +1553,9 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
     if reordered:
         text += "; " + ", ".join(inputs[n].name() for n in reordered) + \
             " copied once into the reduction's order"
+    if by_rows:
+        text += "; " + ", ".join(inputs[n].name() for n in by_rows) + \
+            f" copied once with {p1} innermost"
     if by_columns and not packs:
         text += "; column by column of tiles" + (
             ", " + ", ".join(inputs[n].name() if n in inputs else n for n in copied) +
@@ -1607,6 +1628,8 @@ def _reduction_order(read, info: FuncInfo, p0: str, p1: str | None, outer) -> li
     order += [k for k in range(len(read.args)) if k not in order]
     return order if order != sorted(order) else None
 
+
+ROW_ADDRESSES = 12  # tile rows from which each reading its own address spills them (above)
 
 PANEL_WHOLE_BYTES = 1 << 20  # packed operands up to this size packed once, whole, where the
 #                              tiles vectorise another dimension than the innermost
