@@ -1524,7 +1524,7 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
     # in a tile of 28 rows of f): each row multiplies in its own element, broadcast from an
     # address of its own, and past a dozen rows those addresses outnumber the general registers:
     # LLVM reloaded them from the stack for every other multiply-add (perf annotate). Copied
-    # once, whole, with the rows' dimension innermost (`_pack`'s transpose), a tile's elements
+    # once, whole, with the rows' dimension innermost, a tile's elements
     # lie side by side: one address and constant offsets. Only an operand every tile of every
     # outer index shares (weights, not tbmm's X(b, n, m): copied whole, it made tbmm 1.6x
     # slower).
@@ -1536,7 +1536,12 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
                     and r.args[dims[0]] == ("var", p1) and \
                     not any(r.dims_using(v) for v in outer) and \
                     r.func not in {*reordered, *by_rows, *(q.func for q, _ in packs)}:
-                _pack(inputs[r.func].in_(f), dims[0], anchor, None, s.parallel_outer)
+                # (a plain copy: weights are small; it gains as much as `_pack`'s unrolled 8x8
+                # transposes, in paired runs, with less code to compile)
+                panel = inputs[r.func].in_(f)
+                args = [hl.Var(a.name()) for a in panel.args()]
+                panel.compute_root().reorder_storage(
+                    args[dims[0]], *[a for k, a in enumerate(args) if k != dims[0]])
                 by_rows.append(r.func)
 
     along = f" of {p1}" if p1 is not None and p1 != info.args[1] else ""
