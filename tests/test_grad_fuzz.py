@@ -33,14 +33,19 @@ def test_the_sample_checks_gradients(outcomes):
     assert sum(o.checked for o in ok) >= 20
 
 
-def test_the_oracle_catches_a_wrong_gradient(monkeypatch):
-    """A backward that reads the gradient of an output 1.5 times too large is reported."""
+def _scaled_backward(monkeypatch, factor: str) -> None:
+    """Makes the generated backwards read the gradient of output O0 `factor` times too large."""
     real = gradient.backward
 
     def scaled(program, name):
         bw = real(program, name)
-        return attrs.evolve(bw, source=bw.source.replace("d_O0(", "1.5 * d_O0("))
+        return attrs.evolve(bw, source=bw.source.replace("d_O0(", f"{factor} * d_O0("))
     monkeypatch.setattr(gradient, "backward", scaled)
+
+
+def test_the_oracle_catches_a_wrong_gradient(monkeypatch):
+    """A backward that reads the gradient of an output 1.5 times too large is reported."""
+    _scaled_backward(monkeypatch, "1.5")
     outcome = gradient.check(programs.case(1, gradient.FEATURES))
     assert outcome.kind == "mismatch", str(outcome)
 
@@ -56,11 +61,6 @@ def test_float32_tensors_of_integer_values_get_float32_steps(seed):
 
 
 def test_the_float32_allowance_still_catches_a_wrong_gradient(monkeypatch):
-    real = gradient.backward
-
-    def scaled(program, name):
-        bw = real(program, name)
-        return attrs.evolve(bw, source=bw.source.replace("d_O0(", "1.02 * d_O0("))
-    monkeypatch.setattr(gradient, "backward", scaled)
+    _scaled_backward(monkeypatch, "1.02")
     outcome = gradient.check(programs.case(971618, gradient.FEATURES))
     assert outcome.kind == "mismatch", str(outcome)
