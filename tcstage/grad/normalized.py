@@ -21,7 +21,8 @@ and log-softmax, `S(n) +=! exp(A(n,c))`, `Y(n,c) = A(n,c) - log(S(n))`, likewise
 (PyTorch's own backward formulas). `normalizations` finds these shapes where the closed form
 is exactly the statements' gradient: S sums over the whole range of Y's other indices, and E
 and S are read nowhere else, so no other gradient flows through them. `reverse` then emits the
-closed form for Y's statement and nothing for S's and E's.
+closed form for Y's statement; S's and E's then receive no gradient from it (and pass none on,
+but an output's own).
 """
 
 from __future__ import annotations
@@ -48,11 +49,6 @@ class Normalization:
     # E's statement (softmax with E a tensor) maps Y's indices to its own, for writing the
     # gradient of U in E's indices; empty otherwise
     renaming: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def absorbed(self) -> tuple[int, ...]:
-        """The statements whose gradients the closed form stands for, besides Y's."""
-        return (self.total,) + ((self.argument_at,) if self.argument_at != self.output else ())
 
 
 def normalizations(fn: C.Function,
