@@ -132,8 +132,8 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
                     _recomputed_by_readers(structure, info):
                 report.append(f"{info.name}: pointwise, cheap: recomputed by its readers")
             elif read_by_reduction and not is_output and not info.epilogue and \
-                    _sliced_by(structure, info) is not None:
-                sliced[info.name] = len(report)  # (scheduled once its reader is, below)
+                    (by := _sliced_by(structure, info)) is not None:
+                sliced[info.name] = (len(report), by)  # (scheduled once its reader is, below)
                 report.append("")
             elif is_output or read_by_reduction or info.epilogue or \
                     not schedule.inline_pointwise:
@@ -151,10 +151,9 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
         report.append(f"{info.name}: reduction ({info.operator}) over "
                       f"{', '.join(info.rvars)}, {_reduction(f, anchor, info, plan, funcs, inputs)}"
                       + (f"; {reader} computed on its tiles" if reader else ""))
-    for name, at in sliced.items():
-        info = structure.info(name)
+    for name, (at, by) in sliced.items():
         report[at] = f"{name}: pointwise, " + _per_parallel_step(
-            funcs[name], info, plan, *_sliced_by(structure, info))
+            funcs[name], structure.info(name), plan, *by)
     for name, reader in windows.items():
         info = structure.info(name)
         tile = plan.tiles.get(reader)  # (None: the reader got no register tiles; its own)
@@ -527,7 +526,8 @@ def _per_parallel_step(f: hl.Func, info: FuncInfo, plan: _Plan, reader: str, var
     # (vectorised, the tail guarded: a padded row is a few vectors and an edge, 34 floats for
     # a 32-wide image; scalar, the copy was a fifth of conv_s2's forward, ad hoc)
     _stages(f, info, 0, None, lanes, hl.TailStrategy.GuardWithIf)
-    return f"computed per {var} of {reader}, its parallel loop, {info.args[0]} in vectors of {lanes}"
+    return (f"computed per {var} of {reader}, its parallel loop, {info.args[0]} in vectors of "
+            f"{lanes}")
 
 
 # Elements a parallel task of a pointwise pass computes at least: one row of 1024 floats per
@@ -1524,10 +1524,9 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
     # in a tile of 28 rows of f): each row multiplies in its own element, broadcast from an
     # address of its own, and past a dozen rows those addresses outnumber the general registers:
     # LLVM reloaded them from the stack for every other multiply-add (perf annotate). Copied
-    # once, whole, with the rows' dimension innermost, a tile's elements
-    # lie side by side: one address and constant offsets. Only an operand every tile of every
-    # outer index shares (weights, not tbmm's X(b, n, m): copied whole, it made tbmm 1.6x
-    # slower).
+    # once, whole, with the rows' dimension innermost, a tile's elements lie side by side: one
+    # address and constant offsets. Only an operand every tile of every outer index shares
+    # (weights, not tbmm's X(b, n, m): copied whole, it made tbmm 1.6x slower).
     by_rows = []
     if vectorized and p1 is not None and rows >= ROW_ADDRESSES:
         for r in info.reads:

@@ -63,8 +63,8 @@ def _plain(read: C.Read) -> bool:
 
 @attrs.frozen
 class Bound:
-    """One index read of function `function` at fixed sizes: the elements of call argument `position` in `window` must
-    lie in [lo, hi) (`window` None: the whole tensor)."""
+    """One index read of function `function` at fixed sizes: the elements of call argument
+    `position` in `window` must lie in [lo, hi) (`window` None: the whole tensor)."""
 
     function: str
     read: IndexRead
@@ -91,7 +91,8 @@ def bounds(fn: C.Function, reads: tuple[IndexRead, ...], ranges: R.FunctionRange
         hi = lo + int(evaluate_symbolic(extents.extents[r.dim], values))
         dims = [int(d) if d.isdigit() else values[d] for d in fn.tensors[r.index].dims]
         whole = all(w.start == 0 and w.stop >= n for w, n in zip(window, dims))
-        found.append(Bound(fn.name, r, position[r.index], None if whole else tuple(window), lo, hi))
+        found.append(Bound(fn.name, r, position[r.index], None if whole else tuple(window),
+                           lo, hi))
     return tuple(found)
 
 
@@ -110,7 +111,8 @@ def check(found: tuple[Bound, ...], args) -> None:
         where = bad if b.window is None else [w.start + k for w, k in zip(b.window, bad)]
         value = int(part[tuple(bad)])
         raise TCIndexError(
-            f"'{b.function}': index {value} in {b.read.index}[{', '.join(map(str, where))}] is out "
-            f"of range for dimension {b.read.dim} of {b.read.table}, which is [{b.lo}, {b.hi})",
+            f"'{b.function}': index {value} in {b.read.index}[{', '.join(map(str, where))}] is "
+            f"out of range for dimension {b.read.dim} of {b.read.table}, which is "
+            f"[{b.lo}, {b.hi})",
             notes=("skip this check (at your own risk: an index out of range then reads a "
                    "clamped element) with layer.check_indices = False",))
