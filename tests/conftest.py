@@ -105,6 +105,7 @@ SLOW = {
     "test_tune_cli.py::test_untranslatable_tc_uses_the_halide_cpu_baseline": 0,
     "test_cpu_tune.py::test_the_best_schedule_is_measured_checked_and_usable": 0,
     "test_overlapped_tiles.py::test_halide_apps_match_their_references": 4,
+    "test_halide_fuzz_regressions.py::test_strided_footprint_of_several_pieces_seed_952801": 0,
 }
 
 

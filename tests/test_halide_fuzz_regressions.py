@@ -297,3 +297,19 @@ def test_isl_coalescing_failure_in_code_generation_is_retried_seed_952043():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert H.check(H.case(952043), [options], schedules=()) == []
+
+
+def test_strided_footprint_of_several_pieces_seed_952801():
+    """Seed 952801: a thread's share of a histogram's footprint was a union of three basic
+    maps with different existentials, and isl's stride detection crashed the process on it
+    (a segmentation fault in its simple hull). Such a union now coalesces first and otherwise
+    keeps stride 1; the kernel equals Halide's realize."""
+    from fuzz import halide_pipelines as H
+
+    options = (tc.MappingOptions().tile(1, 3, 1).mapToThreads(3, 8).mapToBlocks(8)
+               .unrollCopyShared(True).useReadOnlyCache(True)
+               .outerScheduleFusionStrategy("Max").scheduleSpecialize(True)
+               .tileImperfectlyNested(True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert H.check(H.case(952801), [options], schedules=()) == []

@@ -757,7 +757,7 @@ def _tile(footprint: isl.Map | None, context: isl.Set) -> _Tile | None:
         extent = distances.dim_max_val(0)
         if not extent.is_int():
             return None
-        stride = max(one.get_range_stride_info(0).get_stride().to_python(), 1)
+        stride = _stride(one)
         sizes.append(extent.to_python() // stride + 1)
         strides.append(stride)
         lows = lo if lows is None else lows.flat_range_product(lo)
@@ -768,6 +768,18 @@ def _tile(footprint: isl.Map | None, context: isl.Set) -> _Tile | None:
                 space.range())))
     tensor = footprint.get_tuple_id(isl.dim_type.out)
     return _Tile(lows.set_tuple_id(isl.dim_type.out, tensor), tuple(sizes), tuple(strides))
+
+
+def _stride(one: isl.Map) -> int:
+    """The stride of the footprint's single output dimension: 1 unless every element lies on
+    one residue. isl's stride detection crashes (in its simple hull, with the isl islpy 2026.2 bundles) on some unions of
+    basic maps whose existentials differ, so it only sees a footprint that coalesces into one;
+    a union keeps stride 1, which is always a correct (if larger) buffer."""
+    if one.n_basic_map() > 1:
+        one = one.coalesce()
+        if one.n_basic_map() > 1:
+            return 1
+    return max(one.get_range_stride_info(0).get_stride().to_python(), 1)
 
 
 def _smaller(union_tile, a, b) -> bool:
