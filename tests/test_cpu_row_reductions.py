@@ -5,10 +5,16 @@ results against numpy at awkward sizes, for every operator."""
 import re
 from pathlib import Path
 
+import halide as hl
 import numpy as np
 import pytest
 
 import tcstage as tc
+
+
+def accumulators() -> int:
+    """Vector registers the scheduler gives a register tile on this machine."""
+    return (32 if hl.get_host_target().has_feature(hl.TargetFeature.AVX512) else 16) - 4
 
 
 def f32(*shape):
@@ -35,7 +41,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-@pytest.mark.parametrize("n, c", [(1, 1), (7, 13), (16, 15), (9, 33), (40, 512)])
+@pytest.mark.parametrize("n, c", [(1, 1), (7, 13), (16, 15), (9, 33), (40, 512), (5, 1001)])
 def test_row_reductions_equal_numpy(name, n, c):
     source, reference, inputs = CASES[name]
     f = tc.define(source).f
@@ -50,6 +56,15 @@ def test_the_schedule_says_it_vectorised_the_reduction():
     text = tc.define(CASES["rowsum"][0]).f.explain(f32(40, 512))
     assert text.startswith("CPU schedule: tcstage") and "packed" not in text
     assert "the reduction over" in text and "in vectors of" in text
+
+
+def test_long_row_sums_keep_four_vectors_of_partials_and_maxima_one():
+    """A sum's adds wait for each other: a row of 16 vectors or more keeps 4 vectors of
+    partial sums in turn (a maximum's instruction does not wait: one vector); short rows one.
+    The values are test_row_reductions_equal_numpy's (5 x 1001: a partial last turn)."""
+    assert "8 lanes, 4 vectors in turn" in tc.define(CASES["rowsum"][0]).f.explain(f32(40, 512))
+    assert "vectors in turn" not in tc.define(CASES["rowsum"][0]).f.explain(f32(40, 64))
+    assert "vectors in turn" not in tc.define(CASES["rowmax"][0]).f.explain(f32(40, 512))
 
 
 # Softmax's gradient as tc.gradient wrote it statement by statement, before it learnt the
@@ -218,7 +233,7 @@ FUSED = {
 
 
 @pytest.mark.parametrize("name", sorted(FUSED))
-@pytest.mark.parametrize("n, c", [(1, 1), (7, 13), (9, 33), (67, 512)])
+@pytest.mark.parametrize("n, c", [(1, 1), (7, 13), (9, 33), (67, 512), (3, 1001)])
 def test_row_pipelines_are_fused_per_block_of_rows(name, n, c):
     """Softmax, log-softmax and layer norm: every Func computed per block of the output's rows
     (one pass over memory, not one per Func), against numpy in float64."""
@@ -324,7 +339,9 @@ def test_a_weight_gradient_shares_its_loads_across_a_tile_of_taps_and_channels(N
             want[:, :, kh, kw] = np.einsum("nfhw,nchw->fc", dO, P[:, :, kh:kh + H, kw:kw + W])
     np.testing.assert_allclose(fn(dO, I), want, rtol=1e-4, atol=1e-4)
     text = fn.explain(dO, I)
-    rows = min(8, F) if F > 1 else 3  # (one output channel: the rows go along kh instead)
+    # (3 taps x rows vectors of partials in the registers: 28 with AVX-512, 12 without; one
+    # output channel: the rows go along kh instead)
+    rows = min(8, F, accumulators() // 3) if F > 1 else 3
     assert f"tiles of 3 x {rows} of {'f' if F > 1 else 'kh'}, each point a vector of partial " \
         "sums along" in text, text
 

@@ -337,13 +337,12 @@ def _fused_rows(structure, funcs, output: hl.Func, plan: _Plan) -> tuple[hl.Func
             inner = order[0]
             vectorized = plan.row_vectors(f.name) and not func.type().is_bfloat() and \
                 (f.rvar_extents[f.rvars.index(inner)] or 1 << 20) >= lanes
-            if vectorized:
-                _lane_partials(func, f, inner, lanes)
+            how = _lane_partials(func, f, inner, lanes, _planned_rvar_extent(f, plan, inner)) \
+                if vectorized else ""
             report.append(f"{f.name}: reduction ({f.operator}) over {', '.join(order)}"
                           + (" (reordered: innermost in memory first)" if order != f.rvars
                              else "") + f", {where}"
-                          + (f", the reduction over {inner} in vectors of {lanes} lanes"
-                             if vectorized else ""))
+                          + (f", the reduction over {inner} {how}" if vectorized else ""))
         else:
             vectorized = len(f.args) > 1 and own[0] >= lanes
             if vectorized:
@@ -1582,13 +1581,12 @@ def _shared_operand_bytes(info: FuncInfo, plan: _Plan, p1: str, value_bytes: int
     over the output's columns and the reduction, at the planned sizes (0 where a size is not
     known), counting `value_bytes` a value (the reduction's type): what every row of tiles
     reads again."""
-    known = {k: v[0] for k, v in plan.extents.items() if ".extent." in k}
     terms = 1
-    for tree, constant in zip(info.rvar_extent_trees, info.rvar_extents):
-        try:
-            terms *= constant or int(evaluate(tree, known))
-        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+    for rvar in info.rvars:
+        extent = _planned_rvar_extent(info, plan, rvar)
+        if extent is None:
             return 0
+        terms *= extent
     columns = (plan.extents.get(info.name) or (0,))[0] or 0
     shared = sum(1 for r in info.reads if not r.dims_using(p1))
     return shared * columns * terms * value_bytes
@@ -1741,17 +1739,58 @@ def _along_rows(info: FuncInfo, p0: str, p1: str | None, r0: str | None = None) 
                for r in info.reads)
 
 
-def _lane_partials(f: hl.Func, info: FuncInfo, inner: str, lanes: int) -> None:
-    """Vectorises a reduction along its variable `inner`: a vector of `lanes` partial results
+def _lane_partials(f: hl.Func, info: FuncInfo, inner: str, lanes: int,
+                   extent: int | None) -> str:
+    """Vectorises a reduction along its variable `inner`: vectors of `lanes` partial results
     per output point (Halide's rfactor), folded into the point's value once, after the loop.
     Halide's atomic vectorisation instead folds every vector into the value as it goes: a
     horizontal reduction per vector, which made a row maximum of a 512x1024 matrix 15x
-    slower (0.75 ms against 0.05). Needs an update Halide can prove associative, as both do."""
+    slower (0.75 ms against 0.05). Needs an update Halide can prove associative, as both do.
+    Where `inner` runs for at least ROW_CHAIN_TERMS vectors at the planned sizes (`extent`),
+    ROW_CHAINS vectors of partial sums take turns, folded into one vector after the loop: one
+    vector's adds wait for each other (3-4 cycles each), independent ones overlap (a 512x1024
+    layer norm's mean and variance were a third of its time, bound by that wait). Not for a
+    maximum or minimum, whose instruction waits one cycle: there the wider vector only added
+    work (the NaN test on 32 lanes). Returns what it did, for the explanation."""
     outer, lane_in, lane = hl.RVar(f"{inner}_o"), hl.RVar(f"{inner}_l"), hl.Var(f"{info.name}_lane")
-    f.update(0).split(hl.RVar(inner), outer, lane_in, lanes, hl.TailStrategy.GuardWithIf)
-    partials = f.update(0).rfactor(lane_in, lane)
-    partials.compute_at(f, hl.Var(info.args[0])).vectorize(lane)
-    partials.update(0).vectorize(lane)
+    chains = ROW_CHAINS if info.operator == "add" and extent is not None and \
+        extent >= lanes * ROW_CHAIN_TERMS else 1
+    f.update(0).split(hl.RVar(inner), outer, lane_in, lanes * chains, hl.TailStrategy.GuardWithIf)
+    if chains == 1:
+        partials = f.update(0).rfactor(lane_in, lane)
+        partials.compute_at(f, hl.Var(info.args[0])).vectorize(lane)
+        partials.update(0).vectorize(lane)
+    else:
+        chain, in_vector = hl.RVar(f"{inner}_c"), hl.RVar(f"{inner}_v")
+        chain_var = hl.Var(f"{info.name}_chain")
+        f.update(0).split(lane_in, chain, in_vector, lanes, hl.TailStrategy.GuardWithIf)
+        partials = f.update(0).rfactor([(chain, chain_var), (in_vector, lane)])
+        folded = f.update(0).rfactor(in_vector, lane)
+        folded.compute_at(f, hl.Var(info.args[0])).vectorize(lane)
+        folded.update(0).vectorize(lane)
+        partials.compute_at(folded, hl.Var(info.args[0])).vectorize(lane).unroll(chain_var)
+        partials.update(0).reorder(lane, chain_var, outer).vectorize(lane).unroll(chain_var)
+    return f"in vectors of {lanes} lanes" + (f", {chains} vectors in turn" if chains > 1 else "")
+
+
+# Independent vectors of partial sums a long row reduction keeps (`_lane_partials`), where the
+# row has at least ROW_CHAIN_TERMS vectors per chain. Four hide an add's latency (4 cycles) on
+# the two load ports; eight were slower on a 512x1024 layer norm (0.18 against 0.16 ms).
+ROW_CHAINS, ROW_CHAIN_TERMS = 4, 16
+
+
+def _planned_rvar_extent(info: FuncInfo, plan: _Plan, rvar: str) -> int | None:
+    """The extent of a reduction's variable: its constant, or its tree at the planned sizes;
+    None where neither is known."""
+    k = info.rvars.index(rvar)
+    constant = info.rvar_extents[k] if k < len(info.rvar_extents) else None
+    if constant:
+        return constant
+    known = {name: v[0] for name, v in plan.extents.items() if ".extent." in name}
+    try:
+        return int(evaluate(info.rvar_extent_trees[k], known))
+    except (IndexError, KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
 
 
 def _rvars_by_memory(info: FuncInfo) -> tuple[str, ...]:
@@ -1870,11 +1909,11 @@ def _row_reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan) -> 
     f.compute_at(anchor, xo)
     f.bound_storage(x, block)
     order = _in_memory_order(f, info)
-    _lane_partials(f, info, order[0], lanes)
+    how = _lane_partials(f, info, order[0], lanes, _planned_rvar_extent(info, plan, order[0]))
     for k in range(info.epilogue):
         f.update(1 + k).reorder(x, *outer)
-    return (f"rows in blocks of {block}, the reduction over {order[0]} in vectors of "
-            f"{lanes} lanes" + (f" (its variables reordered, innermost in memory first: "
+    return (f"rows in blocks of {block}, the reduction over {order[0]} {how}"
+            + (f" (its variables reordered, innermost in memory first: "
                                 f"{', '.join(order)})" if order != info.rvars else "")
             + (f"; {(outer[-1] if outer else xo).name()} in parallel" if parallel else ""))
 
