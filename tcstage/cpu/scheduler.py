@@ -1319,18 +1319,22 @@ def _strips(f: hl.Func, info: FuncInfo, plan: _Plan, sweep: bool = False,
     return strip, rows
 
 
-def _tile(extent: int, lanes: int, vectors: int) -> tuple[int, int]:
+def _tile(extent: int, lanes: int, vectors: int, half_is_cheaper: bool) -> tuple[int, int]:
     """(lanes, vectors) for the register tile of a dimension of this extent: no wider than the
     extent, with the least work beyond it (the last tile overlaps the one before it, whose
-    points are computed twice), counting a half-width vector as half the work of a full one
-    (as on AVX-512 and AVX2 machines); the widest of near ties."""
+    points are computed twice), the widest of near ties. A half-width vector counts as half
+    the work of a full one where `half_is_cheaper` (AVX-512: 256-bit multiply-adds issue
+    twice as often as 512-bit ones there), else as a full one (AVX2: 128 and 256 bits issue
+    alike; tbmm's 26-wide rows took 4-lane vectors and ran 3.8x PyTorch's time on an AMD
+    EPYC)."""
     best = None
     for v in (lanes, lanes // 2):
         for n in range(1, vectors + 1):
             width = v * n
             if width > extent or v < 1:
                 continue
-            work = math.ceil(extent / width) * n * max(v, lanes // 2) / extent
+            cost = max(v, lanes // 2) if half_is_cheaper else lanes
+            work = math.ceil(extent / width) * n * cost / extent
             key = (round(work / 0.05), -width)
             if best is None or key < best[0]:
                 best = (key, (v, n))
@@ -1395,7 +1399,8 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
     unroll_taps = at is not None and small_window and None not in info.rvar_extents
     if at is None and not s.register_tile[0] and s.pack_operands:
         p0 = _vector_dim(info, extent, plan.lanes(f.type()))
-    lanes, vectors = _tile(extent[p0], plan.lanes(f.type()), want_vectors)
+    lanes, vectors = _tile(extent[p0], plan.lanes(f.type()), want_vectors,
+                           plan.target.has_feature(hl.TargetFeature.AVX512))
     width = lanes * vectors
     rows = 1
     others = [a for a in info.args if a != p0]
