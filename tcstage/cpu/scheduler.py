@@ -1790,14 +1790,13 @@ ROW_CHAINS, ROW_CHAIN_TERMS = 4, 16
 def _planned_rvar_extent(info: FuncInfo, plan: _Plan, rvar: str) -> int | None:
     """The extent of a reduction's variable: its constant, or its tree at the planned sizes;
     None where neither is known."""
-    k = info.rvars.index(rvar)
-    constant = info.rvar_extents[k] if k < len(info.rvar_extents) else None
-    if constant:
-        return constant
+    k = info.rvars.index(rvar)  # (a reduction's FuncInfo has an extent and a tree per RVar)
+    if info.rvar_extents[k]:
+        return info.rvar_extents[k]
     known = {name: v[0] for name, v in plan.extents.items() if ".extent." in name}
     try:
         return int(evaluate(info.rvar_extent_trees[k], known))
-    except (IndexError, KeyError, TypeError, ValueError, ZeroDivisionError):
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
 
 
