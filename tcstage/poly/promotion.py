@@ -772,9 +772,10 @@ def _tile(footprint: isl.Map | None, context: isl.Set) -> _Tile | None:
 
 def _stride(one: isl.Map) -> int:
     """The stride of the footprint's single output dimension: 1 unless every element lies on
-    one residue. isl's stride detection crashes (in its simple hull, with the isl islpy 2026.2 bundles) on some unions of
-    basic maps whose existentials differ, so it only sees a footprint that coalesces into one;
-    a union keeps stride 1, which is always a correct (if larger) buffer."""
+    one residue. isl's stride detection (in the isl islpy 2026.2 bundles) crashes in its simple
+    hull on some unions of basic maps whose existentials differ (Halide fuzz seed 952801), so
+    it only sees a footprint that coalesces into one; a union keeps stride 1, which is always
+    a correct (if larger) buffer."""
     if one.n_basic_map() > 1:
         one = one.coalesce()
         if one.n_basic_map() > 1:
