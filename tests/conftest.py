@@ -62,7 +62,6 @@ SLOW = {
     "test_halide_ports.py::test_port": 0,
     "test_halide_apps.py::test_algorithm_matches_reference": 3,
     # (the apps ported for issue 27, after the first nine, in the slow step)
-    "test_halide_apps.py::test_manual_cpu_schedule_matches_reference": 9,
     "test_halide_apps.py::test_manual_gpu_schedule_lowers_for_cuda": 9,
     "test_halide_apps.py::test_manual_cpu_schedule_matches_reference": 3,
     "test_halide_pipelines.py::test_halide_intrinsics": 0,
