@@ -51,11 +51,21 @@ class NotScheduled(TCError):
     """The pipeline has a Func the structure-aware scheduler has no family for."""
 
 
+class RoundedRows(Exception):
+    """The schedule wants reduction `func`'s loop over `rvar` (a Halide RVar name) run to a
+    multiple of `lanes`: the caller lowers the pipeline again so (`lower`'s `rounded`) and
+    schedules the new Funcs. Raised only where `schedule_pipeline` was told it may be."""
+
+    def __init__(self, func: str, rvar: str, lanes: int):
+        super().__init__(f"{func}: round {rvar} up to a multiple of {lanes}")
+        self.func, self.rvar, self.lanes = func, rvar, lanes
+
+
 def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
                       images: Mapping[str, hl.ImageParam | hl.Func], schedule: CpuSchedule,
                       target: hl.Target, extents: Mapping[str, tuple[int, ...]], threads: int,
                       no_row_vectors=frozenset(), stencils: bool = False,
-                      align: bool = True
+                      align: bool = True, round_rows: bool = False
                       ) -> tuple[list[hl.Func], list[str], tuple]:
     """Schedules the pipeline computing `outputs`. `funcs`: every Func it defines, by name (the
     others it reads are inputs' wrapper Funcs); `images`: by input name, the ImageParams behind
@@ -71,11 +81,12 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
     (`_stencil_schedule`) instead of every Func computed once. `align`: a Func that reads by
     phases of its columns is computed over whole groups of vectors (see `_phases`), which may
     reach past an input that no boundary condition clamps (Halide then refuses the call
-    before it computes anything; plan again without)."""
+    before it computes anything; plan again without). `round_rows`: the caller can lower a
+    reduction again with its loop rounded up (`RoundedRows`, raised where that pays)."""
     structure = analyse(outputs, set(funcs))
     output_names = [f.name() for f in outputs]
     realized = list(outputs)
-    plan = _Plan(schedule, target, extents, threads, no_row_vectors, align)
+    plan = _Plan(schedule, target, extents, threads, no_row_vectors, align, round_rows)
     if stencils and all(f.family in ("pointwise", "other") or f.window for f in structure.funcs):
         report, by_columns = _stencil_schedule(structure, funcs, set(output_names), plan)
         held = _hold_channels(outputs, plan, by_columns)
@@ -403,9 +414,22 @@ def _recomputed_by_readers(structure, f: FuncInfo) -> bool:
     gradients of the scale and of the variance and in d_xc: recomputed, its pass and store
     went (512x1024: 0.45 -> 0.35 ms, ad hoc)."""
     readers = structure.readers.get(f.name, frozenset())
-    if not _cheap_value(f) or not 0 < len(readers) <= CHEAP_READERS:
+    if not _cheap_value(f) or not 0 < len(readers) <= CHEAP_READERS or \
+            _bounded_view(structure, f):
         return False
     return all(all(a[0] == "var" for a in r.args) for _, r in _read_sites(structure, f.name))
+
+
+def _bounded_view(structure, f: FuncInfo) -> bool:
+    """Whether Func f reads through a boundary condition (Halide's Func of one, outside the
+    pipeline's: an input padded with `??`, or for a rounded loop): inlined, its reader's
+    vectors would load clamped lanes one by one wherever Halide cannot prove them inside."""
+    def boundary(name):  # (an input's own Func holds its name; a wrapper's, another Func or
+        value = structure.inputs.get(name, "")  # the condition of its select)
+        return name in structure.inputs and (not isinstance(value, str) or
+                                             value in structure.inputs)
+
+    return f.view and any(boundary(r.func) for r in f.reads)
 
 
 def _read_sites(structure, name: str) -> list:
@@ -443,9 +467,10 @@ class _Tiles:
 
 class _Plan:
     def __init__(self, schedule: CpuSchedule, target: hl.Target, extents, threads: int,
-                 no_row_vectors=frozenset(), align: bool = True):
+                 no_row_vectors=frozenset(), align: bool = True, round_rows: bool = False):
         self.schedule, self.target, self.extents, self.threads = \
             schedule, target, dict(extents), threads
+        self.round_rows = round_rows  # (see schedule_pipeline)
         self.no_row_vectors = no_row_vectors
         self.tiles: dict[str, _Tiles] = {}  # reduction -> its register tiles
         self.loops_kept: set[str] = set()  # reductions whose outer loops others are computed
@@ -1382,6 +1407,13 @@ def _reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan, funcs, 
         q = None if _along_rows(info, p0, p1, r0) or p1 is None or short or taps < 1 else \
             _tap_rows(info, r0, taps, rows_of)
         if q is not None:
+            # (a row of whole vectors: a masked last one kept the tile's partial sums in
+            # memory, with masked loads and stores, for the whole loop: a 8x16x32x32 3x3
+            # weight gradient's 30-wide rows on AVX2, 2.7 ms; 0.9 rounded up to 32)
+            lanes = plan.lanes(f.type())
+            planned = _planned_rvar_extent(info, plan, r0)
+            if plan.round_rows and planned and planned % lanes:
+                raise RoundedRows(info.name, r0, lanes)
             return _tap_tiles(f, anchor, info, plan, q, taps, rows_of(q))
         return _row_reduction(f, anchor, info, plan)
     want_vectors, want_rows = s.register_tile

@@ -36,7 +36,7 @@ import ml_dtypes
 import numpy as np
 
 from tcstage.cpu.options import CpuSchedule
-from tcstage.cpu.scheduler import NotScheduled, schedule_pipeline
+from tcstage.cpu.scheduler import NotScheduled, RoundedRows, schedule_pipeline
 from tcstage.errors import TCArgumentError, TCError, warn
 from tcstage.halide.lower import HALIDE_FAILURES, Lowered, lower, scalar_argument, storage_type
 from tcstage.halide import aot
@@ -239,9 +239,10 @@ class CpuKernel:
         lines += [f"  {line}" for line in main.report]
         return "\n".join(lines)
 
-    def _fresh(self) -> Lowered:
-        """New Funcs (a schedule, even a failed attempt, changes the Funcs it is applied to)."""
-        return lower(self.fn, self.ranges, dict(self.ranges.scalars), cpu=True)
+    def _fresh(self, rounded=None) -> Lowered:
+        """New Funcs (a schedule, even a failed attempt, changes the Funcs it is applied to);
+        `rounded`: see `lower`."""
+        return lower(self.fn, self.ranges, dict(self.ranges.scalars), cpu=True, rounded=rounded)
 
     def _unscheduled_pipeline(self) -> _Compiled:
         """Halide's unscheduled code (a schedule only makes the code fast), compiled once."""
@@ -264,13 +265,15 @@ class CpuKernel:
             # under a let, in a softmax gradient): the Func it names goes without, then (an
             # error naming none) every Func does.
             no_row_vectors: set | None = set()
+            rounded: dict[tuple[str, str], int] = {}  # (see `lower`)
+            round_rows = True
             while True:
                 try:
                     self._bound_params(lowered, estimates)
                     realized, report, _ = schedule_pipeline(
                         lowered.outputs, _funcs_by_name(lowered), _images(lowered), schedule,
                         self.target, _func_extents(lowered, estimates), os.cpu_count() or 1,
-                        no_row_vectors=no_row_vectors)
+                        no_row_vectors=no_row_vectors, round_rows=round_rows)
                     # (an update left to Halide's default, as a gradient's final negation of
                     # a row sum in softmax's: Halide warned of it on stderr at every compile)
                     quiet_unscheduled_updates(_funcs_by_name(lowered).values())
@@ -279,10 +282,18 @@ class CpuKernel:
                            no_row_vectors is None, os.cpu_count())
                     return _Compiled(lowered, _jit(hl.Pipeline(realized), lowered, self.target,
                                                    key),
-                                     schedule, dict(estimates), report=tuple(report))
+                                     schedule, dict(estimates),
+                                     report=_noting_rounded(report, rounded))
                 except NotScheduled as e:
                     reason = e.message
                     break
+                except RoundedRows as e:
+                    key = _rounded_key(lowered, e.func, e.rvar)
+                    if key is None or key in rounded:  # (a bug: scheduled without, then)
+                        round_rows = False
+                    else:
+                        rounded[key] = e.lanes
+                    lowered = self._fresh(rounded)
                 except HALIDE_FAILURES as e:
                     reason = (f"the structured schedule failed ({_halide_message(e)}; a bug in "
                               "tcstage)")
@@ -299,7 +310,7 @@ class CpuKernel:
                         no_row_vectors.add(tensor)
                     else:
                         no_row_vectors = None
-                    lowered = self._fresh()
+                    lowered = self._fresh(rounded)
             self._fallback_note = reason
             note = f"{reason}; {FALLBACK_AUTOSCHEDULER} scheduled it"
             lowered, schedule = self._fresh(), FALLBACK_AUTOSCHEDULER
@@ -506,6 +517,8 @@ def _func_extents(lowered: Lowered, values: Mapping[str, int]) -> dict[str, tupl
             extents[v.func.name()] = tuple(reversed(tensors.get(name, ())))
     for name, f in zip(lowered.fn.outputs, lowered.outputs):
         extents.setdefault(f.name(), tuple(reversed(tensors.get(name, ()))))
+    for pad in lowered.pads:  # (an input's padded Func, `T_padded`: about the input's extents)
+        extents[pad.name()] = tuple(reversed(tensors.get(pad.name().rsplit("_padded", 1)[0], ())))
     # (and each input's, by the names Halide's trees give them, `A.extent.0`: a reduction's
     # extent is often an input's, as a matrix product's K)
     for name, p in lowered.params.items():
@@ -590,6 +603,24 @@ def _funcs_by_name(lowered: Lowered) -> dict[str, hl.Func]:
     found = {v.func.name(): v.func for vs in lowered.versions.values() for v in vs}
     found.update({f.name(): f for f in (*lowered.outputs, *lowered.pads)})
     return found
+
+
+def _noting_rounded(report, rounded: Mapping[tuple[str, str], int]) -> tuple[str, ...]:
+    """The scheduler's lines, each rounded reduction's saying so."""
+    def note(line):
+        tensor = line.split(":")[0].split("$")[0]
+        return "".join(f"; its sum over {v} runs to a multiple of {m} (whole vectors, adding "
+                       f"nothing past {v}'s range)" for (t, v), m in rounded.items() if t == tensor)
+    return tuple(line + note(line) for line in report)
+
+
+def _rounded_key(lowered: Lowered, func: str, rvar: str) -> tuple[str, str] | None:
+    """(tensor, TC reduction index) of a Func's RVar, as `lower`'s `rounded` names it."""
+    tensor = lowered.halide_names().get(func)
+    for st, names in zip(lowered.fn.statements, lowered.var_names):
+        if st.tensor == tensor and rvar in names:
+            return tensor, names[rvar]
+    return None
 
 
 def _images(lowered: Lowered) -> dict[str, hl.ImageParam]:

@@ -29,7 +29,9 @@ the same way by Halide itself.
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -139,10 +141,11 @@ class Lowered:
 
 
 def lower(fn: C.Function, ranges: FunctionRanges, scalars: Mapping[str, int] | None = None,
-          cpu: bool = False) -> Lowered:
+          cpu: bool = False, rounded: Mapping[tuple[str, str], int] | None = None) -> Lowered:
     """The Halide Funcs of `fn`. `cpu`: for the CPU back end alone, whose builtins may take
     forms Halide vectorises there but the CUDA printer would not print as CUDA's own functions
-    (exprs.to_halide's `cpu`)."""
+    (exprs.to_halide's `cpu`). `rounded`: (tensor, reduction index) -> a multiple its loop
+    runs to (the CPU scheduler's request, `RoundedRows`; see `_lower_statement`)."""
     scalars = dict(scalars or {})
     params, symbols = {}, {}
     for t in fn.inputs:
@@ -190,7 +193,9 @@ def lower(fn: C.Function, ranges: FunctionRanges, scalars: Mapping[str, int] | N
         try:
             rdom_names, reads = _lower_statement(fn, st, sr, ranges, params, inout_params,
                                                  funcs, symbols, partial, fresh, cpu, pads,
-                                                 folded)
+                                                 folded, {v: m for (t, v), m in
+                                                          (rounded or {}).items()
+                                                          if t == st.tensor})
         except HALIDE_FAILURES as e:
             raise TCError(f"internal error lowering '{fn.name}' to Halide, at statement "
                           f"{n + 1}: {str(e).strip()}", st.span) from e
@@ -334,7 +339,8 @@ def _combine(op: str, a: hl.Expr, b: hl.Expr) -> hl.Expr:
 
 def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, inout_params,
                      funcs, symbols, partial: list[str], fresh: bool, cpu: bool = False,
-                     pads: dict | None = None, folded: bool = False
+                     pads: dict | None = None, folded: bool = False,
+                     rounded: Mapping[str, int] | None = None
                      ) -> tuple[dict[str, str], frozenset]:
     """Adds the statement's definitions to its tensor's Func (`fresh`: a Func without
     definitions yet). Left-hand variables that cover the whole tensor stay pure (parallel)
@@ -342,8 +348,17 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
     Halide names of its RDom variables -> their TC names, and the tensors it reads. `pads`:
     the padded inputs' Funcs by (tensor, padding value), shared by the statements (CPU).
     `folded` (`_folds`): the statement's value is combined into a new Func's pure definition
-    with the tensor's value so far (funcs[tensor] becomes that Func)."""
+    with the tensor's value so far (funcs[tensor] becomes that Func).
+    `rounded`: reduction index -> m, for a reduction over the whole tensor: its loop runs to
+    the next multiple of m, adding the identity past its range (a select: a blend per term,
+    which Halide's loop partitioning kept in the full vectors too, `likely` or not). There
+    it reads inputs through their padded Funcs (as `T(...) ?? 0`), dense buffers the scheduler
+    computes, and other tensors with their subscripts clamped (lanes gathered). The CPU
+    scheduler vectorises that loop by m lanes: its last vector then needs no mask, and masked
+    stores of a tile's partial sums had kept them in memory for the whole loop."""
     tensor = fn.tensors[st.tensor]
+    rounded = {v: m for v, m in (rounded or {}).items() if v in st.reduction_vars} \
+        if fresh and not partial and st.init and not st.scatter and not folded else {}
     pads = {} if pads is None else pads
     if cpu:
         st = attrs.evolve(st, rhs=_reciprocals(st.rhs, _inner_indices(st)))
@@ -357,8 +372,8 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
     names: dict[str, hl.Expr] = dict(symbols)
     lhs_rdom = _rdom([sr.ranges[v] for v in partial], tree, f"{st.tensor}_lhs") if partial else None
     rvars = [v for v in st.reduction_vars]
-    full_rdom = _rdom([sr.ranges[v] for v in partial + rvars], tree, f"{st.tensor}_r") \
-        if partial or rvars else None
+    full_rdom = _rdom([sr.ranges[v] for v in partial + rvars], tree, f"{st.tensor}_r",
+                      [rounded.get(v, 1) for v in partial + rvars]) if partial or rvars else None
     lhs_args = []
     for k, v in enumerate(st.indices):
         if v in partial:
@@ -388,6 +403,11 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
     def read(r: C.Read, args: list[hl.Expr], padded_dims=None) -> hl.Expr:
         """`padded_dims`: for the read of a `??`, the dimensions it tests (and clamps)."""
         b = ranges.tensors[r.tensor]
+        past = {k for k, a in enumerate(r.args) if C.free_vars(a) & rounded.keys()}
+        if past and padded_dims is None:  # (a rounded loop reads past the tensor's end)
+            if pads_on_cpu(r):
+                return padded_input(r, args, constant(0, fn.tensors[r.tensor].type))
+            padded_dims = past
         n = numbers.get(id(r))
         # (a read of the tensor written, at the point written, is inside it wherever the write
         # is: never clamped, and Halide refuses a self-reference whose pure variables moved)
@@ -416,38 +436,45 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
     def dim(d: C.DimOf) -> hl.Expr:
         return tree(ranges.tensors[d.tensor].extents[d.dim])
 
+    def pads_on_cpu(r: C.Read) -> bool:
+        return cpu and r.tensor in params and fn.tensors[r.tensor].type.is_float and \
+            not any(map(C.has_read, r.args))
+
+    def padded_input(r: C.Read, args: list[hl.Expr], value: hl.Expr) -> hl.Expr:
+        """A read of input r.tensor's padded Func (one per tensor and value, however many
+        statements read it)."""
+        b = ranges.tensors[r.tensor]
+        source = params[r.tensor]
+        key = (r.tensor, str(solver.simplify(value)))
+        if key not in pads:
+            exterior = hl.BoundaryConditions.constant_exterior(
+                source, hl.cast(source.type(), value), _halide_order(
+                    [hl.Range(tree(b.mins[k]), tree(b.extents[k])) for k in range(len(r.args))]))
+            pad = pads[key] = hl.Func(f"{r.tensor}_padded")  # (a name for reports)
+            dims = [hl.Var(f"{r.tensor}_{d}") for d in reversed(range(len(r.args)))]
+            pad[dims] = exterior[dims]
+        pad = pads[key]
+        read_tensors[pad.name()] = r.tensor
+        return _load(pad[_halide_order([_simplified(x, variables) for x in args])],
+                     fn.tensors[r.tensor].type)
+
     def padded(p: C.Padded, args: list[hl.Expr], value: hl.Expr) -> hl.Expr:
         """`T(args) ?? value`: on the CPU, for an input and a constant value, a read of T's
         padded Func; else Halide's constant_exterior spelled as the select it makes (a
         guarded read of T with its subscripts clamped into T), so that the Func reads T
         itself and the polyhedral model sees the guard."""
         b = ranges.tensors[p.read.tensor]
-        if cpu and p.read.tensor in params and fn.tensors[p.read.tensor].type.is_float and \
-                not any(map(C.has_read, p.read.args)) and \
-                not solver.tree_vars(solver.simplify(value)) and \
+        if pads_on_cpu(p.read) and not solver.tree_vars(solver.simplify(value)) and \
                 not solver.read_names(solver.simplify(value)):
             # On the CPU, a padded input is a Func of its own (Halide's constant_exterior):
             # the scheduler can compute it once, dense, and the reader's loops then load
             # vectors without a select and clamped (gathered) lanes per element (a padded
             # convolution ran 8x slower than the same one without `??`).
-            source = params[p.read.tensor]
-            key = (p.read.tensor, str(solver.simplify(value)))
-            if key not in pads:  # (one padded copy however many statements read it)
-                exterior = hl.BoundaryConditions.constant_exterior(
-                    source, hl.cast(source.type(), value), _halide_order(
-                        [hl.Range(tree(b.mins[k]), tree(b.extents[k]))
-                         for k in range(len(p.read.args))]))
-                pad = pads[key] = hl.Func(f"{p.read.tensor}_padded")  # (a name for reports)
-                dims = [hl.Var(f"{p.read.tensor}_{d}")
-                        for d in reversed(range(len(p.read.args)))]
-                pad[dims] = exterior[dims]
-            pad = pads[key]
-            read_tensors[pad.name()] = p.read.tensor
-            return _load(pad[_halide_order([_simplified(x, variables) for x in args])],
-                         fn.tensors[p.read.tensor].type)
+            return padded_input(p.read, args, value)
         tested, inside = set(), None
         for k, (a, x) in enumerate(zip(p.read.args, args)):
-            if isinstance(a, C.IndexVar) and _covers(sr.ranges[a.name], b.mins[k], b.extents[k]):
+            if isinstance(a, C.IndexVar) and a.name not in rounded and \
+                    _covers(sr.ranges[a.name], b.mins[k], b.extents[k]):
                 continue  # (`n` over exactly T's dimension: never outside it)
             x = _simplified(x, variables)
             lo, end = tree(b.mins[k]), tree(simplify_tree(("add", b.mins[k], b.extents[k])))
@@ -475,6 +502,10 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
     if dead:
         read_tensors.clear()
         rhs = to_halide(st.rhs, names, read=read, dim=dim, padded=padded, cpu=cpu)
+    if rounded:
+        inside = [names[v] <= tree(sr.ranges[v].hi) for v in rounded]
+        rhs = hl.select(functools.reduce(operator.and_, inside), rhs,
+                        hl.cast(rhs.type(), _identity(st.reduction, tensor.type)))
     if st.scatter:  # written where its subscripts say: clamped into the tensor (an index
         # out of range is undefined in TC, and must not make Halide allocate its whole type)
         b = ranges.tensors[st.tensor]
@@ -565,8 +596,12 @@ def _with_multiplicity(op: str, rdom: hl.RDom, rhs: hl.Expr, lhs_args) -> hl.Exp
     return hl.cast(rhs.type(), power if rhs.type().is_float() else hl.round(power))
 
 
-def _rdom(rs: list[Range], tree, name: str) -> hl.RDom:
-    return hl.RDom([hl.Range(tree(r.lo), tree(r.hi) - tree(r.lo) + 1) for r in rs], name)
+def _rdom(rs: list[Range], tree, name: str, multiples=()) -> hl.RDom:
+    """`multiples`: per range, a multiple its extent is rounded up to (1: none)."""
+    extents = [tree(r.hi) - tree(r.lo) + 1 for r in rs]
+    extents = [e if m == 1 else (e + (m - 1)) // m * m
+               for e, m in zip(extents, multiples or [1] * len(rs))]
+    return hl.RDom([hl.Range(tree(r.lo), e) for r, e in zip(rs, extents)], name)
 
 
 def _clamp(x: hl.Expr, lo: Tree, extent: Tree, tree) -> hl.Expr:
