@@ -517,8 +517,11 @@ def _func_extents(lowered: Lowered, values: Mapping[str, int]) -> dict[str, tupl
             extents[v.func.name()] = tuple(reversed(tensors.get(name, ())))
     for name, f in zip(lowered.fn.outputs, lowered.outputs):
         extents.setdefault(f.name(), tuple(reversed(tensors.get(name, ()))))
-    for pad in lowered.pads:  # (an input's padded Func, `T_padded`: about the input's extents)
-        extents[pad.name()] = tuple(reversed(tensors.get(pad.name().rsplit("_padded", 1)[0], ())))
+    for pad in lowered.pads:  # (an input's padded Func: about the input's extents, the
+        tensor, stride = lowered.pad_strides[pad.name()]  # innermost split by phase)
+        inner, *outer = reversed(tensors.get(tensor, (1,)))
+        extents[pad.name()] = (inner,) + tuple(outer) if stride == 1 else \
+            (-(-inner // stride), stride, *outer)
     # (and each input's, by the names Halide's trees give them, `A.extent.0`: a reduction's
     # extent is often an input's, as a matrix product's K)
     for name, p in lowered.params.items():

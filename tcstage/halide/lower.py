@@ -87,6 +87,8 @@ class Lowered:
     var_names: list
     versions: dict  # defined tensor name -> its Versions, oldest first (the last: funcs[name])
     pads: tuple = ()  # CPU: the Funcs of padded inputs (`T(...) ?? 0`), Halide's constant_exterior
+    pad_strides: dict = attrs.Factory(dict)  # pad Func name -> (input, the stride it is split
+    #                                           by: `_lower_statement`'s `padded_input`)
 
     def definitions(self, tensor: str) -> list[dict]:
         """The tensor's definitions as plain data (`_native.func_definitions`), in program
@@ -171,7 +173,7 @@ def lower(fn: C.Function, ranges: FunctionRanges, scalars: Mapping[str, int] | N
             for k, d in enumerate(t.dims):
                 symbols[d] = p.dim(t.rank - 1 - k).extent()
     funcs: dict[str, hl.Func] = {}
-    pads: dict[tuple, hl.Func] = {}  # (tensor, padding value) -> its padded Func
+    pads: dict[tuple, hl.Func] = {}  # (tensor, padding value, stride) -> its padded Func
     versions: dict[str, list[Version]] = {}
     listed: dict[str, int] = {}  # tensor -> its definitions in `order` so far
     read_by_others: set[str] = set()  # tensors whose current Func another Func reads
@@ -215,7 +217,8 @@ def lower(fn: C.Function, ranges: FunctionRanges, scalars: Mapping[str, int] | N
             f = view
         outputs.append(f)
     return Lowered(fn, ranges, params, inout_params, funcs, outputs, order, var_names,
-                   versions, tuple(pads.values()))
+                   versions, tuple(pads.values()),
+                   {f.name(): (t, stride) for (t, _, stride), f in pads.items()})
 
 
 def _folds(st: C.Statement, partial: list[str], func: hl.Func) -> bool:
@@ -404,9 +407,11 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
         """`padded_dims`: for the read of a `??`, the dimensions it tests (and clamps)."""
         b = ranges.tensors[r.tensor]
         past = {k for k, a in enumerate(r.args) if C.free_vars(a) & rounded.keys()}
-        if past and padded_dims is None:  # (a rounded loop reads past the tensor's end)
-            if pads_on_cpu(r):
-                return padded_input(r, args, constant(0, fn.tensors[r.tensor].type))
+        if padded_dims is None and pads_on_cpu(r) and \
+                (past or st.reduction_vars and _stride(args[-1], variables)):
+            # (a rounded loop reads past the tensor's end; a reduction reads it by a stride)
+            return padded_input(r, args, constant(0, fn.tensors[r.tensor].type))
+        if past and padded_dims is None:
             padded_dims = past
         n = numbers.get(id(r))
         # (a read of the tensor written, at the point written, is inside it wherever the write
@@ -441,22 +446,39 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
             not any(map(C.has_read, r.args))
 
     def padded_input(r: C.Read, args: list[hl.Expr], value: hl.Expr) -> hl.Expr:
-        """A read of input r.tensor's padded Func (one per tensor and value, however many
-        statements read it)."""
+        """A read of input r.tensor's padded Func (one per tensor, value and stride, however
+        many statements read it). Read by a stride s in its innermost subscript, `2*w + kw - 1`
+        (a strided convolution, its weight gradient), the Func holds the input split by
+        phase, P(x, p, ...) = T(s*x + p, ...) (innermost first), read at (w + (kw - 1) / s,
+        (kw - 1) % s): each phase contiguous, where a vector of the strided read cost s loads
+        and the shuffles that deinterleave them, at every read."""
         b = ranges.tensors[r.tensor]
         source = params[r.tensor]
-        key = (r.tensor, str(solver.simplify(value)))
+        args = [_simplified(x, variables) for x in args]
+        strided = _stride(args[-1], variables) if st.reduction_vars else None
+        stride = strided[1] if strided else 1
+        key = (r.tensor, str(solver.simplify(value)), stride)
         if key not in pads:
             exterior = hl.BoundaryConditions.constant_exterior(
                 source, hl.cast(source.type(), value), _halide_order(
                     [hl.Range(tree(b.mins[k]), tree(b.extents[k])) for k in range(len(r.args))]))
-            pad = pads[key] = hl.Func(f"{r.tensor}_padded")  # (a name for reports)
+            # (names for reports)
+            pad = pads[key] = hl.Func(f"{r.tensor}_padded" if stride == 1 else
+                                      f"{r.tensor}_phases")
             dims = [hl.Var(f"{r.tensor}_{d}") for d in reversed(range(len(r.args)))]
-            pad[dims] = exterior[dims]
+            if stride == 1:
+                pad[dims] = exterior[dims]
+            else:
+                phase = hl.Var(f"{r.tensor}_phase")
+                pad[[dims[0], phase, *dims[1:]]] = exterior[[dims[0] * stride + phase, *dims[1:]]]
         pad = pads[key]
         read_tensors[pad.name()] = r.tensor
-        return _load(pad[_halide_order([_simplified(x, variables) for x in args])],
-                     fn.tensors[r.tensor].type)
+        if stride > 1:
+            v, s = strided
+            rest = _simplified(args[-1] - v * s, variables)
+            args = [*args[:-1], _simplified(rest % s, variables),
+                    _simplified(v + rest // s, variables)]
+        return _load(pad[_halide_order(args)], fn.tensors[r.tensor].type)
 
     def padded(p: C.Padded, args: list[hl.Expr], value: hl.Expr) -> hl.Expr:
         """`T(args) ?? value`: on the CPU, for an input and a constant value, a read of T's
@@ -594,6 +616,29 @@ def _with_multiplicity(op: str, rdom: hl.RDom, rhs: hl.Expr, lhs_args) -> hl.Exp
         return rhs * hl.cast(rhs.type(), count)
     power = hl.pow(hl.cast(hl.Float(64), rhs), hl.cast(hl.Float(64), count))
     return hl.cast(rhs.type(), power if rhs.type().is_float() else hl.round(power))
+
+
+def _stride(x: hl.Expr, variables: Mapping[str, hl.Expr]) -> tuple[hl.Expr, int] | None:
+    """(v, s) where subscript x is s * v + terms without v, for an index variable v and a
+    constant s >= 2 (`2*w + kw - 1`); None for any other subscript."""
+    def coefficients(t) -> dict | None:  # (of an affine tree's variables; None: not affine)
+        match t:
+            case ("var", name):
+                return {name: 1}
+            case ("add" | "sub", a, b):
+                ca, cb = coefficients(a), coefficients(b)
+                if ca is None or cb is None:
+                    return None
+                sign = 1 if t[0] == "add" else -1
+                return {v: ca.get(v, 0) + sign * cb.get(v, 0) for v in ca.keys() | cb.keys()}
+            case ("mul", a, ("int", k)) | ("mul", ("int", k), a):
+                ca = coefficients(a)
+                return None if ca is None else {v: k * c for v, c in ca.items()}
+        return {} if not solver.tree_vars(t) else None
+
+    found = coefficients(solver.simplify(x)) or {}
+    strided = [(v, c) for v, c in found.items() if v in variables and c >= 2]
+    return (variables[strided[0][0]], strided[0][1]) if len(strided) == 1 else None
 
 
 def _rdom(rs: list[Range], tree, name: str, multiples=()) -> hl.RDom:
