@@ -332,6 +332,37 @@ def test_strided_convolutions_read_their_input_by_phase(stride, pad):
     assert fn.compile_count <= 2, fn.compile_count
     for text in fn.explain(I, Wt), grad.explain(I, Wt, O, dO):
         assert re.search(r"I_phases\S*: pointwise", text), text
+    # (the input gradient's phases sum `cond ? x : 0` over 2x2 taps where 3x3 have 9: only
+    # where the condition holds, those taps' loops outermost)
+    assert re.search(r"d_I_phases\S*: reduction \(add\) over [^,]+, [^,]+, \S+ where its "
+                     r"condition holds", grad.explain(I, Wt, O, dO))
+
+
+PREDICATED = [
+    # (a condition on a variable the value does not use: Halide would drop it with the loop)
+    ("def f(float(N) A) -> (O) { O(i) +=! k < 3 ? A(i) : 0 where k in 0:5 }",
+     lambda A: 3 * A, False),
+    ("def f(float(N) A) -> (O) { O(i) +=! k <= i ? A(k) : 0 where k in 0:N, i in 0:N }",
+     np.cumsum, True),
+    ("def f(float(N,C) A) -> (O) { O(n) +=! c < n ? A(n,c) : 0 }",
+     lambda A: np.array([A[n, :n].sum() for n in range(A.shape[0])]), True),
+    ("def f(float(N,C) A, float(C,M) B) -> (O) { O(n,m) +=! c <= m ? A(n,c) * B(c,m) : 0 }",
+     lambda A, B: A @ np.triu(B), True),
+]
+
+
+@pytest.mark.parametrize("source, reference, skips", PREDICATED)
+def test_a_sum_of_a_condition_skips_the_points_where_it_fails(source, reference, skips):
+    """`O +=! cond ? x : 0` with a condition that reads nothing sums x where cond holds (an
+    RDom predicate): a prefix sum, a row sum of a triangle, a product with a triangular
+    matrix, each planned at one size and called at another, against numpy."""
+    fn = define(source)
+    for sizes in [(37, 41, 23), (9, 5, 17)]:
+        args = [f32(sizes[0])] if "float(N) A" in source else \
+            [f32(sizes[0], sizes[1])] + ([f32(sizes[1], sizes[2])] if "B" in source else [])
+        want = reference(*[a.astype(np.float64) for a in args])
+        np.testing.assert_allclose(call(fn, *args), want, rtol=1e-5, atol=1e-5)
+    assert ("where its condition holds" in fn.explain(*args)) == skips, fn.explain(*args)
 
 
 GCONV = """def gconv(float(N,G,C,H,W) I, float(G,F,C,KH,KW) W1) -> (O) {

@@ -77,6 +77,8 @@ class FuncInfo:
     #                                                  innermost first
     rvar_extent_trees: tuple = ()  # a reduction: its RVars' extents as trees (an input's
     #                                extent, `A.extent.0`, where not constant)
+    predicated: tuple[str, ...] = ()  # a reduction: the RVars its predicate (the points it
+    #                                   skips) mentions, innermost first
 
     @property
     def contraction(self) -> bool:
@@ -157,8 +159,10 @@ def _classify(d: dict) -> FuncInfo:
                         operations=sum(map(_operations, values)),
                         calls=sum(map(_calls, values)))
     first, rest = updates[0], updates[1:]
+    # (a predicate that reads nothing only skips points: the phases of a strided
+    # convolution's input gradient, `lower`'s `cond ? x : 0`)
     if (first["rvars"] and tuple(first["args"]) == pure_args
-            and first["predicate"] == ("int", True) and all(in_place(u) for u in rest)
+            and not _reads_of(first["predicate"]) and all(in_place(u) for u in rest)
             and len(first["values"]) == 1):
         value = first["values"][0]
         operator = _combining(value, ("read", name, pure_args))
@@ -167,7 +171,9 @@ def _classify(d: dict) -> FuncInfo:
         return FuncInfo(name, args, "reduction", tuple(rv[0] for rv in first["rvars"]),
                         extents, reads, len(rest), operator, epilogue_reads=tuple(
                             r for u in rest for r in _reads(u) if r.func != name),
-                        rvar_extent_trees=tuple(rv[2] for rv in first["rvars"]))
+                        rvar_extent_trees=tuple(rv[2] for rv in first["rvars"]),
+                        predicated=tuple(rv[0] for rv in first["rvars"]
+                                         if rv[0] in variables(first["predicate"])))
     # A scatter or a scan: its updates may still write each point of some pure variables at
     # that point alone (a histogram per row: `h(bin(r, y), y) += 1` along y)
     # (Halide makes every read of the Func itself in them keep that point too)

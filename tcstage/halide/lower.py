@@ -517,6 +517,25 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
         tensor.type.is_float
     if negated:
         st = attrs.evolve(st, rhs=st.rhs.operand)
+    # A sum of `cond ? x : 0` whose condition reads nothing (the phases of a strided
+    # convolution's input gradient: `(yp + 1) % 2 + 2 * jkh < KH && ... ? ... : 0`) sums x
+    # where cond holds, the RDom's predicate (CPU only: the polyhedral model takes the
+    # select): Halide skips those points, where the select computed and discarded them (7 of
+    # the 16 taps of a 3x3 stride-2 gradient's phases).
+    predicate = None
+    if cpu and fresh and not partial and not folded and st.init and st.reduction == "+" and \
+            not st.scatter and isinstance(st.rhs, C.Select) and not C.has_read(st.rhs.cond) \
+            and isinstance(st.rhs.other, C.Const) and st.rhs.other.value == 0 and \
+            C.free_vars(st.rhs.cond) & set(st.reduction_vars):
+        predicate = to_halide(st.rhs.cond, names, read=read, dim=dim, padded=padded, cpu=cpu)
+        then = to_halide(st.rhs.then, names, read=read, dim=dim, padded=padded, cpu=cpu)
+        # (Halide loops over the RVars the value mentions, and drops a predicate's others)
+        if solver.tree_vars(solver.simplify(predicate)) & {full_rdom[k].name() for k in range(
+                full_rdom.dimensions())} <= solver.tree_vars(solver.simplify(then)):
+            full_rdom.where(predicate)
+            st = attrs.evolve(st, rhs=st.rhs.then)
+        else:
+            predicate = None
     rhs = to_halide(st.rhs, names, read=read, dim=dim, padded=padded, cpu=cpu)
     # (a read of the statement's own Func stays: it is no other Func's bounds, and without it
     # Halide warns on stderr that the update hides the earlier definitions, O0() = O0 * 0)
@@ -536,7 +555,8 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
                     _simplified(to_halide(a, names, read=read, dim=dim, padded=padded, cpu=cpu), variables)
                     for k, a in enumerate(st.scatter)]
     if full_rdom is not None and st.reduction is not None:
-        rhs = _with_multiplicity(st.reduction, full_rdom, rhs, lhs_args)
+        rhs = _with_multiplicity(st.reduction, full_rdom, rhs,
+                                 lhs_args + ([predicate] if predicate is not None else []))
     lhs = _halide_order(lhs_args)
     pure_lhs = _halide_order(pure)
     if folded:
