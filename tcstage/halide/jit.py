@@ -41,7 +41,7 @@ from tcstage.errors import TCArgumentError, TCError, warn
 from tcstage.halide.lower import HALIDE_FAILURES, Lowered, lower, scalar_argument, storage_type
 from tcstage.halide import aot
 from tcstage.halide.solver import evaluate
-from tcstage.halide.stderr import narrow_float_notes_dropped
+from tcstage.halide.stderr import halide_notes_dropped
 
 AUTOSCHEDULERS = ("Mullapudi2016", "Adams2019", "Li2018")
 # tcstage's own structure-aware scheduler (tcstage/cpu/): CpuSchedule() with every parameter
@@ -546,7 +546,7 @@ def _jit(pipeline: hl.Pipeline, lowered: Lowered, target: hl.Target, key: tuple)
                 repr(lowered.fn), sorted(lowered.ranges.scalars), *key))
         return pipeline.compile_to_callable(arguments, target)
     if any(t.type.is_float and t.type.bits == 16 for t in lowered.fn.tensors.values()):
-        with narrow_float_notes_dropped():
+        with halide_notes_dropped():
             return compiled()
     return compiled()
 

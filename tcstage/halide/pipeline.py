@@ -46,7 +46,7 @@ import numpy as np
 from tcstage.errors import TCArgumentError, TCError, warn
 from tcstage.halide import _native
 from tcstage.halide.exprs import halide_type
-from tcstage.halide.stderr import narrow_float_notes_dropped
+from tcstage.halide.stderr import halide_notes_dropped
 from tcstage.cpu.options import CpuSchedule
 from tcstage.cpu.scheduler import (NotScheduled, downsamples, plan_stencils,
                                    schedule_pipeline)
@@ -733,10 +733,8 @@ class HalideFunction:
 
     def _jit(self, outputs: list, target) -> hl.Callable:
         pipeline = hl.Pipeline(outputs)
-        if any(t.is_float() and t.bits() == 16 for f in outputs for t in f.types()):
-            with narrow_float_notes_dropped():
-                return pipeline.compile_to_callable(self._callable_arguments, target)
-        return pipeline.compile_to_callable(self._callable_arguments, target)
+        with halide_notes_dropped():  # (the stencil family's line buffers: see the module)
+            return pipeline.compile_to_callable(self._callable_arguments, target)
 
     def _jit_or_error(self, outputs: list, target) -> hl.Callable:
         try:
