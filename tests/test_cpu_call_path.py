@@ -127,6 +127,22 @@ def test_outputs_aligned_to_64_bytes_only_are_written_correctly(monkeypatch):
     np.testing.assert_allclose(Y, E / E.sum(1, keepdims=True), rtol=1e-5)
 
 
+@pytest.mark.parametrize("shape, dtype", [((4,), "f4"), ((3, 5, 7), "f8"), ((), "f4"),
+                                          ((0, 3), "i4"), ((2, 3), "u1"), ((1000,), "f2")])
+def test_aligned_outputs_are_fresh_writable_c_order_arrays_on_64_bytes(shape, dtype):
+    """aligned_empty (every numpy output) takes its address from `_native.address`, whose
+    value numpy's own `ctypes.data` must agree with; empty and 0-dimensional shapes too."""
+    from tcstage.halide import _native
+    from tcstage.halide.jit import aligned_empty
+    arrays = [aligned_empty(shape, dtype) for _ in range(3)]
+    for a in arrays:
+        assert a.shape == shape and a.dtype == np.dtype(dtype)
+        assert a.flags.c_contiguous and a.flags.writeable and a.flags.aligned
+        assert _native.address(a) == a.ctypes.data and a.ctypes.data % 64 == 0
+        a[...] = 7
+    assert all(np.all(a == 7) for a in arrays)  # (no two share memory)
+
+
 def test_a_failed_prepared_run_falls_back_to_the_full_run():
     """A nonzero status from the prepared call leaves the call to the full run, which gives the
     result (or, for a real failure, says what failed)."""

@@ -1234,6 +1234,10 @@ Other Halide node types raise ValueError naming the node type.
           "A halide.Func's definitions as plain data: {'name', 'args' (pure argument\n"
           "names, innermost first), 'definitions': [{'kind': 'pure'|'update', 'args',\n"
           "'values', 'predicate' (trees), 'rvars': ((name, min, extent), ...)}]}.");
+    m.def("address", [](const py::array &a) { return reinterpret_cast<std::uintptr_t>(a.data()); },
+          py::arg("array"),
+          "The address of a numpy array's first element (numpy's own ways, `ctypes.data` and "
+          "`__array_interface__`, cost microseconds).");
     m.def("call_argv", &py_call_argv, py::arg("entry"), py::arg("args"), py::arg("kinds"),
           py::arg("mins"),
           "Run a compiled pipeline's `<name>_argv` entry point (its address) on numpy arrays\n"
