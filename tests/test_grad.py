@@ -149,6 +149,13 @@ LAYERS = {
   T1(kh) = 1.0 - O0(kh, kh)
   O0(q, j) += fmin(1.0, T1(j))
 }""", "f", dict(C=(4, 4))),
+    # (a sum onto a minimum, a version of its own that fmax reads: its recompute in the
+    # backward accumulated onto nothing, an invalid TC; gradient fuzz seed 972344, minimised)
+    "accumulated_onto_a_minimum_fuzz_972344": ("""def f(float(L, L) A, float(L) Y) -> (O0) {
+  O0() min=! Y(i)
+  O0() += A(l, l)
+  O0() = fmax(O0(), 0.5)
+}""", "f", dict(A=(4, 4), Y=(4,))),
     # (the backward's d_I0 starts as `= 0` and accumulates d_T0, itself started as `= 0`:
     # the type checker learned int32 for d_I0 from d_T0's provisional type, and the gradient
     # was truncated; gradient fuzz seed 971074, minimised)

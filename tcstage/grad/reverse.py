@@ -789,10 +789,13 @@ class _Generator:
         return sorted(out)
 
     def starts_from_prev(self, n: int) -> bool:
-        """Whether statement n overwrites part of its tensor only, so that its version keeps
-        the previous version's values elsewhere."""
+        """Whether statement n starts a version from the previous version's values: it
+        overwrites part of its tensor only (the rest keeps them), or it accumulates onto them
+        (`O() += ...` after `O() min=! ...`, a version of its own: its recompute started
+        from nothing, an invalid backward TC; gradient fuzz seed 972344)."""
         v = self.version_of[n]
-        return v.kind == "overwrite" and v.statements[0] == n and not self.covers(n)
+        return v.statements[0] == n and (v.kind == "accumulate" or
+                                         v.kind == "overwrite" and not self.covers(n))
 
     def assemble(self, recompute: list[int], d_inputs: dict) -> Backward:
         fn = self.fn
