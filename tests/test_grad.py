@@ -156,6 +156,12 @@ LAYERS = {
   O0() += A(l, l)
   O0() = fmax(O0(), 0.5)
 }""", "f", dict(A=(4, 4), Y=(4,))),
+    # (two subscripts alike, `2*v + q`: once q was solved from the first, v's coefficient in
+    # the second was `2 - 2`, unfolded, and the gradient divided by it, `% (2 - 2)`, a wrong
+    # value; now folded to 0, it scatters; gradient fuzz seed 972998, minimised)
+    "repeated_strided_subscripts_fuzz_972998": ("""def f(float(S, R) I0) -> (O0) {
+  O0(q) +=! I0(2 * v + q, 2 * v + q) where q in 0:3
+}""", "f", dict(I0=(6, 8))),
     # (the backward's d_I0 starts as `= 0` and accumulates d_T0, itself started as `= 0`:
     # the type checker learned int32 for d_I0 from d_T0's provisional type, and the gradient
     # was truncated; gradient fuzz seed 971074, minimised)
