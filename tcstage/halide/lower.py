@@ -532,7 +532,7 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
     # the 16 taps of a 3x3 stride-2 gradient's phases). Not where the condition tests the
     # innermost output index, which the CPU schedules vectorise: a predicate on it masks
     # every vector (a 2x2 max pooling's gradient ran 2x slower so, 0.3 -> 0.6-0.7 ms).
-    predicate = None
+    predicate, rhs = None, None
     if cpu and fresh and not partial and not folded and st.init and st.reduction == "+" and \
             not st.scatter and isinstance(st.rhs, C.Select) and not C.has_read(st.rhs.cond) \
             and isinstance(st.rhs.other, C.Const) and st.rhs.other.value == 0 and \
@@ -544,10 +544,11 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
         if solver.tree_vars(solver.simplify(predicate)) & {full_rdom[k].name() for k in range(
                 full_rdom.dimensions())} <= solver.tree_vars(solver.simplify(then)):
             full_rdom.where(predicate)
-            st = attrs.evolve(st, rhs=st.rhs.then)
+            st, rhs = attrs.evolve(st, rhs=st.rhs.then), then
         else:
             predicate = None
-    rhs = to_halide(st.rhs, names, read=read, dim=dim, padded=padded, cpu=cpu)
+    if rhs is None:
+        rhs = to_halide(st.rhs, names, read=read, dim=dim, padded=padded, cpu=cpu)
     # (a read of the statement's own Func stays: it is no other Func's bounds, and without it
     # Halide warns on stderr that the update hides the earlier definitions, O0() = O0 * 0)
     dead = frozenset(read_tensors) - solver.read_names(solver.simplify(rhs)) - {func.name()}
