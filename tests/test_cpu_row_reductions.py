@@ -292,7 +292,96 @@ def test_group_norm_sums_its_groups_in_memory_order(shape):
                      - xhat * (dxhat * xhat).mean(axes, keepdims=True))
     np.testing.assert_allclose(dX, want_dX, rtol=1e-3, atol=1e-4)
     text = grad.explain(X, gamma, beta, want.astype(np.float32), dY)
-    assert "note:" not in text and "reordered, innermost in memory first" in text, text
+    assert "note:" not in text, text
+    lines = {line.split(":")[0].strip().split("$")[0]: line for line in text.splitlines()[1:]}
+    for name in ("d_Gamma", "d_Beta"):  # (summed by blocks of rows, with d_X: _column_partials)
+        assert re.search(rf"each block's {name}\S*_intm\S* computed with d_X\S*'s rows "
+                         rf"\((the sum over |innermost in memory first: ){name}_r\$z",
+                         lines[name]), text
+
+
+@pytest.mark.parametrize("n, c", [(1, 1), (7, 13), (67, 33), (130, 1001)])
+def test_a_layer_norm_gradient_sums_its_columns_with_its_rows(n, c):
+    """d_G(c) +=! d_Y(n,c) * rsqrt(var(n) + 1e-05) * xc(n,c) and d_Bt(c) +=! d_Y(n,c) sum over
+    the rows that d_X's row pipeline computes: each block of rows is summed in that pipeline's
+    loop (Halide's rfactor and compute_with), the last block short where the rows are not a
+    multiple of it, then the blocks; where they were a pass of their own, the variance was
+    one too. The three gradients against numpy in float64."""
+    X, G, B, dY = f32(n, c), f32(c), f32(c) + 1, f32(c, n).T.copy()
+    grad = tc.define(tc.gradient(LAYERS, "layernorm")).layernorm_grad
+    Y = _layernorm(X.astype(np.float64), G, B).astype(np.float32)
+    dX, dG, dB = grad(X, G, B, Y, dY)
+    X64, dY64 = X.astype(np.float64), dY.astype(np.float64)
+    xc = X64 - X64.mean(1, keepdims=True)
+    inv = 1 / np.sqrt((xc * xc).mean(1, keepdims=True) + 1e-5)
+    xhat, dxhat = xc * inv, dY64 * G
+    np.testing.assert_allclose(dB, dY64.sum(0), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dG, (dY64 * xhat).sum(0), rtol=1e-4, atol=1e-4)
+    want = inv * (dxhat - dxhat.mean(1, keepdims=True)
+                  - xhat * (dxhat * xhat).mean(1, keepdims=True))
+    np.testing.assert_allclose(dX, want, rtol=1e-3, atol=2e-4)
+    text = grad.explain(X, G, B, Y, dY)
+    assert "note:" not in text and "a fused row pipeline" in text, text
+    for name in ("d_G", "d_Bt"):
+        assert re.search(rf"\n  {name}(\$\d+)?: reduction \(add\) over {name}_r\$x, by blocks "
+                         rf"of {name}_r\$x: each block's {name}\S*_intm\S* computed with d_X",
+                         text), text
+
+
+COLUMNS = """def columns(float(N,C) X, float(N,C) D) -> (Y, CM, CS, W) {
+  m(n) max=! X(n,c)
+  e(n,c) = exp(X(n,c) - m(n))
+  s(n) +=! e(n,c)
+  Y(n,c) = e(n,c) / s(n)
+  CM(c) max=! e(n,c) * D(n,c)
+  CS(c) +=! D(n,c) / s(n)
+  W(c,k) +=! X(n,c) * D(n,k)
+}"""
+
+
+@pytest.mark.parametrize("n, c", [(1, 3), (37, 20), (200, 64)])
+def test_column_maxima_and_sums_of_a_row_pipeline_are_computed_with_it(n, c):
+    """Beside a softmax's rows, a column maximum of its exponentials and a column sum of D
+    divided by its row sums are computed per block of its rows; a contraction over the rows
+    (W, a linear layer's weight gradient) is not, and neither is a column sum of the output
+    itself (Halide fuses only loops that do not depend on each other). Against numpy."""
+    X, D = f32(n, c), f32(c, n).T.copy()
+    f = tc.define(COLUMNS).columns
+    Y, CM, CS, W = f(X, D)
+    X64, D64 = X.astype(np.float64), D.astype(np.float64)
+    e = np.exp(X64 - X64.max(1, keepdims=True))
+    s = e.sum(1, keepdims=True)
+    np.testing.assert_allclose(Y, e / s, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(CM, (e * D64).max(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(CS, (D64 / s).sum(0), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(W, X64.T @ D64, rtol=1e-4, atol=1e-4)
+    text = f.explain(X, D)
+    assert "note:" not in text and "a fused row pipeline" in text, text
+    lines = {line.split(":")[0].strip().split("$")[0]: line for line in text.splitlines()[1:]}
+    assert "by blocks of CM_r$x" in lines["CM"] and "by blocks of CS_r$x" in lines["CS"], text
+    assert "by blocks" not in lines["W"], text
+
+
+def test_a_failure_to_sum_columns_with_the_rows_falls_back_to_a_pass_of_their_own(monkeypatch):
+    """Where Halide refused the column sums inside the row pipeline (a bug in tcstage), the
+    pipeline is scheduled again without them, not left to an autoscheduler: the results stay
+    right and the row pipeline stays."""
+    from tcstage.cpu import scheduler
+
+    def refused(*args, **kwargs):
+        raise hl.HalideError("Invalid compute_with (simulated)")
+    monkeypatch.setattr(scheduler, "_column_partials", refused)
+    X, G, B, dY = f32(29, 24), f32(24), f32(24), f32(29, 24)
+    grad = tc.define(tc.gradient(LAYERS, "layernorm")).layernorm_grad
+    _, dG, dB = grad(X, G, B, dY, dY)
+    X64, dY64 = X.astype(np.float64), dY.astype(np.float64)
+    xc = X64 - X64.mean(1, keepdims=True)
+    np.testing.assert_allclose(dB, dY64.sum(0), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dG, (dY64 * xc / np.sqrt((xc * xc).mean(1, keepdims=True) + 1e-5)
+                                    ).sum(0), rtol=1e-4, atol=1e-4)
+    text = grad.explain(X, G, B, dY, dY)
+    assert "note:" not in text and "a fused row pipeline" in text and "by blocks" not in text, \
+        text
 
 
 def test_a_weight_gradient_sums_along_memory_in_vectors():

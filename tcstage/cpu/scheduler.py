@@ -65,7 +65,7 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
                       images: Mapping[str, hl.ImageParam | hl.Func], schedule: CpuSchedule,
                       target: hl.Target, extents: Mapping[str, tuple[int, ...]], threads: int,
                       no_row_vectors=frozenset(), stencils: bool = False,
-                      align: bool = True, round_rows: bool = False
+                      align: bool = True, round_rows: bool = False, columns: bool = True
                       ) -> tuple[list[hl.Func], list[str], tuple]:
     """Schedules the pipeline computing `outputs`. `funcs`: every Func it defines, by name (the
     others it reads are inputs' wrapper Funcs); `images`: by input name, the ImageParams behind
@@ -82,11 +82,12 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
     phases of its columns is computed over whole groups of vectors (see `_phases`), which may
     reach past an input that no boundary condition clamps (Halide then refuses the call
     before it computes anything; plan again without). `round_rows`: the caller can lower a
-    reduction again with its loop rounded up (`RoundedRows`, raised where that pays)."""
+    reduction again with its loop rounded up (`RoundedRows`, raised where that pays).
+    `columns`: a row pipeline's column sums are computed with its rows (`_column_partials`)."""
     structure = analyse(outputs, set(funcs))
     output_names = [f.name() for f in outputs]
     realized = list(outputs)
-    plan = _Plan(schedule, target, extents, threads, no_row_vectors, align, round_rows)
+    plan = _Plan(schedule, target, extents, threads, no_row_vectors, align, round_rows, columns)
     if stencils and all(f.family in ("pointwise", "other") or f.window for f in structure.funcs):
         report, by_columns = _stencil_schedule(structure, funcs, set(output_names), plan)
         held = _hold_channels(outputs, plan, by_columns)
@@ -98,12 +99,17 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
         raise NotScheduled(f"no CPU schedule family for {', '.join(others)} (partial writes, "
                            "scatters and several reductions into one tensor have none in a "
                            "Halide pipeline with reductions)")
-    group = _row_group(structure, output_names)
+    group = _row_group(structure, output_names, plan.extents) if plan.columns else \
+        _row_group(structure, output_names, {})
     report, fused = [], frozenset()
     if group is not None:
-        row_output, fused = group
+        row_output, fused, columns = group
         k = output_names.index(row_output)
         realized[k], report = _fused_rows(_restricted(structure, fused), funcs, outputs[k], plan)
+        for name, rvar in columns:
+            report.append(f"{name}: " + _column_partials(
+                funcs[name], structure.info(name), rvar, plan, set(funcs)))
+        fused |= {name for name, _ in columns}
         if len(fused) == len(structure.funcs):
             return realized, report, ()
     inputs = {f: images[n] for f, n in structure.inputs.items() if n in images}
@@ -274,15 +280,17 @@ def _row_local(structure, output: str) -> bool:
     return True
 
 
-def _row_group(structure, outputs: list[str]) -> tuple[str, frozenset] | None:
-    """(An output, the Funcs computed per block of its rows) where a row pipeline
-    (`_row_local`) serves part or all of the pipeline: the output with the largest group of
-    row-local producers that nothing outside the group reads. The others are scheduled as
-    usual, computed once, before: a layer norm's gradient fuses d_X's statements per block of
-    rows, while the centred input and variance that its column sums d_Gamma, d_Beta read too
-    are computed once. None where no output has a group of two Funcs or more."""
+def _row_group(structure, outputs: list[str], extents
+               ) -> tuple[str, frozenset, tuple[tuple[str, str], ...]] | None:
+    """(An output, the Funcs computed per block of its rows, the column sums computed with
+    them) where a row pipeline (`_row_local`) serves part or all of the pipeline: the output
+    with the largest group of row-local producers that nothing outside the group reads but
+    its column sums (`_column_sums`). The others are scheduled as usual, computed once,
+    before: without its column sums, a layer norm's gradient fused d_X's statements per block
+    of rows while the variance that d_Gamma reads too was computed once, a pass of its own.
+    None where no output has a group of two Funcs or more."""
     if len(outputs) == 1:
-        return (outputs[0], frozenset(f.name for f in structure.funcs)) \
+        return (outputs[0], frozenset(f.name for f in structure.funcs), ()) \
             if _row_local(structure, outputs[0]) else None
     computed = {f.name for f in structure.funcs}
     best = None
@@ -295,17 +303,61 @@ def _row_group(structure, outputs: list[str]) -> tuple[str, frozenset] | None:
             group.add(name)
             info = structure.info(name)
             todo += [r.func for r in info.reads + info.epilogue_reads if r.func in computed]
+        columns = _column_sums(structure, output, group, extents)
         changed = True
         while changed:  # (what a Func outside the group reads is computed before the group)
             changed = False
             for name in sorted(group - {output}):
-                if name in outputs or structure.readers.get(name, frozenset()) - group:
+                if name in outputs or structure.readers.get(name, frozenset()) - group - \
+                        {c for c, _ in columns}:
                     group.discard(name)
                     changed = True
+            kept = _column_sums(structure, output, group, extents, columns)
+            changed |= kept != columns
+            columns = kept
         if len(group) >= 2 and _row_local(_restricted(structure, group), output) and \
-                (best is None or len(group) > len(best[1])):
-            best = (output, frozenset(group))
+                (best is None or len(group) + len(columns) > len(best[1]) + len(best[2])):
+            best = (output, frozenset(group), columns)
     return best
+
+
+def _column_sums(structure, output: str, group: set[str], extents, candidates=None
+                 ) -> tuple[tuple[str, str], ...]:
+    """(Func, RVar) for each reduction outside `group` that sums (or takes the maximum or
+    minimum of) values of the group's rows along one of its RVars, the row: it reads each
+    Func of the group at that RVar alone as its outermost subscript (whole rows, as the group
+    computes them) but not the output (Halide's compute_with fuses only independent loops),
+    or reads no computed Func but an input the group reads too, and its RVar
+    spans the output's rows at the planned sizes (`extents`). A layer norm's `d_Gamma(c) +=!
+    d_Y(n, c) * xc(n, c) * rsqrt(var(n) + eps)` summed over n, and `d_Beta(c) +=! d_Y(n, c)`.
+    `_column_partials` sums each block of rows with the group (Halide's rfactor) while its
+    rows are in cache, where a pass of its own read d_Y and X again and made the variance a
+    pass too. Not a contraction (a linear layer's weight gradient), which takes register
+    tiles. `candidates`: (Func, RVar) pairs to check, instead of every reduction."""
+    if candidates is None:
+        candidates = [(f.name, r) for f in structure.funcs for r in f.rvars]
+    computed = {f.name for f in structure.funcs}
+    out = structure.info(output)
+    rows = (extents.get(output) or (None,))[-1] if out.args else None
+    group_inputs = {r.func for g in group for r in structure.info(g).reads
+                    if r.func not in computed}
+    found = []
+    for name, rvar in candidates:
+        f = structure.info(name)
+        if name in group or f.family != "reduction" or f.contraction or f.epilogue or \
+                f.predicated or f.operator not in ("add", "max", "min") or rows is None or \
+                rvar not in f.rvars or _planned_extent(f, extents, rvar) != rows:
+            continue
+        inner = [r for r in f.reads if r.func in computed]
+        if any(r.func not in group or r.func == output or r.args[-1] != ("var", rvar) or
+               r.dims_using(rvar) != (len(r.args) - 1,) or
+               len(r.args) != len(structure.info(r.func).args) for r in inner):
+            continue
+        if not inner and not any(r.func in group_inputs and r.args and
+                                 r.args[-1] == ("var", rvar) for r in f.reads):
+            continue
+        found.append((name, rvar))
+    return tuple(found)
 
 
 def _fused_rows(structure, funcs, output: hl.Func, plan: _Plan) -> tuple[hl.Func, list[str]]:
@@ -325,6 +377,7 @@ def _fused_rows(structure, funcs, output: hl.Func, plan: _Plan) -> tuple[hl.Func
     n, no, ni = hl.Var(info.args[-1]), hl.Var(f"{info.args[-1]}_o"), hl.Var(f"{info.args[-1]}_i")
     anchor.compute_root()
     anchor.split(n, no, ni, block, hl.TailStrategy.GuardWithIf)
+    plan.row_blocks = (anchor, no.name(), block)
     if plan.schedule.parallel_outer:
         anchor.parallel(no)
     lanes = plan.lanes(output.types()[0])
@@ -351,7 +404,7 @@ def _fused_rows(structure, funcs, output: hl.Func, plan: _Plan) -> tuple[hl.Func
             inner = order[0]
             vectorized = plan.row_vectors(f.name) and not func.type().is_bfloat() and \
                 (f.rvar_extents[f.rvars.index(inner)] or 1 << 20) >= lanes
-            how = _lane_partials(func, f, inner, lanes, _planned_rvar_extent(f, plan, inner)) \
+            how = _lane_partials(func, f, inner, lanes, plan) \
                 if vectorized else ""
             report.append(f"{f.name}: reduction ({f.operator}) over {', '.join(order)}"
                           + (" (reordered: innermost in memory first)" if order != f.rvars
@@ -370,6 +423,55 @@ def _fused_rows(structure, funcs, output: hl.Func, plan: _Plan) -> tuple[hl.Func
                           + f", {where}"
                           + (f", {f.args[0]} in vectors of {lanes}" if vectorized else ""))
     return anchor, report
+
+
+def _column_partials(f: hl.Func, info: FuncInfo, rvar: str, plan: _Plan, defined) -> str:
+    """A column sum of a row pipeline (`_column_sums`) split by Halide's rfactor: its partial
+    results per block of the pipeline's rows, P(..., b), computed in the pipeline's loop over
+    the blocks (Halide's compute_with), after the block's rows; then f folds P over the
+    blocks (a few values per point). The partial sum's loop over the block's rows and the
+    others is vectorised as a row reduction's (`_lane_partials`) where an RVar indexes the
+    innermost subscript (group norm's w), else along f's innermost variable, the rows outside
+    it (layer norm's c: each row of the block added as vectors). Returns what it did."""
+    anchor, blocks, block = plan.row_blocks
+    outer, inner = hl.RVar(f"{rvar}_o"), hl.RVar(f"{rvar}_i")
+    f.update(0).split(hl.RVar(rvar), outer, inner, block, hl.TailStrategy.GuardWithIf)
+    # (named as the pipeline's loop over blocks: compute_with pairs loops by their names)
+    partial = f.update(0).rfactor(outer, hl.Var(blocks))
+    own = analyse([partial], set(defined) | {partial.name()}).info(partial.name())
+    lanes = plan.lanes(f.types()[0])
+    extents = plan.extents.get(info.name) or (1,) * len(info.args)
+    across = bool(info.args) and extents[0] >= lanes  # (vectors along f's innermost variable)
+    x = _vars(info.args[:1])
+    partial.compute_root()
+    order = _rvars_by_memory(own)
+    extent = _planned_extent(info, plan.extents, order[0]) if order[0] in info.rvars else None
+    # (Halide's rfactor wraps the partial's subscripts in promise_clamped: dims_using)
+    in_rows = any(r.dims_using(order[0]) == (0,) for r in own.reads)
+    by_rows = bool(info.args) and any(r.dims_using(info.args[0]) == (0,) for r in own.reads)
+    if plan.row_vectors(info.name) and in_rows and (extent or 0) >= lanes:
+        _in_memory_order(partial, own)
+        how = f"the sum over {order[0]} {_lane_partials(partial, own, order[0], lanes, plan)}"
+    elif by_rows:  # (a row of f's values: each of the block's rows folded into it, as vectors)
+        partial.update(0).reorder(*_vars(own.args[:-1]), *[hl.RVar(r) for r in own.rvars],
+                                  hl.Var(blocks))
+        how = "row by row, in place" + (f", {info.args[0]} in vectors of {lanes}"
+                                        if across else "")
+    else:
+        how = f"innermost in memory first: {', '.join(_in_memory_order(partial, own))}"
+    for k, stage in enumerate((partial, partial.update(0))):
+        if across and (k == 0 or by_rows):
+            stage.vectorize(x[0], lanes, hl.TailStrategy.GuardWithIf)
+        if plan.schedule.parallel_outer:
+            stage.parallel(hl.Var(blocks))
+        stage.compute_with(anchor, hl.Var(blocks))
+    f.compute_root()
+    if across:
+        f.vectorize(x[0], lanes, hl.TailStrategy.GuardWithIf)
+        f.update(0).vectorize(x[0], lanes, hl.TailStrategy.GuardWithIf)
+    return (f"reduction ({info.operator}) over {', '.join(info.rvars)}, by blocks of {rvar}: "
+            f"each block's {partial.name()} computed with {anchor.name()}'s rows ({how}), "
+            f"then {info.name} over the blocks")
 
 
 # A pointwise Func of a row pipeline with at most this many operations and no call is
@@ -470,9 +572,13 @@ class _Tiles:
 
 class _Plan:
     def __init__(self, schedule: CpuSchedule, target: hl.Target, extents, threads: int,
-                 no_row_vectors=frozenset(), align: bool = True, round_rows: bool = False):
+                 no_row_vectors=frozenset(), align: bool = True, round_rows: bool = False,
+                 columns: bool = True):
         self.schedule, self.target, self.extents, self.threads = \
             schedule, target, dict(extents), threads
+        self.columns = columns  # (see schedule_pipeline)
+        self.row_blocks: tuple | None = None  # a row pipeline's (anchor, its loop over
+        #                                       blocks of rows, rows per block): _fused_rows
         self.round_rows = round_rows  # (see schedule_pipeline)
         self.no_row_vectors = no_row_vectors
         self.tiles: dict[str, _Tiles] = {}  # reduction -> its register tiles
@@ -1786,20 +1892,22 @@ def _along_rows(info: FuncInfo, p0: str, p1: str | None, r0: str | None = None) 
                for r in info.reads)
 
 
-def _lane_partials(f: hl.Func, info: FuncInfo, inner: str, lanes: int,
-                   extent: int | None) -> str:
+def _lane_partials(f: hl.Func, info: FuncInfo, inner: str, lanes: int, plan: _Plan) -> str:
     """Vectorises a reduction along its variable `inner`: vectors of `lanes` partial results
     per output point (Halide's rfactor), folded into the point's value once, after the loop.
     Halide's atomic vectorisation instead folds every vector into the value as it goes: a
     horizontal reduction per vector, which made a row maximum of a 512x1024 matrix 15x
     slower (0.75 ms against 0.05). Needs an update Halide can prove associative, as both do.
-    Where `inner` runs for at least ROW_CHAIN_TERMS vectors at the planned sizes (`extent`),
-    ROW_CHAINS vectors of partial sums take turns, folded into one vector after the loop: one
-    vector's adds wait for each other (3-4 cycles each), independent ones overlap (a 512x1024
-    layer norm's mean and variance were a third of its time, bound by that wait). Not for a
+    Where `inner` runs for at least ROW_CHAIN_TERMS vectors at the planned sizes, ROW_CHAINS
+    vectors of partial sums take turns, folded into one vector after the loop: one vector's
+    adds wait for each other (3-4 cycles each), independent ones overlap (a 512x1024 layer
+    norm's mean and variance were a third of its time, bound by that wait). Not for a
     maximum or minimum, whose instruction waits one cycle: there the wider vector only added
-    work (the NaN test on 32 lanes). Returns what it did, for the explanation."""
+    work (the NaN test on 32 lanes). (Chains along the next RVar, where `inner` is short,
+    made group norm's gradient, rows of 16, 15% slower.) Returns what it did, for the
+    explanation."""
     outer, lane_in, lane = hl.RVar(f"{inner}_o"), hl.RVar(f"{inner}_l"), hl.Var(f"{info.name}_lane")
+    extent = _planned_extent(info, plan.extents, inner)
     chains = ROW_CHAINS if info.operator == "add" and extent is not None and \
         extent >= lanes * ROW_CHAIN_TERMS else 1
     f.update(0).split(hl.RVar(inner), outer, lane_in, lanes * chains, hl.TailStrategy.GuardWithIf)
@@ -1829,10 +1937,15 @@ ROW_CHAINS, ROW_CHAIN_TERMS = 4, 16
 def _planned_rvar_extent(info: FuncInfo, plan: _Plan, rvar: str) -> int | None:
     """The extent of a reduction's variable: its constant, or its tree at the planned sizes;
     None where neither is known."""
+    return _planned_extent(info, plan.extents, rvar)
+
+
+def _planned_extent(info: FuncInfo, extents, rvar: str) -> int | None:
+    """`_planned_rvar_extent` at the planned `extents` (Func name -> extents)."""
     k = info.rvars.index(rvar)  # (a reduction's FuncInfo has an extent and a tree per RVar)
     if info.rvar_extents[k]:
         return info.rvar_extents[k]
-    known = {name: v[0] for name, v in plan.extents.items() if ".extent." in name}
+    known = {name: v[0] for name, v in extents.items() if ".extent." in name}
     try:
         return int(evaluate(info.rvar_extent_trees[k], known))
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
@@ -1955,7 +2068,7 @@ def _row_reduction(f: hl.Func, anchor: hl.Func, info: FuncInfo, plan: _Plan) -> 
     f.compute_at(anchor, xo)
     f.bound_storage(x, block)
     order = _in_memory_order(f, info)
-    how = _lane_partials(f, info, order[0], lanes, _planned_rvar_extent(info, plan, order[0]))
+    how = _lane_partials(f, info, order[0], lanes, plan)
     for k in range(info.epilogue):
         f.update(1 + k).reorder(x, *outer)
     return (f"rows in blocks of {block}, the reduction over {order[0]} {how}"
