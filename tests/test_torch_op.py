@@ -331,6 +331,33 @@ def test_gradients_match_pytorch(mlp1):
         torch.testing.assert_close(t.grad, r.grad)
 
 
+def test_calls_with_parameters_take_the_memoised_path(mlp1, monkeypatch):
+    """nn.Parameters are dense CPU tensors like any other: a call like an earlier one skips
+    the checks and binding (each call with a Parameter took the full path, 40-70 us for a
+    4-element add), recorded by autograd or not, and its gradients reach only the inputs
+    that want one. Against PyTorch's linear + relu."""
+    from tcstage.torch import ops
+    layer = torch.nn.Linear(6, 3)
+    x = torch.randn(5, 6)
+    # (the first call of these shapes, and its backward's, take the full path)
+    mlp1(x, layer.weight, layer.bias).square().sum().backward()
+    full = []
+    monkeypatch.setattr(ops, "_run_cpu", lambda *a: full.append(a))
+    for k in range(3):
+        x = torch.randn(5, 6)
+        with torch.no_grad():
+            torch.testing.assert_close(mlp1(x, layer.weight, layer.bias),
+                                       torch.relu(layer(x)))
+        layer.zero_grad()
+        mlp1(x, layer.weight, layer.bias).square().sum().backward()
+        refs = [p.detach().clone().requires_grad_() for p in (layer.weight, layer.bias)]
+        torch.relu(torch.nn.functional.linear(x, *refs)).square().sum().backward()
+        torch.testing.assert_close(layer.weight.grad, refs[0].grad)
+        torch.testing.assert_close(layer.bias.grad, refs[1].grad)
+        assert x.grad is None
+    assert not full
+
+
 @pytest.mark.parametrize("which", ["tmm", "tbmm", "MLP1"])
 def test_gradcheck_float64(which, tmm, mlp1):
     g = torch.Generator().manual_seed(1)
