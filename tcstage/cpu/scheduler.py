@@ -99,8 +99,7 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
         raise NotScheduled(f"no CPU schedule family for {', '.join(others)} (partial writes, "
                            "scatters and several reductions into one tensor have none in a "
                            "Halide pipeline with reductions)")
-    group = _row_group(structure, output_names, plan.extents) if plan.columns else \
-        _row_group(structure, output_names, {})
+    group = _row_group(structure, output_names, plan.extents if plan.columns else None)
     report, fused = [], frozenset()
     if group is not None:
         row_output, fused, columns = group
@@ -280,7 +279,7 @@ def _row_local(structure, output: str) -> bool:
     return True
 
 
-def _row_group(structure, outputs: list[str], extents
+def _row_group(structure, outputs: list[str], extents=None
                ) -> tuple[str, frozenset, tuple[tuple[str, str], ...]] | None:
     """(An output, the Funcs computed per block of its rows, the column sums computed with
     them) where a row pipeline (`_row_local`) serves part or all of the pipeline: the output
@@ -288,7 +287,8 @@ def _row_group(structure, outputs: list[str], extents
     its column sums (`_column_sums`). The others are scheduled as usual, computed once,
     before: without its column sums, a layer norm's gradient fused d_X's statements per block
     of rows while the variance that d_Gamma reads too was computed once, a pass of its own.
-    None where no output has a group of two Funcs or more."""
+    `extents`: the planned extents (Func name -> extents), which column sums need (None:
+    none). None where no output has a group of two Funcs or more."""
     if len(outputs) == 1:
         return (outputs[0], frozenset(f.name for f in structure.funcs), ()) \
             if _row_local(structure, outputs[0]) else None
@@ -324,16 +324,18 @@ def _row_group(structure, outputs: list[str], extents
 def _column_sums(structure, output: str, group: set[str], extents, candidates=None
                  ) -> tuple[tuple[str, str], ...]:
     """(Func, RVar) for each reduction outside `group` that sums (or takes the maximum or
-    minimum of) values of the group's rows along one of its RVars, the row: it reads each
+    minimum of) values of the group's rows along one of its RVars, the row. It reads each
     Func of the group at that RVar alone as its outermost subscript (whole rows, as the group
     computes them) but not the output (Halide's compute_with fuses only independent loops),
-    or reads no computed Func but an input the group reads too, and its RVar
-    spans the output's rows at the planned sizes (`extents`). A layer norm's `d_Gamma(c) +=!
-    d_Y(n, c) * xc(n, c) * rsqrt(var(n) + eps)` summed over n, and `d_Beta(c) +=! d_Y(n, c)`.
+    or reads no computed Func but an input the group reads too; its RVar spans the output's
+    rows at the planned sizes (`extents`; None: no column sums). A layer norm's `d_Gamma(c)
+    +=! d_Y(n, c) * xc(n, c) * rsqrt(var(n) + eps)` summed over n, and `d_Beta(c) +=! d_Y(n, c)`.
     `_column_partials` sums each block of rows with the group (Halide's rfactor) while its
     rows are in cache, where a pass of its own read d_Y and X again and made the variance a
     pass too. Not a contraction (a linear layer's weight gradient), which takes register
     tiles. `candidates`: (Func, RVar) pairs to check, instead of every reduction."""
+    if extents is None:
+        return ()
     if candidates is None:
         candidates = [(f.name, r) for f in structure.funcs for r in f.rvars]
     computed = {f.name for f in structure.funcs}
