@@ -375,6 +375,23 @@ def test_overwrite_whose_range_depends_on_a_scalar_input():
                     "  O(p) = A(p, s * p + 1)\n}", "f")
 
 
+def test_a_range_that_small_sizes_hide_from_two_trials_of_a_scalar():
+    """`B(s * k)` over a B of 4: k runs over [0, 2) for s = 2 and for s = 3, and two trials
+    took that for independent of s. The output's extent was written as 2 (the backward then
+    refused the forward's output of 4 for s = 1) and a sum over k took half of B (fuzz seed
+    973585). Now trials at s = 1 and 5 tell them apart: the output's extent is a size of
+    its own and d_B is right for every s; the sum over k is refused as documented."""
+    prog = tc.define(tc.gradient("def f(double(4) B, int s) -> (O) { O(k) = B(s * k) }", "f"))
+    B = np.array([0.5, -1.0, 2.0, 0.25])
+    for s in (1, 2, 3):
+        d_O = np.arange(1.0, len(B[::s]) + 1)
+        want = np.zeros(4)
+        want[::s] = d_O
+        np.testing.assert_array_equal(prog.f_grad(B, s, B[::s], d_O), want)
+    with pytest.raises(tc.TCError, match="the range of 'k' depends on the values of scalar"):
+        tc.gradient("def f(double(4) B, int s) -> (O) { O() +=! B(s * k) }", "f")
+
+
 def test_min_reduction_of_a_product_of_three_reads():
     """The backward's test `rhs == O(j, q)` for the selected element rounded the product
     otherwise than the forward's min did (Halide contracts float arithmetic per Func) and missed

@@ -634,10 +634,13 @@ def _with_multiplicity(op: str, rdom: hl.RDom, rhs: hl.Expr, lhs_args) -> hl.Exp
     """Halide loops over only the RDom variables a definition mentions. A reduction variable
     the value no longer mentions (its only read was simplified away: `O() +=! 3 + 0 * W(i)`)
     still counts its points: a sum takes the value that many times, a product to that power
-    (min and max are unchanged)."""
-    used = set(solver.tree_vars(solver.simplify(rhs)))
+    (min and max are unchanged). Mentions as Halide sees them, in the value unsimplified: in
+    `O(i) +=! C(i) + 0 * C(p)` the value keeps `0 * C(p)` (C is read, so the read stays), and
+    Halide loops over p; counted from the simplified value, p's points were counted twice, a
+    sum R^2 times C(i) (gradient fuzz seed 973238)."""
+    used = set(solver.tree_vars(solver.to_tree(rhs)))
     for x in lhs_args:  # (Vars and RVars as Exprs; Exprs as they are)
-        used |= solver.tree_vars(solver.simplify(x if isinstance(x, hl.Expr) else hl.Expr(x)))
+        used |= solver.tree_vars(solver.to_tree(x if isinstance(x, hl.Expr) else hl.Expr(x)))
     missing = [rdom[k] for k in range(rdom.dimensions()) if rdom[k].name() not in used]
     if not missing or op in ("min", "max"):
         return rhs
