@@ -522,3 +522,22 @@ def test_halides_note_on_an_unfolded_line_buffer_stays_out_of_the_output(capsys)
     out, err = capsys.readouterr()
     assert out == "kept\n" and err == ""
     np.testing.assert_array_equal(np.asarray(g.realize([16])), 4 * np.arange(16))
+
+
+def test_an_int32_argmin_is_compared_as_written_on_the_cuda_path():
+    """hl.argmin starts from INT_MAX, and Halide's simplifier may rewrite `v < best` as
+    `0 < best - v`, which overflows from there (Halide takes int32 overflow to be impossible;
+    docs/halide.md): plain Halide with the reduction at the root gets this one wrong. The
+    CUDA path prints the comparison as written: the minimum over the window, against numpy."""
+    x, y = hl.Var("x"), hl.Var("y")
+    image = hl.ImageParam(hl.Int(32), 2, "image")
+    edge = hl.BoundaryConditions.repeat_edge(image)
+    r = hl.RDom([(0, 3)], "r")
+    lowest = hl.Func("lowest")
+    lowest[x, y] = hl.argmin(r, -edge[x, y + r.x])[1]
+    f = tc.from_halide([lowest], name="lowest")
+    a = np.random.default_rng(1).integers(-8, 9, size=(4, 6)).astype(np.int32)
+    want = np.array([[min(-a[min(yy + k, 3), xx] for k in range(3)) for xx in range(6)]
+                     for yy in range(4)])
+    kernel = tc.compile(f, a, output_shape=[(4, 6)], target="cuda-emulated")
+    np.testing.assert_array_equal(kernel(a), want)
