@@ -392,6 +392,21 @@ def test_a_range_that_small_sizes_hide_from_two_trials_of_a_scalar():
         tc.gradient("def f(double(4) B, int s) -> (O) { O() +=! B(s * k) }", "f")
 
 
+def test_an_output_extent_named_by_a_new_size_is_written_as_its_value_in_recomputed_pieces():
+    """O0's extent min(L, 5) (from the diagonal read Z(kh, kh)) is a new size O0_1_2 in the
+    backward's signature. Its recomputed pieces stated `_v in 0:O0_1_2` beside a first piece
+    whose range is min(L, 5), and the piece checker refused the backward as overlapping
+    (gradient fuzz seed 973846); they state min(L, 5) now. Against central differences, at
+    L below and above 5."""
+    src = """def f(double(L, 5) Z, int(L, S) D) -> (O0) {
+  O0(x1, kh, n) = Z(kh, kh) + Z(n, x1)
+  O0(k, _v, p) = D(_v, p)
+  O0(n, q, j) max= 0.5
+}"""
+    for L in (3, 7):
+        check_directional(src, "f", dict(Z=(L, 5), D=(L, 2)), tables=dict(D=4))
+
+
 def test_min_reduction_of_a_product_of_three_reads():
     """The backward's test `rhs == O(j, q)` for the selected element rounded the product
     otherwise than the forward's min did (Halide contracts float arithmetic per Func) and missed

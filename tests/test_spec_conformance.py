@@ -316,3 +316,22 @@ def test_a_literal_start_takes_its_type_from_the_first_decided_statement():
     C, E = f(np.full(3, 0.75, np.float32))
     assert C.dtype == np.float32 and E.dtype == np.float32
     np.testing.assert_array_equal(C, [0, 0, 0])  # (C read D before A was added: 0)
+
+
+def test_a_chain_of_literal_starts_takes_its_types_in_order():
+    """T starts as a literal and sums W times an int C; B starts as a literal and sums T. B
+    is float64 like T: it took T's provisional int32 (both were learned in one pass) and
+    truncated W's values (gradient fuzz seed 973668). Against numpy."""
+    f = tc.define("""def g(double(K) W, double(K) V) -> (B) {
+  C(q) = V(q) > 0 ? 1 : 0
+  T(y) = 0 where y in 0:K
+  T(i) += W(i) * C(i)
+  B(y) = 0 where y in 0:K
+  B(k) += T(k)
+}""").g
+    assert {n: str(t.type) for n, t in f.checked.tensors.items() if n in "CTB"} == \
+        {"C": "int32", "T": "float64", "B": "float64"}
+    W, V = np.array([1.5, 2.5, 3.5]), np.array([1.0, -1.0, 1.0])
+    out = f(W, V)
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(out, W * (V > 0))

@@ -329,6 +329,7 @@ class _Generator:
         self.out_dims: dict[str, list[str]] = {}
         self.dim_notes: list[str] = []
         self.size_values: dict[str, str] = {}  # a new size variable -> its value, as text
+        self.size_exprs: dict[str, C.Expr] = {}  # ... and as an expression
         for name in fn.outputs:
             dims = []
             for d in range(fn.tensors[name].rank):
@@ -346,6 +347,7 @@ class _Generator:
                 if self.same_in_trials(lambda fr: fr.tensors[name].extents[d]):
                     self.dim_notes.append(f"{fresh} = {S.to_tc(_tree_expr(ext))}")
                     self.size_values[fresh] = S.to_tc(_tree_expr(ext))
+                    self.size_exprs[fresh] = _tree_expr(ext)
                 else:
                     self.dim_notes.append(f"{fresh}: the extent of {name}'s dimension {d}")
             self.out_dims[name] = dims
@@ -858,8 +860,17 @@ class _Generator:
         if n is None:  # (a gradient statement, or a copy of a previous version: as it is)
             return st
         stated = {w[0] for w in st.where}
+        # (an output's extent that a new size variable names, `O0_1_2 = min(L, 5)`, is
+        # written as its value: the recomputed pieces of a tensor are checked against each
+        # other's inferred ranges, which know min(L, 5) but not O0_1_2; the backward was
+        # refused as overlapping, gradient fuzz seed 973846)
+        sizes = self.size_exprs
+
+        def value(e: C.Expr) -> C.Expr:
+            return S.rebuild(e, lambda x: sizes.get(x.name) if isinstance(x, C.SizeVar)
+                             else None) if sizes else e
         return attrs.evolve(st, where=st.where + tuple(
-            (v, *self.var_range(n, v)) for v in self.fn.statements[n].variables
+            (v, *map(value, self.var_range(n, v))) for v in self.fn.statements[n].variables
             if v not in stated))
 
 

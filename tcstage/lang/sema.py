@@ -148,7 +148,8 @@ def _check(d: ast.Def, callees: _Callees) -> inline.Callee:
     names, globals_ = inline.def_names(d)
     while True:
         defined, statements, weak_origin, learned = dict(tensors), [], set(), {}
-        tentative: dict[str, ScalarType] = {}  # learned from a read of a provisional type
+        # learned from a read of a provisional type: (the type, the provisional tensors read)
+        tentative: dict[str, tuple[ScalarType, frozenset]] = {}
         derived: set[str] = set()  # typed by a first statement reading a provisional type
         expanded, inlined, used, deferred = [], {}, set(), []
         for written in d.statements:
@@ -177,13 +178,22 @@ def _check(d: ast.Def, callees: _Callees) -> inline.Callee:
                 elif stmt.first_definition and reads & pending:
                     derived.add(tensor.name)
                 elif not checker.weak and tensor.name in weak_origin and tensor.name not in hints:
-                    (tentative if reads & pending else learned).setdefault(
-                        tensor.name, checker.rhs_type)
+                    if reads & pending:
+                        tentative.setdefault(tensor.name, (checker.rhs_type,
+                                                           frozenset(reads & pending)))
+                    else:
+                        learned.setdefault(tensor.name, checker.rhs_type)
                 defined[tensor.name] = tensor
                 statements.append(stmt)
                 expanded.append(s)
         if not learned:
-            learned = {t: ty for t, ty in tentative.items() if t not in hints}
+            # (one tensor at a time along a chain: `B(k) += T(k)` waits while T's own type is
+            # tentative too, else B took T's provisional int32 for good and truncated W's
+            # doubles that T sums, gradient fuzz seed 973668; a cycle takes them all)
+            open_ = {t for t in tentative if t not in hints}
+            learned = {t: ty for t, (ty, via) in tentative.items()
+                       if t in open_ and not via & (open_ - {t})} or \
+                {t: ty for t, (ty, _) in tentative.items() if t in open_}
         if not learned:
             if deferred:  # a call's argument whose type no later statement changed
                 raise deferred[0]
