@@ -190,10 +190,10 @@ def _check(d: ast.Def, callees: _Callees) -> inline.Callee:
             # (one tensor at a time along a chain: `B(k) += T(k)` waits while T's own type is
             # tentative too, else B took T's provisional int32 for good and truncated W's
             # doubles that T sums, gradient fuzz seed 973668; a cycle takes them all)
-            open_ = {t for t in tentative if t not in hints}
+            undecided = {t for t in tentative if t not in hints}
             learned = {t: ty for t, (ty, via) in tentative.items()
-                       if t in open_ and not via & (open_ - {t})} or \
-                {t: ty for t, (ty, _) in tentative.items() if t in open_}
+                       if t in undecided and not via & (undecided - {t})} or \
+                {t: ty for t, (ty, _) in tentative.items() if t in undecided}
         if not learned:
             if deferred:  # a call's argument whose type no later statement changed
                 raise deferred[0]
