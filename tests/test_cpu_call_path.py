@@ -246,3 +246,15 @@ def test_a_float_for_an_integer_scalar_is_refused_on_every_call():
     for _ in range(2):
         with pytest.raises(tc.TCArgumentError, match="scalar input k of 'shift' is int32"):
             f(A, 2.0)
+
+
+def test_a_last_dimension_of_one_with_any_stride_is_taken():
+    """numpy calls `c[:, None]` C-contiguous though its last stride is 0; Halide refused it
+    (its innermost stride must be 1). Both calls, the full one and the memoised one, give
+    numpy's result."""
+    f = tc.define("def colsum(float(K, 1) A) -> (O) { O(j) +=! A(k, j) }").colsum
+    c = np.arange(5, dtype=np.float32)
+    column = c[:, None]
+    assert column.flags.c_contiguous and column.strides[-1] == 0
+    for _ in range(2):
+        np.testing.assert_array_equal(f(column), [c.sum()])

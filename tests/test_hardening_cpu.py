@@ -425,18 +425,22 @@ def test_reduction_variable_whose_read_simplifies_away_still_counts(target):
     """`0 * W(i,i,i)` simplifies away the only read of i; Halide then looped over no i, and
     `O() +=! 3 + 0 * W(i,i,i)` gave 3 instead of 3 L (fuzz seed 675 of the scatter campaign).
     Where the tensor is read elsewhere (`C(i) + 0 * C(p)`) the read stays and Halide loops
-    over p: p's points were counted twice, R^2 C(i) (gradient fuzz seed 973238)."""
+    over p: p's points were counted twice, R^2 C(i) (gradient fuzz seed 973238). Where one
+    index is read (k) and another's read folds away (X(i) into a dimension of 1), Halide loops
+    over both: i's points were counted twice too (seed 974618)."""
     src = """def f(int(L,L,L) W) -> (O) { O() +=! 3 + 0 * W(i,i,i) }
 def g(int(L,L,L) W) -> (O) { O() *=! 3 + 0 * W(i,i,i) }
 def h(float(N) X, float(M) Y) -> (O) { O(i) +=! X(i) + 0 * Y(k) }
 def m(float(N) X, float(M) Y) -> (O) { O(i) max=! X(i) + 0 * Y(k) }
 def s(double(R) C) -> (O) { O(i) +=! C(i) + 0 * C(p) }
-def p(double(R) C) -> (O) { O(i) *=! C(p) < C(p) ? C(p) : C(i) }"""
+def p(double(R) C) -> (O) { O(i) *=! C(p) < C(p) ? C(p) : C(i) }
+def u(double(K, 1) A, int(M) X) -> (O) { O() +=! A(k, X(i)) }"""
     prog = tc.define(src)
     w, x, y = np.ones((4, 4, 4), np.int32), np.arange(3, dtype=np.float32), np.ones(5, np.float32)
     c = np.array([0.5, -1.25, 2.0, 0.75, 1.5])
     cases = [("f", (w,), 12), ("g", (w,), 81), ("h", (x, y), 5 * x), ("m", (x, y), x),
-             ("s", (c,), 5 * c), ("p", (c,), c ** 5)]
+             ("s", (c,), 5 * c), ("p", (c,), c ** 5),
+             ("u", (c[:3, None], np.zeros(4, np.int32)), 4 * c[:3].sum())]
     for name, args, expected in cases:
         if target == "cpu":
             got = prog[name](*args)

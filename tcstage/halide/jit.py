@@ -569,6 +569,11 @@ def _run(compiled: _Compiled, arrays, scalars, inout, output_bounds, allocate=No
         flags = a.flags
         if not (a.dtype == dtype and flags.c_contiguous and flags.aligned and flags.writeable):
             a = _storage_view(a, t)
+        elif a.ndim and a.shape[-1] == 1 and a.strides[-1] != a.itemsize:
+            # (numpy calls an array contiguous whatever the stride of a dimension of extent 1:
+            # `c[:, None]` has 0 there, and Halide refused it, its innermost stride being 1;
+            # no element of that dimension is a stride away from another, so the view says 1)
+            a = np.lib.stride_tricks.as_strided(a, strides=(*a.strides[:-1], a.itemsize))
         values.append(a)
     for tname, t in plan.inouts:
         values.append(_storage_view(inout[tname], t))

@@ -631,21 +631,24 @@ def _covers(r: Range, lo: Tree, extent: Tree) -> bool:
 
 
 def _with_multiplicity(op: str, rdom: hl.RDom, rhs: hl.Expr, lhs_args) -> hl.Expr:
-    """Halide loops over only the RDom variables a definition mentions. A reduction variable
-    the value no longer mentions (its only read was simplified away: `O() +=! 3 + 0 * W(i)`)
-    still counts its points: a sum takes the value that many times, a product to that power
-    (min and max are unchanged). Mentions as Halide sees them, in the value unsimplified: in
-    `O(i) +=! C(i) + 0 * C(p)` the value keeps `0 * C(p)` (C is read, so the read stays), and
-    Halide loops over p; counted from the simplified value, p's points were counted twice, a
-    sum R^2 times C(i) (gradient fuzz seed 973238)."""
+    """Halide loops over every dimension of an RDom that a definition mentions at all, and
+    over none of one it does not mention. A reduction whose value mentions none of its
+    variables (its only read was simplified away: `O() +=! 3 + 0 * W(i)`) still counts its
+    points: a sum takes the value that many times, a product to that power (min and max are
+    unchanged). Mentions as Halide sees them, in the value unsimplified: in `O(i) +=! C(i) +
+    0 * C(p)` the value keeps `0 * C(p)` (C is read, so the read stays), and Halide loops over
+    p (gradient fuzz seed 973238: counted from the simplified value, p's points were counted
+    twice). One variable mentioned is enough for all of them: `d_E(j/2, j) += -(d_O0(j, kh) *
+    E(kh, X(i, q)))` with X's read folded away loops over i and q too (seed 974618: their
+    points were counted twice where only the unmentioned were multiplied in)."""
     used = set(solver.tree_vars(solver.to_tree(rhs)))
     for x in lhs_args:  # (Vars and RVars as Exprs; Exprs as they are)
         used |= solver.tree_vars(solver.to_tree(x if isinstance(x, hl.Expr) else hl.Expr(x)))
-    missing = [rdom[k] for k in range(rdom.dimensions()) if rdom[k].name() not in used]
-    if not missing or op in ("min", "max"):
+    dims = [rdom[k] for k in range(rdom.dimensions())]
+    if any(r.name() in used for r in dims) or op in ("min", "max"):
         return rhs
-    count = missing[0].extent()
-    for r in missing[1:]:
+    count = dims[0].extent()
+    for r in dims[1:]:
         count = count * r.extent()
     if op == "+":
         return rhs * hl.cast(rhs.type(), count)
