@@ -540,8 +540,11 @@ def _fast_key(args) -> tuple | None:
         kind = type(a)
         if kind in tensors:
             # (no is_conj(): only a complex tensor has the bit, and no call with one passes)
-            if not a.is_cpu or a.layout != torch.strided or a.is_neg() or \
-                    a.data_ptr() % a.element_size():
+            try:
+                if not a.is_cpu or a.layout != torch.strided or a.is_neg() or \
+                        a.data_ptr() % a.element_size():
+                    return None
+            except RuntimeError:  # (a tensor without storage: a torch.func transform's)
                 return None
             key.append((a.shape, a.dtype, a.stride()))
         elif kind is np.ndarray:

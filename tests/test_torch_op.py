@@ -358,6 +358,59 @@ def test_calls_with_parameters_take_the_memoised_path(mlp1, monkeypatch):
     assert not full
 
 
+def test_a_repeated_backward_goes_straight_to_its_kernel(mlp1, monkeypatch):
+    """A backward like an earlier one, after a forward that took its memo, calls the backward
+    kernel without the backward operator's own lookups (`_backward_calls`); output gradients
+    of another layout (a transposed view, an expanded one) take the full path once, and each
+    layout keeps its memo. Every gradient against PyTorch's linear + relu."""
+    from tcstage.torch import ops
+    weight, bias = torch.randn(3, 6, requires_grad=True), torch.randn(3, requires_grad=True)
+    full = []
+    backward_run = ops.TCOp._run
+
+    def counted(self, *args, **kwargs):
+        if self is mlp1.backward_op:
+            full.append(args)
+        return backward_run(self, *args, **kwargs)
+    monkeypatch.setattr(ops.TCOp, "_run", counted)
+
+    def check(d_out):
+        x = torch.randn(5, 6, requires_grad=True)
+        got = torch.autograd.grad(mlp1(x, weight, bias), (x, weight, bias), d_out)
+        want = torch.autograd.grad(torch.relu(torch.nn.functional.linear(x, weight, bias)),
+                                   (x, weight, bias), d_out)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+
+    for _ in range(3):
+        check(torch.randn(5, 3))
+    assert len(full) <= 2  # (the first calls take the full path, once or twice, then none)
+    before = len(full)
+    check(torch.randn(3, 5).T)  # a transposed view: another key
+    check(torch.randn(3).expand(5, 3))  # strides (0, 1)
+    assert len(full) == before + 2
+    check(torch.randn(5, 3))  # back to the first layout, then the others again
+    check(torch.randn(3, 5).T)
+    check(torch.randn(3).expand(5, 3))
+    assert len(full) == before + 2
+
+
+def test_tensors_left_by_a_finished_transform_are_taken(tmm):
+    """torch.func transforms wrap tensors; one that escapes the transform (kept in a list by
+    the function) outlives its level as a wrapper without storage. PyTorch's operators take
+    what it wraps; so does a tcstage operator (the memo's key read its data pointer and
+    raised)."""
+    kept = []
+
+    def f(a):
+        kept.append(a)
+        return (a * a).sum()
+    a, b = torch.randn(3, 4), torch.randn(2, 4)
+    tmm(a, b)  # (so that the memoised path has this key)
+    torch.func.grad(f)(a)
+    torch.testing.assert_close(tmm(kept[0], b), a @ b.T)
+
+
 @pytest.mark.parametrize("which", ["tmm", "tbmm", "MLP1"])
 def test_gradcheck_float64(which, tmm, mlp1):
     g = torch.Generator().manual_seed(1)

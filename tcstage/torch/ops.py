@@ -26,6 +26,7 @@ import functools
 import hashlib
 import json
 import keyword
+import operator
 import re
 import threading
 import warnings
@@ -33,6 +34,7 @@ import warnings
 import numpy as np
 import torch
 import torch.autograd.forward_ad as fwAD
+from torch._functorch.utils import unwrap_dead_wrappers
 
 from tcstage.errors import TCArgumentError, TCError, TCWarning
 from tcstage.grad import Backward, Jvp
@@ -170,6 +172,9 @@ class TCOp:
         self.check_indices = True
         self._index_reads: dict[int, tuple] = {}
         self._cpu_calls: dict[tuple, tuple] = {}  # _fast_key -> (program._FastCall, has reads)
+        # (a forward memo's _FastCall, the _fast_key of the output gradients) -> the backward
+        # operator's memo for them (`_backward`)
+        self._backward_calls: dict = {}
         self._checked_types: set[tuple] = set()  # argument types of calls _check_call passed
         self._ahead: set[tuple] = set()  # shapes whose backward was compiled ahead
         self._scalars = [not (t.rank or t.name in self.runs) for t in self.checked.inputs]
@@ -195,6 +200,9 @@ class TCOp:
         elif backward is not None:
             self.custom_op.register_autograd(self._backward, setup_context=self._setup_context)
         self._eager_autograd = _eager_function(self)
+        # (its apply without autograd.Function's Python wrapper, whose work is for functorch
+        # transforms, which the memoised path has ruled out: 5-8 us of a 30 us call)
+        self._eager_apply = super(torch.autograd.Function, self._eager_autograd).apply
 
     @property
     def op(self) -> torch._ops.OpOverload:
@@ -215,7 +223,11 @@ class TCOp:
                                                         a.requires_grad for a in args)):
                     return self._memoised(fast, args)
                 if self.forward is None and self.backward is not None:
-                    return self._eager_autograd.apply(fast, *args)
+                    return self._eager_apply(fast, *args)
+        if not torch._C._are_functorch_transforms_active():
+            # (a tensor a finished torch.func transform left behind is a wrapper without
+            # storage: PyTorch's own operators take what it wraps)
+            args = unwrap_dead_wrappers(args)
         # (what `_check_call` checks depends on the arguments' types alone: a call with the
         # types of one that passed skips it, 4 us of a 35 us call; not while torch.compile
         # traces the call, which would guard on the memo and trace again once it grew)
@@ -406,6 +418,7 @@ class TCOp:
             if run is not None:
                 if len(self._cpu_calls) > 1024:  # a memo for loops over a few shapes
                     self._cpu_calls.clear()
+                    self._backward_calls.clear()
                 self._cpu_calls[key] = (run, bounds)
         elif device.type == "cuda":
             results = _run_cuda(self.program_for(ftype), self.name, args,
@@ -515,6 +528,21 @@ class TCOp:
         saved = list(ctx.saved_tensors)
         inputs = [saved.pop(0) if s is None else s for s in ctx.scalars]
         outputs = saved
+        needs = ctx.needs_input_grad if needs is None else needs
+        # (the forward's memo, where the call took it: `_eager_function`)
+        memo = getattr(ctx, "memo", None)
+        later = self._backward_calls.get((memo[0], _fast_key(grads))) \
+            if memo is not None else None
+        if later is not None and not torch.is_grad_enabled() and not _modes_active():
+            # A backward like one that ran before, after the forward call took its memo: the
+            # forward's key fixed the inputs' layouts and the outputs', and the gradients'
+            # key is the one that backward had; that backward's checks (the route, the
+            # gradients' shapes) hold. About 40 us of a small layer's 200 (softmax 4x4).
+            results = self.backward_op._memoised(later, (*inputs, *outputs, *grads),
+                                                 indices_checked=True)
+            results = results if isinstance(results, tuple) else (results,)
+            return tuple(None if j is None or not needed else results[j]
+                         for j, needed in zip(self._gradient_picks, needs))
         d_outputs = [torch.zeros_like(o) if g is None else g if g.dtype == o.dtype
                      else g.to(o.dtype) for g, o in zip(grads, outputs)]
         backward_op, args = self.backward_op, (*inputs, *outputs, *d_outputs)
@@ -524,14 +552,14 @@ class TCOp:
         numbers = args if torch.is_grad_enabled() else tuple(
             a.item() if scalar and isinstance(a, torch.Tensor) and not a.dim() and a.is_cpu
             else a for a, scalar in zip(args, backward_op._scalars))
-        if _eager_route(numbers, backward_op._scalars) is _PLAIN:  # (as its __call__ would)
+        plain = _eager_route(numbers, backward_op._scalars) is _PLAIN
+        if plain:  # (as its __call__ would)
             results = backward_op._run(*numbers, indices_checked=True)
         else:
             results = backward_op(*args)
         results = results if isinstance(results, tuple) else (results,)
         gradients = tuple(None if j is None or not needed else results[j]
-                          for j, needed in zip(self._gradient_picks,
-                                               ctx.needs_input_grad if needs is None else needs))
+                          for j, needed in zip(self._gradient_picks, needs))
         for g, a, t, j in zip(gradients, inputs, self.checked.inputs, self._gradient_picks):
             if g is not None and g.shape != a.shape:
                 grad_name = self.backward_op.checked.outputs[j]
@@ -540,6 +568,13 @@ class TCOp:
                               f"{tuple(a.shape)}",
                               notes=("the gradient must cover the whole input; check the "
                                      "backward's ranges (tcstage show --ranges)",))
+        if memo is not None and plain and all(map(operator.is_, numbers, args)):
+            key = _fast_key(numbers)
+            found = backward_op._cpu_calls.get(key) if key is not None else None
+            if found is not None:  # (see the top: the next such backward goes straight there)
+                if len(self._backward_calls) > 1024:
+                    self._backward_calls.clear()
+                self._backward_calls[memo[0], _fast_key(grads)] = found
         return gradients
 
     @functools.cached_property
@@ -634,6 +669,7 @@ def _eager_function(op: "TCOp"):
     def forward(ctx, fast, *args):  # (`fast`: the call's memo, where its key was found)
         output = op._run(*args) if fast is None else op._memoised(fast, args)
         op._setup_context(ctx, args, output)
+        ctx.memo = fast
         return output
 
     def backward(ctx, *grads):
