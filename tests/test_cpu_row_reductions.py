@@ -545,3 +545,37 @@ def test_compiling_a_row_pipeline_prints_nothing(tmp_path):
                        env={**os.environ, "TCSTAGE_CACHE_DIR": str(tmp_path)})
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout == r.stderr == ""  # (Halide's Python module prints its warnings to stdout)
+
+
+ROW_COPIES = """
+def stats(float(N,C) X) -> (Y, m_out, s_out) {
+  m(n) max=! X(n,c)
+  s(n) +=! exp(X(n,c) - m(n))
+  Y(n,c) = exp(X(n,c) - m(n)) / s(n)
+  m_out(i) = m(i)
+  s_out(i) = s(i)
+}
+"""
+
+
+@pytest.mark.parametrize("n, c", [(1, 5), (37, 19), (256, 512)])
+def test_outputs_copying_a_row_pipelines_reductions_are_computed_with_its_rows(n, c):
+    """Outputs that copy a row pipeline's per-row reductions (as a forward keeping what its
+    backward reads writes them, tcstage.grad.keeping) are computed with the pipeline's blocks
+    (Halide's compute_with, the row variable renamed to the pipeline's): the reductions stay
+    in the pipeline, not passes of their own. Against numpy, at sizes with short blocks."""
+    fn = tc.define(ROW_COPIES).stats
+    x = f32(n, c)
+    report = fn.explain(x)
+    name = r"(\$\d+)?"  # (each compile of a function names its Funcs afresh)
+    assert re.search(rf"\n  Y{name}: a fused row pipeline", report)
+    assert re.search(rf"\n  m_out{name}: a copy of the rows' values, computed with "
+                     rf"Y{name}'s blocks of rows", report)
+    assert re.search(rf"\n  s_out{name}: a copy of the rows' values", report)
+    y, m, s = fn(x)
+    xd = x.astype(np.float64)
+    md = xd.max(1)
+    sd = np.exp(xd - md[:, None]).sum(1)
+    np.testing.assert_allclose(m, md, rtol=1e-6)
+    np.testing.assert_allclose(s, sd, rtol=1e-5)
+    np.testing.assert_allclose(y, np.exp(xd - md[:, None]) / sd[:, None], rtol=1e-5, atol=1e-7)

@@ -708,3 +708,35 @@ CORPUS = corpus_functions()
 def test_tc_corpus_gradients(case):
     """TC's own kernels (wavenet's gate `NonLin *= sigmoid(...)` among them) differentiate."""
     check_directional(*CORPUS[case])
+
+
+def test_a_backward_that_keeps_the_forwards_reductions():
+    """backward(..., keep=True) takes the reductions it would recompute as parameters, after
+    the forward's outputs (a layer norm's mean and variance; none for a softmax, whose
+    backward reads only its output); `keeping` pairs it with a forward that returns them
+    through copies. The pair's values and gradients against PyTorch's layer norm in float64."""
+    from pathlib import Path
+
+    import torch
+    import torch.nn.functional as F
+
+    from tcstage.grad.keeping import keeping
+    layers = (Path(__file__).parent.parent / "examples" / "layers.tc").read_text()
+    assert backward(layers, "softmax", keep=True).kept == ()
+    assert backward(layers, "layernorm").kept == ()
+    pair = keeping(tc.define(layers), "layernorm")
+    assert pair.backward.kept == ("mean", "var")
+    assert pair.backward.inputs == ("X", "G", "Bt", "Y", "mean", "var", "d_Y")
+    rng = np.random.default_rng(5)
+    x, gamma, beta, d_y = (rng.standard_normal(s).astype(np.float32)
+                           for s in ((7, 11), 11, 11, (7, 11)))
+    y, mean, var = tc.define(pair.forward_source)[pair.forward_name](x, gamma, beta)
+    grads = tc.define(pair.backward.source)[pair.backward.name](x, gamma, beta, y, mean, var, d_y)
+    t = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (x, gamma, beta)]
+    want_y = F.layer_norm(t[0], (11,), t[1], t[2], eps=1e-5)
+    want = torch.autograd.grad(want_y, t, torch.tensor(d_y, dtype=torch.float64))
+    np.testing.assert_allclose(y, want_y.detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(mean, x.astype(np.float64).mean(1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(var, x.astype(np.float64).var(1), rtol=1e-5)
+    for got, w in zip(grads, want):
+        np.testing.assert_allclose(got, w.numpy(), rtol=1e-4, atol=1e-5)

@@ -783,3 +783,51 @@ def test_a_scalar_output_gradient_follows_each_call():
         X = torch.linspace(-1, 1, 9, dtype=torch.float64).mul(k + 1).requires_grad_()
         (dX,) = torch.autograd.grad(op(X), X, torch.tensor(g, dtype=torch.float64))
         torch.testing.assert_close(dX, 2 * X.detach() * g)
+
+
+@pytest.mark.parametrize("layer", ["layernorm", "groupnorm", "cross_entropy"])
+def test_recorded_calls_keep_the_reductions_their_backward_reads(layer):
+    """Where autograd records the call, the forward returns the reductions its generated
+    backward would recompute (a norm's mean and variance, a cross-entropy's row maxima and
+    sums: `tcstage.grad.keeping`) and the backward takes them; outputs and gradients, over
+    repeated calls (the memoised path too), against PyTorch's layers."""
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(3)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, requires_grad=True)
+    if layer == "layernorm":
+        op = tct.op(_example("layers.tc"), "layernorm")
+        args = (rand(37, 19), rand(19), rand(19))
+
+        def ref(x, gamma, beta):
+            return F.layer_norm(x, (19,), gamma, beta, eps=1e-5)
+    elif layer == "groupnorm":
+        op = tct.op(_example("nn.tc"), "groupnorm")
+        args = (rand(3, 2, 3, 5, 7), rand(2, 3), rand(2, 3))
+
+        def ref(x, gamma, beta):
+            return F.group_norm(x.reshape(3, 6, 5, 7), 2, gamma.reshape(-1), beta.reshape(-1),
+                                eps=1e-5).reshape(x.shape)
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", tc.TCWarning)
+            op = tct.op(_example("nn.tc"), "cross_entropy")
+        args = (rand(9, 5), torch.randint(0, 5, (9,), generator=g, dtype=torch.int32))
+
+        def ref(x, label):
+            return F.cross_entropy(x, label.long())
+    wants = [a for a in args if a.requires_grad]
+    for _ in range(3):
+        out = op(*args)
+        d_out = torch.randn(out.shape, generator=g)
+        got = torch.autograd.grad(out, wants, d_out)
+        want_out = ref(*args)
+        want = torch.autograd.grad(want_out, wants, d_out)
+        torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-5)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    kept = op._keeping()
+    assert kept is not None and kept.forward_op.role == "kept forward"
+    assert kept.forward_op.checked.outputs[1:] == tuple(
+        f"{t}_kept" for t in (("M", "S") if layer == "cross_entropy" else ("mean", "var")))

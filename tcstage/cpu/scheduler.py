@@ -106,8 +106,9 @@ def schedule_pipeline(outputs: list[hl.Func], funcs: Mapping[str, hl.Func],
         k = output_names.index(row_output)
         realized[k], report = _fused_rows(_restricted(structure, fused), funcs, outputs[k], plan)
         for name, rvar in columns:
-            report.append(f"{name}: " + _column_partials(
-                funcs[name], structure.info(name), rvar, plan, set(funcs)))
+            report.append(f"{name}: " + (_row_copy(funcs[name], structure.info(name), plan)
+                                         if rvar is None else _column_partials(
+                funcs[name], structure.info(name), rvar, plan, set(funcs))))
         fused |= {name for name, _ in columns}
         if len(fused) == len(structure.funcs):
             return realized, report, ()
@@ -303,7 +304,8 @@ def _row_group(structure, outputs: list[str], extents=None
             group.add(name)
             info = structure.info(name)
             todo += [r.func for r in info.reads + info.epilogue_reads if r.func in computed]
-        columns = _column_sums(structure, output, group, extents)
+        columns = _column_sums(structure, output, group, extents) + \
+            _row_copies(structure, output, group, extents, outputs)
         changed = True
         while changed:  # (what a Func outside the group reads is computed before the group)
             changed = False
@@ -312,13 +314,58 @@ def _row_group(structure, outputs: list[str], extents=None
                         {c for c, _ in columns}:
                     group.discard(name)
                     changed = True
-            kept = _column_sums(structure, output, group, extents, columns)
+            kept = _column_sums(structure, output, group, extents,
+                                [c for c in columns if c[1] is not None]) + \
+                _row_copies(structure, output, group, extents, outputs)
             changed |= kept != columns
             columns = kept
         if len(group) >= 2 and _row_local(_restricted(structure, group), output) and \
                 (best is None or len(group) + len(columns) > len(best[1]) + len(best[2])):
             best = (output, frozenset(group), columns)
     return best
+
+
+def _row_copies(structure, output: str, group: set[str], extents, outputs: list[str]
+                ) -> tuple[tuple[str, None], ...]:
+    """(Func, None) for each other output that copies values of the group per row: pointwise,
+    reading only Funcs of the group but the output, each at its own point (`mean_kept(n) =
+    mean(n)`), with as many rows as the output at the planned sizes (`extents`; None: none).
+    A forward that returns the reductions its backward reads (tcstage.grad.keeping) writes
+    them so: an output the group read would be computed once, a pass of its own, and take
+    its producers with it. Computed with the group's blocks (`_row_copy`)."""
+    if extents is None or not structure.info(output).args:
+        return ()
+    computed = {f.name for f in structure.funcs}
+    rows = (extents.get(output) or (None,))[-1]
+    found = []
+    for name in outputs:
+        f = structure.info(name)
+        own = tuple(("var", a) for a in f.args)
+        if name == output or name in group or f.family != "pointwise" or f.epilogue or \
+                not f.args or rows is None or (extents.get(name) or (None,))[-1] != rows or \
+                not f.reads or any(r.func not in group or r.func == output or r.args != own
+                                   for r in f.reads if r.func in computed) or \
+                any(r.func not in computed for r in f.reads):
+            continue
+        found.append((name, None))
+    return tuple(found)
+
+
+def _row_copy(f: hl.Func, info: FuncInfo, plan: _Plan) -> str:
+    """An output that copies the group's values per row (`_row_copies`), computed in the
+    pipeline's loop over blocks of rows (Halide's compute_with), after the block's rows."""
+    anchor, blocks, block = plan.row_blocks
+    f.compute_root()
+    # (its row and the loop over blocks named as the pipeline's: compute_with pairs loops by
+    # their names, `n.n_o`)
+    row = anchor.args()[-1]
+    if info.args[-1] != row.name():
+        f.rename(hl.Var(info.args[-1]), row)
+    f.split(row, hl.Var(blocks), hl.Var(f"{row.name()}_i"), block, hl.TailStrategy.GuardWithIf)
+    if plan.schedule.parallel_outer:
+        f.parallel(hl.Var(blocks))
+    f.compute_with(anchor, hl.Var(blocks))
+    return f"a copy of the rows' values, computed with {anchor.name()}'s blocks of rows"
 
 
 def _column_sums(structure, output: str, group: set[str], extents, candidates=None

@@ -38,6 +38,9 @@ class Backward:
     #                outputs, then the gradients of the outputs
     d_outputs: dict  # forward output -> backward parameter receiving its gradient
     d_inputs: dict  # forward input (floating-point only) -> backward output holding its gradient
+    # forward temporaries the backward takes as parameters (after the forward outputs, before
+    # the gradients), where it was generated with keep=True; empty in `tc.gradient`'s form
+    kept: tuple = ()
 
 
 @attrs.frozen
@@ -53,10 +56,12 @@ class Jvp:
     t_outputs: dict  # forward floating-point output -> the output holding its tangent
 
 
-def backward(source_or_program, name: str) -> Backward:
-    """The backward function of TC function `name` of a source text or Program."""
+def backward(source_or_program, name: str, keep: bool = False) -> Backward:
+    """The backward function of TC function `name` of a source text or Program. keep=True:
+    the reductions into temporaries that it would recompute are parameters instead
+    (`Backward.kept`), for a caller whose forward call returns them too (tcstage.torch)."""
     from tcstage.grad.reverse import backward as generate
-    return generate(source_or_program, name)
+    return generate(source_or_program, name, keep)
 
 
 def gradient(source_or_program, name: str) -> str:

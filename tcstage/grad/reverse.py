@@ -56,16 +56,16 @@ class _Version:
     varied: bool = False
 
 
-def backward(source_or_program, name: str) -> Backward:
+def backward(source_or_program, name: str, keep: bool = False) -> Backward:
     """The backward function of TC function `name` (see `tcstage.grad`); a rank-polymorphic
-    one's keeps `...` (`_polymorphic`)."""
+    one's keeps `...` (`_polymorphic`), and keeps no temporaries."""
     from tcstage.program import PolymorphicFunction, Program, define
     program = source_or_program if isinstance(source_or_program, Program) \
         else define(source_or_program)
     fn = program[name]
     if isinstance(fn, PolymorphicFunction):
         return _polymorphic(fn, program)
-    return _Generator(fn.written).run()  # (as written: no float32 accumulators)
+    return _Generator(fn.written, keep).run()  # (as written: no float32 accumulators)
 
 
 # The run of a rank-polymorphic function is written out with these names to differentiate it,
@@ -183,9 +183,11 @@ def _reads_bound(st: C.Statement) -> bool:
 
 
 class _Generator:
-    def __init__(self, fn: C.Function):
+    def __init__(self, fn: C.Function, keep: bool = False):
         fn = _pointwise_updates_as_assignments(fn)
         self.fn = fn
+        self.keep = keep
+        self.kept: tuple[str, ...] = ()  # temporaries taken as parameters (`kept_temporaries`)
         self.where = f"the gradient of '{fn.name}'"
         self.taken = set(fn.tensors) | set(fn.size_vars) | set(BUILTINS) | {fn.name}
         for t in fn.tensors.values():
@@ -260,6 +262,9 @@ class _Generator:
             raise TCError(f"{self.where}: no input of '{fn.name}' has a gradient (no output "
                           "depends differentiably on a floating-point input)")
         recompute = self.recomputed()
+        if self.keep:
+            self.kept = self.kept_temporaries(recompute)
+            recompute = self.recomputed()
         return self.assemble(recompute, d_inputs)
 
     def versions_of(self, fn: C.Function) -> None:
@@ -785,7 +790,12 @@ class _Generator:
 
     # -- recomputation and the text ------------------------------------------------------------
     def recomputed(self) -> list[int]:
-        """Forward statements the backward statements need, in order."""
+        """Forward statements the backward statements need, in order (not those of the kept
+        temporaries, which it takes as parameters)."""
+        return sorted(self._recomputation()[0])
+
+    def _recomputation(self) -> tuple[set[int], set[str]]:
+        """The forward statements the backward needs, and the names it reads."""
         needed = {r.tensor for st in self.statements for r in C.walk(st.rhs)
                   if isinstance(r, (C.Read, C.DimOf))}
         needed |= {e.tensor for st in self.statements for _, lo, hi in st.where
@@ -793,13 +803,40 @@ class _Generator:
         out: set[int] = set()
         for n in reversed(range(len(self.fn.statements))):
             v = self.version_of[n]
-            if v.name in needed and not (v.final and self.fn.tensors[v.tensor].kind == "output"):
+            given = self.fn.tensors[v.tensor].kind == "output" or v.tensor in self.kept
+            if v.name in needed and not (v.final and given):
                 out.add(n)
                 rhs = self.renamed(n, self.fn.statements[n].rhs)
                 needed |= {r.tensor for r in C.walk(rhs) if isinstance(r, (C.Read, C.DimOf))}
                 if self.starts_from_prev(n):  # (assemble copies the previous version first)
                     needed.add(v.prev.name)
-        return sorted(out)
+        return out, needed
+
+    def kept_temporaries(self, recompute: list[int]) -> tuple[str, ...]:
+        """The temporaries the backward would recompute that it takes as parameters instead
+        (keep=True): each written in one version, by a reduction (the passes a norm's
+        backward spent on its mean and variance again), and of extents that are sizes of the
+        forward's (so the parameter's type states them), in forward order."""
+        fn, recompute = self.fn, set(recompute)
+        counts: dict[str, int] = {}
+        for v in self.all_versions:
+            counts[v.tensor] = counts.get(v.tensor, 0) + 1
+        kept = []
+        for v in self.all_versions:
+            t = fn.tensors[v.tensor]
+            if not v.final or t.kind != "temp" or counts[v.tensor] != 1 or \
+                    not set(v.statements) <= recompute or \
+                    all(fn.statements[n].reduction is None for n in v.statements):
+                continue
+            if all(self.same_in_trials(lambda fr: fr.tensors[v.tensor].extents[d]) and
+                   self.trials[0].tensors[v.tensor].extents[d][0] in ("var", "int") and
+                   self.same_in_trials(lambda fr: fr.tensors[v.tensor].mins[d]) and
+                   equal_trees(self.trials[0].tensors[v.tensor].mins[d], R.ZERO)
+                   for d in range(t.rank)):
+                kept.append(v.tensor)
+        self.kept = tuple(kept)
+        needed = self._recomputation()[1]  # (one read only by another kept one: not passed)
+        return tuple(k for k in kept if k in needed)
 
     def starts_from_prev(self, n: int) -> bool:
         """Whether statement n starts a version from the previous version's values: it
@@ -844,15 +881,17 @@ class _Generator:
 
         params = [decl(t, t.name, t.dims) for t in fn.inputs]
         params += [decl(fn.tensors[o], o, self.out_dims[o]) for o in fn.outputs]
+        params += [decl(fn.tensors[k], k, [str(e[1]) for e in self.trials[0].tensors[k].extents])
+                   for k in self.kept]
         params += [decl(fn.tensors[o], self.d_outputs[o], self.out_dims[o]) for o in fn.outputs]
         outs = [d_inputs[t.name] for t in fn.inputs if t.name in d_inputs]
         header = [f"# The gradient of '{fn.name}', generated by tcstage (tc.gradient)."]
         header += [f"# {note}" for note in self.dim_notes]
         head = "\n".join(header) + f"\ndef {name}({', '.join(params)}) -> ({', '.join(outs)}) {{\n"
         text = polish(head, body, len(self.recompute), self.state_ranges, self.where)
-        inputs = tuple(t.name for t in fn.inputs) + tuple(fn.outputs) + tuple(
+        inputs = tuple(t.name for t in fn.inputs) + tuple(fn.outputs) + self.kept + tuple(
             self.d_outputs[o] for o in fn.outputs)
-        return Backward(text, name, fn.name, inputs, dict(self.d_outputs), d_inputs)
+        return Backward(text, name, fn.name, inputs, dict(self.d_outputs), d_inputs, self.kept)
 
     def state_ranges(self, k: int, st: GradStatement) -> GradStatement:
         """Recomputed statement k with a where clause for each of its indices."""

@@ -31,6 +31,7 @@ import re
 import threading
 import warnings
 
+import attrs
 import numpy as np
 import torch
 import torch.autograd.forward_ad as fwAD
@@ -85,7 +86,8 @@ def op(source_or_program, name: str, options=None, backward=None) -> "TCOp":
         existing = _ops.get(op_name)
         if existing is None:
             existing = _ops[op_name] = TCOp(program, name, options_text, op_name,
-                                            backward=_resolve_backward(program, name, backward))
+                                            backward=_resolve_backward(program, name, backward),
+                                            keep=backward is None)
         return existing
 
 
@@ -153,7 +155,7 @@ class TCOp:
 
     def __init__(self, program: Program, name: str, options: str | None, op_name: str,
                  backward: Backward | TCError | None = None, forward: "TCOp | None" = None,
-                 role: str = "forward"):
+                 role: str = "forward", keep: bool = False):
         self.program, self.name, self.options, self.op_name = program, name, options, op_name
         # (a rank-polymorphic function's is its one-dimensional instance: the parameters, types
         # and outputs every instance shares; calls use their own instance, `_checked_for`)
@@ -166,7 +168,8 @@ class TCOp:
         self.forward = forward  # for a derivative's operator: the operator it differentiates
         self._jvp: Jvp | TCError | None = None  # (generated at the first forward-mode call)
         self._jvp_op: TCOp | None = None
-        self.role = role  # or, for a derivative's operator, "backward" or "jvp"
+        self.role = role  # or, for a derivative's operator, "backward", "jvp", "kept forward"
+        #                   or "kept backward"
         # Index tensors' values are checked before each run (tcstage/torch/indices.py); a
         # derivative's operator follows the operator it differentiates.
         self.check_indices = True
@@ -194,6 +197,12 @@ class TCOp:
         self.backward_op: TCOp | None = None
         if isinstance(backward, Backward):
             self.backward_op = _backward_op(self, backward)
+        # A generated backward's forward, where autograd records the call, may return the
+        # reductions the backward would recompute (`_keeping`): made at the first such call;
+        # until then, `_recorded_calls` is None, after it the memo of the operator run then.
+        self.keep = keep and isinstance(backward, Backward) and not self.polymorphic
+        self._kept: _Kept | None | bool = False  # (False: not made yet)
+        self._recorded_calls: dict | None = None
         if forward is not None:
             self.custom_op.register_autograd(self._no_double_backward,
                                              setup_context=_nothing_to_save)
@@ -217,13 +226,16 @@ class TCOp:
             # autograd's is left. A 4-element add: 12.8 -> 9.6 us; with a Parameter, where
             # autograd records the call, 70 -> 29 us (its autograd.Function alone: 9-10).
             key = _fast_key(args)
-            fast = self._cpu_calls.get(key) if key is not None else None
-            if fast is not None:
+            if key is not None:
                 if not (torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and
                                                         a.requires_grad for a in args)):
-                    return self._memoised(fast, args)
-                if self.forward is None and self.backward is not None:
-                    return self._eager_apply(fast, *args)
+                    fast = self._cpu_calls.get(key)
+                    if fast is not None:
+                        return self._memoised(fast, args)
+                elif self._recorded_calls is not None:
+                    fast = self._recorded_calls.get(key)
+                    if fast is not None:
+                        return self._eager_apply(fast, *args)
         if not torch._C._are_functorch_transforms_active():
             # (a tensor a finished torch.func transform left behind is a wrapper without
             # storage: PyTorch's own operators take what it wraps)
@@ -441,7 +453,10 @@ class TCOp:
         compiling its CPU kernel on a thread of its own (`TCFunction.compile_ahead`), once per
         set of shapes: it compiles while this forward compiles and runs, so a first forward
         and backward costs about the longer of the two compiles, not their sum."""
-        if self.backward_op is None or self.forward is not None or self.polymorphic or \
+        owner = self.forward if self.role == "kept forward" else self
+        kept = owner._kept if self.role == "kept forward" else None
+        backward = owner.backward_op if kept is None else kept.backward_op
+        if backward is None or owner.forward is not None or self.polymorphic or \
                 not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             return
         shapes = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a
@@ -456,8 +471,8 @@ class TCOp:
             inputs = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
             outputs = self._fake(*inputs)  # (the outputs' and gradients' shapes and dtypes)
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-        backward = self.backward_op
-        backward.program_for(ftype)[backward.name].compile_ahead(*inputs, *outputs, *outputs)
+        d_outputs = outputs if kept is None else outputs[:kept.outputs]  # (then the kept ones)
+        backward.program_for(ftype)[backward.name].compile_ahead(*inputs, *outputs, *d_outputs)
 
     def _fake(self, *args):
         """Outputs of the right shapes and dtypes, without computing: shapes from range
@@ -527,10 +542,12 @@ class TCOp:
             raise self.backward
         saved = list(ctx.saved_tensors)
         inputs = [saved.pop(0) if s is None else s for s in ctx.scalars]
-        outputs = saved
+        outputs = saved  # (and after them, where the forward kept some, its reductions)
         needs = ctx.needs_input_grad if needs is None else needs
-        # (the forward's memo, where the call took it: `_eager_function`)
-        memo = getattr(ctx, "memo", None)
+        # (the forward's memo, where the call took it, and what it kept: `_eager_function`)
+        memo, kept = getattr(ctx, "memo", None), getattr(ctx, "kept", None)
+        backward_op, picks = (self.backward_op, self._gradient_picks) if kept is None else \
+            (kept.backward_op, kept.picks)
         later = self._backward_calls.get((memo[0], _fast_key(grads))) \
             if memo is not None else None
         if later is not None and not torch.is_grad_enabled() and not _modes_active():
@@ -538,14 +555,14 @@ class TCOp:
             # forward's key fixed the inputs' layouts and the outputs', and the gradients'
             # key is the one that backward had; that backward's checks (the route, the
             # gradients' shapes) hold. About 40 us of a small layer's 200 (softmax 4x4).
-            results = self.backward_op._memoised(later, (*inputs, *outputs, *grads),
-                                                 indices_checked=True)
+            results = backward_op._memoised(later, (*inputs, *outputs, *grads),
+                                            indices_checked=True)
             results = results if isinstance(results, tuple) else (results,)
             return tuple(None if j is None or not needed else results[j]
-                         for j, needed in zip(self._gradient_picks, needs))
+                         for j, needed in zip(picks, needs))
         d_outputs = [torch.zeros_like(o) if g is None else g if g.dtype == o.dtype
                      else g.to(o.dtype) for g, o in zip(grads, outputs)]
-        backward_op, args = self.backward_op, (*inputs, *outputs, *d_outputs)
+        args = (*inputs, *outputs, *d_outputs)
         # (a scalar output and its gradient come as 0-dimensional tensors, which the dispatcher
         # would convert to numbers: converted here, the call can skip it; not where a graph of
         # the backward is recorded, create_graph=True, whose operator call must see them)
@@ -559,11 +576,11 @@ class TCOp:
             results = backward_op(*args)
         results = results if isinstance(results, tuple) else (results,)
         gradients = tuple(None if j is None or not needed else results[j]
-                          for j, needed in zip(self._gradient_picks, needs))
-        for g, a, t, j in zip(gradients, inputs, self.checked.inputs, self._gradient_picks):
+                          for j, needed in zip(picks, needs))
+        for g, a, t, j in zip(gradients, inputs, self.checked.inputs, picks):
             if g is not None and g.shape != a.shape:
-                grad_name = self.backward_op.checked.outputs[j]
-                raise TCError(f"the backward TC '{self.backward.name}' gives {grad_name} the "
+                grad_name = backward_op.checked.outputs[j]
+                raise TCError(f"the backward TC '{backward_op.name}' gives {grad_name} the "
                               f"shape {tuple(g.shape)}, but {t.name} has shape "
                               f"{tuple(a.shape)}",
                               notes=("the gradient must cover the whole input; check the "
@@ -576,6 +593,34 @@ class TCOp:
                     self._backward_calls.clear()
                 self._backward_calls[memo[0], _fast_key(grads)] = found
         return gradients
+
+    def _keeping(self) -> "_Kept | None":
+        """The forward and backward operators that keep the reductions the backward would
+        recompute (`tcstage.grad.keeping`), made at the first call autograd records; None
+        where there are none (or for a backward written by the user, or a rank-polymorphic
+        TC). The dispatcher's calls (torch.compile, export, transforms) keep the plain pair:
+        their schema is the operator's."""
+        if self._kept is False:
+            kept = None
+            if self.keep:
+                from tcstage.grad.keeping import keeping
+                try:
+                    found = keeping(self.program, self.name)
+                except TCError:
+                    found = None  # (the plain backward, which exists, does the same work)
+                if found is not None:
+                    forward_op = _derivative_op(self, found.forward_source, found.forward_name,
+                                                "kept forward")
+                    backward_op = _derivative_op(self, found.backward.source,
+                                                 found.backward.name, "kept backward")
+                    outputs = list(backward_op.checked.outputs)
+                    picks = tuple(outputs.index(found.backward.d_inputs[t.name])
+                                  if t.name in found.backward.d_inputs and t.rank else None
+                                  for t in self.checked.inputs)
+                    kept = _Kept(forward_op, backward_op, picks, len(self.checked.outputs))
+            self._kept = kept
+            self._recorded_calls = self._cpu_calls if kept is None else kept.forward_op._cpu_calls
+        return self._kept
 
     @functools.cached_property
     def _gradient_picks(self) -> tuple:
@@ -595,6 +640,17 @@ class TCOp:
         raise TCError(f"'{self.name}' is the backward TC of '{self.forward.name}' and has no "
                       "backward of its own: double backward (create_graph=True, higher-order "
                       "gradients) through TC operators is not supported")
+
+
+@attrs.frozen(eq=False)
+class _Kept:
+    """A forward operator that returns, after the outputs, the reductions its backward reads,
+    and that backward operator (`TCOp._keeping`)."""
+
+    forward_op: TCOp
+    backward_op: TCOp
+    picks: tuple  # per forward input, its gradient's index among backward_op's outputs
+    outputs: int  # how many of forward_op's outputs are the forward's own
 
 
 def _nothing_to_save(ctx, inputs, output) -> None:
@@ -667,9 +723,15 @@ def _eager_function(op: "TCOp"):
     no backward)."""
 
     def forward(ctx, fast, *args):  # (`fast`: the call's memo, where its key was found)
-        output = op._run(*args) if fast is None else op._memoised(fast, args)
+        kept = op._keeping()
+        runs = op if kept is None else kept.forward_op
+        output = runs._run(*args) if fast is None else runs._memoised(fast, args)
+        ctx.memo, ctx.kept = fast, kept
+        if kept is not None:  # (the outputs, then the reductions its backward reads)
+            op._setup_context(ctx, args, output)
+            output = output[:kept.outputs]
+            return output[0] if len(output) == 1 else output
         op._setup_context(ctx, args, output)
-        ctx.memo = fast
         return output
 
     def backward(ctx, *grads):
