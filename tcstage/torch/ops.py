@@ -727,11 +727,10 @@ def _eager_function(op: "TCOp"):
         runs = op if kept is None else kept.forward_op
         output = runs._run(*args) if fast is None else runs._memoised(fast, args)
         ctx.memo, ctx.kept = fast, kept
+        op._setup_context(ctx, args, output)  # (saves the kept reductions too)
         if kept is not None:  # (the outputs, then the reductions its backward reads)
-            op._setup_context(ctx, args, output)
             output = output[:kept.outputs]
             return output[0] if len(output) == 1 else output
-        op._setup_context(ctx, args, output)
         return output
 
     def backward(ctx, *grads):
