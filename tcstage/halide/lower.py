@@ -218,7 +218,7 @@ def lower(fn: C.Function, ranges: FunctionRanges, scalars: Mapping[str, int] | N
         outputs.append(f)
     return Lowered(fn, ranges, params, inout_params, funcs, outputs, order, var_names,
                    versions, tuple(pads.values()),
-                   {f.name(): (t, stride) for (t, _, stride), f in pads.items()})
+                   {f.name(): (t, stride) for (t, _, stride, _), f in pads.items()})
 
 
 def _folds(st: C.Statement, partial: list[str], func: hl.Func) -> bool:
@@ -465,14 +465,23 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
         args = [_simplified(x, variables) for x in args]
         strided = phased(r, args)
         stride = strided[1] if strided else 1
-        key = (r.tensor, str(solver.simplify(value)), stride)
+        # Only the dimensions a read can leave are tested: `I(n, c, h + kh - 1, ...) ?? 0`
+        # never leaves I along n or c, and a test there (which Halide cannot rule out: the
+        # output's sizes are its own parameters) split the loops over n into three copies of
+        # the whole body, inside and past both ends (padconv's forward: 31 KB of code).
+        bounded = tuple(k for k, a in enumerate(r.args)
+                        if not (isinstance(a, C.IndexVar) and a.name not in rounded and
+                                _covers(sr.ranges[a.name], b.mins[k], b.extents[k])))
+        key = (r.tensor, str(solver.simplify(value)), stride, bounded)
         if key not in pads:
             exterior = hl.BoundaryConditions.constant_exterior(
                 source, hl.cast(source.type(), value), _halide_order(
-                    [hl.Range(tree(b.mins[k]), tree(b.extents[k])) for k in range(len(r.args))]))
-            # (names for reports)
-            pad = pads[key] = hl.Func(f"{r.tensor}_padded" if stride == 1 else
-                                      f"{r.tensor}_phases")
+                    [hl.Range(tree(b.mins[k]), tree(b.extents[k])) if k in bounded else
+                     hl.Range(hl.Expr(), hl.Expr()) for k in range(len(r.args))]))
+            # (names for reports; Halide wants them distinct within a pipeline)
+            name = f"{r.tensor}_padded" if stride == 1 else f"{r.tensor}_phases"
+            taken = sum(k[0] == r.tensor and k[2] == stride for k in pads)
+            pad = pads[key] = hl.Func(name if not taken else f"{name}{taken}")
             dims = [hl.Var(f"{r.tensor}_{d}") for d in reversed(range(len(r.args)))]
             if stride == 1:
                 pad[dims] = exterior[dims]
