@@ -53,6 +53,29 @@ def test_a_second_process_compiles_nothing(tmp_path):
     assert sorted(os.listdir(os.path.join(cache, "cpu"))) == files
 
 
+def test_the_runtime_is_compiled_once_per_machine_not_per_version_of_tcstage(monkeypatch,
+                                                                           tmp_path):
+    """The runtime library's name digests what it is built from, Halide's runtime for the
+    target and pool.c, not the rest of tcstage (whose digest names each kernel): a change to
+    tcstage's Python leaves it in place (it took 1.3 s of CPU to compile here), a change to
+    pool.c builds another."""
+    target = aot._aot_target(hl.get_host_target())
+    name = aot._runtime_name(target)
+    monkeypatch.setattr(aot, "_code_digest", lambda: "another tcstage")
+    aot._runtime_name_for.cache_clear()
+    assert aot._runtime_name(target) == name
+    pool = tmp_path / "pool.c"
+    pool.write_bytes(aot.POOL_SOURCE.read_bytes() + b"\n/* changed */\n")
+    monkeypatch.setattr(aot, "POOL_SOURCE", pool)
+    aot._runtime_name_for.cache_clear()
+    try:
+        assert aot._runtime_name(target) != name
+        assert aot._runtime_name(target.with_feature(hl.TargetFeature.Debug)) != \
+            aot._runtime_name(target)
+    finally:
+        aot._runtime_name_for.cache_clear()
+
+
 def test_the_cache_can_be_turned_off(tmp_path):
     cache = str(tmp_path / "cache")
     assert int(_run_script(cache, TCSTAGE_CPU_CACHE="0")) == 0

@@ -162,8 +162,22 @@ def _whole_number(variable: str, default: int, otherwise: str) -> int:
         return default
 
 
+POOL_FLAGS = ("-O2", "-fPIC")
+
+
 def _runtime_name(target: hl.Target) -> str:
-    key = hashlib.sha256(f"{FORMAT}\0{target}\0{_code_digest()}".encode()).hexdigest()[:24]
+    """The runtime library's name: a digest of what it is built from (Halide's runtime for the
+    target, of this Halide version, and pool.c), not of the rest of tcstage, so that the
+    runtime is compiled once per machine (and Halide version), not again after every change
+    to tcstage's Python."""
+    return _runtime_name_for(str(target))
+
+
+@functools.lru_cache(maxsize=None)
+def _runtime_name_for(target: str) -> str:
+    key = hashlib.sha256("\0".join(
+        [FORMAT, target, importlib.metadata.version("halide"), *POOL_FLAGS,
+         hashlib.sha256(POOL_SOURCE.read_bytes()).hexdigest()]).encode()).hexdigest()[:24]
     return f"runtime-{key}"
 
 
@@ -234,7 +248,7 @@ def _load_runtime(directory: str, target: hl.Target, name: str) -> str:
     """Builds (unless it is on disk) and loads the runtime library `name`. (Under
     _runtime_lock.)"""
     path = _build(directory, name, lambda obj: _runtime_object(directory, target, obj),
-                  [f"-Wl,-soname,{name}.so", "-O2", "-fPIC", str(POOL_SOURCE)])
+                  [f"-Wl,-soname,{name}.so", *POOL_FLAGS, str(POOL_SOURCE)])
     # (loaded by its path before any pipeline, so theirs resolves to this one)
     lib = ctypes.CDLL(path)
     lib.halide_set_error_handler.restype = ctypes.c_void_p
