@@ -775,6 +775,72 @@ def test_an_index_changed_after_the_forward_is_refused_by_autograd(lut2):
         (O1.sum() + O2.sum()).backward()
 
 
+# Layers whose backward reads reductions of the forward (the class `tcstage.grad.keeping`
+# serves), each with PyTorch's own form: (TC, name, input shapes, reference, kept temporaries)
+KEEPING_FAMILY = {
+    "rmsnorm": ("""def rmsnorm(float(N,C) X, float(C) G) -> (Y) {
+        ms(n) +=! X(n,c) * X(n,c) / C
+        Y(n,c) = G(c) * X(n,c) * rsqrt(ms(n) + 1e-6)
+    }""", [(6, 11), (11,)],
+        lambda x, g: g * x * torch.rsqrt((x * x).mean(1, keepdim=True) + 1e-6), ("ms",)),
+    "softmax": ("""def softmax(float(N,C) X) -> (Y) {
+        M(n) max=! X(n,c)
+        E(n,c) = exp(X(n,c) - M(n))
+        S(n) +=! E(n,c)
+        Y(n,c) = E(n,c) / S(n)
+    }""", [(5, 9)], lambda x: torch.softmax(x, 1), None),  # (its gradient reads Y alone)
+    "logsumexp": ("""def logsumexp(float(N,C) X) -> (L) {
+        M(n) max=! X(n,c)
+        S(n) +=! exp(X(n,c) - M(n))
+        L(n) = log(S(n)) + M(n)
+    }""", [(7, 4)], lambda x: torch.logsumexp(x, 1), ("M", "S")),
+    "batchnorm": ("""def batchnorm(float(N,C) X, float(C) G, float(C) B) -> (Y) {
+        mean(c) +=! X(n,c) / N
+        var(c) +=! (X(n,c) - mean(c)) * (X(n,c) - mean(c)) / N
+        Y(n,c) = G(c) * (X(n,c) - mean(c)) * rsqrt(var(c) + 1e-5) + B(c)
+    }""", [(10, 3), (3,), (3,)],
+        lambda x, g, b: torch.nn.functional.batch_norm(x, None, None, g, b, training=True,
+                                                        eps=1e-5), ("mean", "var")),
+    "planenorm": ("""def planenorm(float(B,I,J) X) -> (Y) {
+        mean(b) +=! X(b,i,j) / (I*J)
+        var(b) +=! (X(b,i,j) - mean(b)) * (X(b,i,j) - mean(b)) / (I*J)
+        Y(b,i,j) = (X(b,i,j) - mean(b)) * rsqrt(var(b) + 1e-5)
+    }""", [(3, 4, 5)],
+        lambda x: torch.nn.functional.layer_norm(x, (4, 5), eps=1e-5), ("mean", "var")),
+    "l2normalize": ("""def l2normalize(float(N,C) X) -> (Y) {
+        sq(n) +=! X(n,c) * X(n,c)
+        Y(n,c) = X(n,c) / sqrt(sq(n) + 1e-6)
+    }""", [(4, 13)], lambda x: x / torch.sqrt((x * x).sum(1, keepdim=True) + 1e-6),
+        ("sq",)),
+}
+
+
+@pytest.mark.parametrize("layer", sorted(KEEPING_FAMILY))
+def test_layers_that_keep_reductions_against_pytorch(layer):
+    """Normalisations and their kin, each a reduction the output reads: through a recorded
+    call (the keeping pair, where the backward reads kept reductions) and the plain pair, in
+    float64, outputs and every input's gradient against PyTorch's, over repeated calls."""
+    source, shapes, ref, kept = KEEPING_FAMILY[layer]
+    g = torch.Generator().manual_seed(11)
+    args = [torch.randn(*s, generator=g, dtype=torch.float64, requires_grad=True)
+            for s in shapes]
+    op = tct.op(source, layer)
+    for _ in range(2):
+        out = op(*args)
+        d_out = torch.randn(out.shape, generator=g, dtype=torch.float64)
+        got = torch.autograd.grad(out, args, d_out)
+        want_out = ref(*args)
+        want = torch.autograd.grad(want_out, args, d_out)
+        torch.testing.assert_close(out, want_out)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+    pair = op._keeping()
+    assert (pair and tuple(o.removesuffix("_kept") for o in
+                           pair.forward_op.checked.outputs[pair.outputs:])) == kept
+    with torch.no_grad():  # (the plain forward, unrecorded)
+        torch.testing.assert_close(op(*args), ref(*args))
+
+
 def test_a_scalar_output_gradient_follows_each_call():
     """A scalar output and its gradient reach the backward as numbers that change with every
     call (a loss): each backward uses its own."""

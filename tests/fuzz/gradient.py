@@ -20,6 +20,9 @@ Outcomes (`Outcome.kind`):
 - 'backward-error': a TCError defining or running the backward TC (a bug);
 - 'mismatch': an input's gradient disagrees with the central differences (a bug);
 - 'missing': a floating-point input without a gradient whose central difference is not 0 (a bug);
+- 'keep-error', 'keep-mismatch': the keeping pair (`tcstage.grad.keeping`, what tcstage.torch
+  runs where autograd records a call) failed, or its forward's outputs or its backward's
+  gradients differ from the plain forward's and backward's (bugs);
 - 'forward': the float64 forward itself failed or gave non-finite values (not the gradient's
   fault; counted apart).
 """
@@ -35,6 +38,7 @@ import numpy as np
 
 import tcstage as tc
 from tcstage.grad import backward
+from tcstage.grad.keeping import keeping
 from tcstage.lang.retype import retype_source
 from tcstage.lang.types import FLOAT64
 
@@ -45,7 +49,8 @@ from .programs import CORE_FEATURES, Case
 #: programs with them would only dilute a campaign.
 FEATURES = CORE_FEATURES - {"inout"}
 
-BUG_KINDS = ("invalid", "crash", "backward-error", "mismatch", "missing")
+BUG_KINDS = ("invalid", "crash", "backward-error", "mismatch", "missing", "keep-error",
+             "keep-mismatch")
 EPS = 1e-4  # the larger step; the smaller is EPS / 10
 EPS32 = 1e-2  # the same where a float32 tensor rounds the loss (see _check)
 NOISE = 0.1  # how far input values move off the quarter grid
@@ -59,6 +64,7 @@ class Outcome:
     detail: str = ""
     checked: int = 0  # inputs compared
     skipped: int = 0  # inputs skipped at non-smooth points
+    kept: bool = False  # 'ok' with a keeping pair, which matched the plain pair
 
     @property
     def bug(self) -> bool:
@@ -197,7 +203,46 @@ def _check(case: Case, seed_values: int) -> Outcome:
                            f"<d_{i.name}, v> = {analytic!r}, central difference {fine!r} "
                            f"(eps {step / 10}; {coarse!r} at eps {step})\n{bw.source}",
                            checked, skipped)
-    return Outcome(seed, "ok", checked=checked, skipped=skipped)
+    pair = _check_keeping(case, prog, args, outs, d_outs, grads)
+    if isinstance(pair, Outcome):
+        return attrs.evolve(pair, checked=checked, skipped=skipped)
+    return Outcome(seed, "ok", checked=checked, skipped=skipped, kept=pair)
+
+
+def _check_keeping(case: Case, prog, args, outs, d_outs, grads) -> Outcome | bool:
+    """The pair tcstage.torch uses where autograd records a call (`tcstage.grad.keeping`): its
+    forward must return the forward's outputs, and its backward, given the reductions that
+    forward kept, the gradients of the plain backward (both in float64: equal to round-off).
+    None where they do, or where the function has no such pair."""
+    seed = case.seed
+    try:
+        pair = keeping(prog, case.name)
+        if pair is None:
+            return False
+        kept_fn = tc.define(pair.forward_source)[pair.forward_name]
+        results = _call(kept_fn, args)
+        n = len(outs)
+        bw = pair.backward
+        kept_grads = _call(tc.define(bw.source)[bw.name], [*args, *results, *d_outs])
+    except tc.TCError as e:
+        return Outcome(seed, "keep-error", refusal_reason(str(e)), str(e))
+    except Exception as e:  # noqa: BLE001 - that is the finding
+        return Outcome(seed, "crash", f"{type(e).__name__} in keeping [{_where(e)}]",
+                       traceback.format_exc())
+    for name, o, r in zip(case.program.outputs, outs, results[:n]):
+        if not np.allclose(np.asarray(r, np.float64), np.asarray(o, np.float64), rtol=1e-9,
+                           atol=1e-12, equal_nan=True):
+            return Outcome(seed, "keep-mismatch", f"output {name}",
+                           f"the keeping forward's {name} differs\n{pair.forward_source}")
+    for i_name, g in zip(bw.d_inputs, kept_grads):
+        d_name, plain = bw.d_inputs[i_name], grads.get(i_name)
+        if plain is None or not np.allclose(np.asarray(g, np.float64),
+                                            np.asarray(plain, np.float64), rtol=1e-9,
+                                            atol=1e-12, equal_nan=True):
+            return Outcome(seed, "keep-mismatch", d_name,
+                           f"the kept backward's {d_name} differs from the plain one's\n"
+                           f"kept {bw.kept}\n{bw.source}")
+    return True
 
 
 def fails_like(outcome: Outcome):
