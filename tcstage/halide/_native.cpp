@@ -48,8 +48,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -863,6 +866,74 @@ py::dict py_embedded_buffers(const py::sequence &outputs) {
     return out;
 }
 
+// The pipeline of `outputs` as groups that share nothing: per output, the number of its group.
+// Two outputs share a group where the Funcs they compute meet (one Func, not inlined, computed
+// for both), or where a Func of one is computed, stored or fused (compute_with) in a loop of the
+// other's.
+// Each group can then be compiled as a pipeline of its own (aot.py compiles them side by side).
+py::list py_output_groups(const py::sequence &outputs) {
+    std::vector<int> parent;
+    std::vector<std::set<std::string>> touched;
+    guarded([&] {
+        std::vector<HI::Function> outs = functions_of(outputs, "output_groups");
+        for (const HI::Function &out : outs) {
+            std::map<std::string, HI::Function> env = HI::find_transitive_calls(out);
+            env.emplace(out.name(), out);
+            std::set<std::string> names;
+            for (auto &item : env) {
+                // (locked as compiling locks them, which this precedes: an unlocked LoopLevel
+                // cannot be inspected)
+                item.second.lock_loop_levels();
+                const HI::Function &f = item.second;
+                if (f.schedule().compute_level().is_inlined() && f.name() != out.name()) {
+                    continue;  // (inlined: each reader computes its own, `X_im` wrappers of inputs)
+                }
+                names.insert(f.name());
+                for (const Halide::LoopLevel *level :
+                     {&f.schedule().compute_level(), &f.schedule().store_level()}) {
+                    if (level->locked() && !level->is_inlined() && !level->is_root()) {
+                        names.insert(level->func());
+                    }
+                }
+                std::vector<const HI::Definition *> stages{&f.definition()};
+                for (const HI::Definition &u : f.updates()) {
+                    stages.push_back(&u);
+                }
+                for (const HI::Definition *d : stages) {
+                    const Halide::LoopLevel &fused = d->schedule().fuse_level().level;
+                    if (d->defined() && fused.locked() && !fused.is_inlined() && !fused.is_root()) {
+                        names.insert(fused.func());
+                    }
+                }
+            }
+            touched.push_back(std::move(names));
+            parent.push_back(static_cast<int>(parent.size()));
+        }
+        return 0;
+    });
+    std::function<int(int)> root = [&](int k) { return parent[k] == k ? k : parent[k] = root(parent[k]); };
+    for (size_t a = 0; a < touched.size(); a++) {
+        for (size_t b = a + 1; b < touched.size(); b++) {
+            const bool meet = std::any_of(touched[a].begin(), touched[a].end(),
+                                          [&](const std::string &n) { return touched[b].count(n) > 0; });
+            if (meet) {
+                parent[root(static_cast<int>(b))] = root(static_cast<int>(a));
+            }
+        }
+    }
+    py::list out;
+    std::map<int, int> numbers;  // (groups numbered in the order of their first output)
+    for (size_t k = 0; k < parent.size(); k++) {
+        const int r = root(static_cast<int>(k));
+        if (!numbers.count(r)) {
+            const int next = static_cast<int>(numbers.size());
+            numbers[r] = next;
+        }
+        out.append(numbers[r]);
+    }
+    return out;
+}
+
 // Runs `body()` with the autoschedulers' estimates of the pipeline's inputs set to `buffers`
 // (name -> [(min, extent)], innermost first) and `scalars` (name -> value), then puts the
 // estimates the caller had back, whatever happens: a schedule is planned for a call's sizes
@@ -1270,6 +1341,9 @@ Other Halide node types raise ValueError naming the node type.
     m.def("embedded_buffers", &py_embedded_buffers, py::arg("outputs"),
           "The Buffers the definitions read directly: name -> (type, [(min, extent)] "
           "innermost first, bytes of a dense copy).");
+    m.def("output_groups", &py_output_groups, py::arg("outputs"),
+          "Per output, the number of its group: outputs whose Funcs (or loops they are\n"
+          "computed in) meet share a group; groups can be compiled as pipelines of their own.");
     m.def("pipeline_functions", &py_pipeline_functions, py::arg("outputs"),
           "Every Func the pipeline of `outputs` computes, producers first, as\n"
           "func_definitions gives them, plus 'types' (value types) and 'extern'.");

@@ -99,8 +99,9 @@ def _link(objects: list[str], out: str, extra: list[str], cwd: str) -> None:
 
 
 def _build(directory: str, key: str, make_object, extra: list[str], before_link=None) -> str:
-    """The library `key`.so of `directory`, built (make_object(path) writes its object, then
-    before_link() runs) unless a verified one is there."""
+    """The library `key`.so of `directory`, built (make_object(path) writes its object, or
+    returns the files to link in its place, then before_link() runs) unless a verified one is
+    there."""
     path = os.path.join(directory, f"{key}.so")
     digest_path = os.path.join(directory, f"{key}.sha256")
     if not verified(path, digest_path, "the CPU kernel cache's library"):
@@ -109,11 +110,11 @@ def _build(directory: str, key: str, make_object, extra: list[str], before_link=
             builds += 1
         with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as tmp:
             obj = os.path.join(tmp, "pipeline.o")
-            make_object(obj)
+            objects = make_object(obj) or [obj]
             if before_link is not None:
                 before_link()
             built = os.path.join(tmp, "pipeline.so")
-            _link([obj], built, extra, tmp)
+            _link(objects, built, extra, tmp)
             publish(built, path, digest_path)
     return path
 
@@ -382,6 +383,63 @@ class AotPipeline:
                                     scalars)
 
 
+def _compile_objects(pipeline: hl.Pipeline, obj: str, arguments: list,
+                     target: hl.Target) -> list[str] | None:
+    """Compiles `pipeline` into `obj`; None. Where its outputs fall into groups that share no
+    Func (`_native.output_groups`: a convolution's input and weight gradients), each group is
+    compiled as a pipeline of its own, on threads side by side (Halide and LLVM compile a
+    pipeline on one core, and these are the longest compiles of a layer's first call), and a
+    stub entry point calls them in turn: returns the files to link (objects and the stub)."""
+    outputs = pipeline.outputs()
+    try:
+        groups = _native.output_groups(outputs) if len(outputs) > 1 else [0]
+    except RuntimeError:  # (Halide's error: then one pipeline, which says what is wrong)
+        groups = [0]
+    if max(groups) == 0:
+        _native.compile_object(pipeline, obj, arguments, ENTRY, target)
+        return None
+    directory = os.path.dirname(obj)
+    members = [[k for k, g in enumerate(groups) if g == n] for n in range(max(groups) + 1)]
+    names = [f"{ENTRY}_part{n}" for n in range(len(members))]
+    objects = [os.path.join(directory, f"{name}.o") for name in names]
+    failures: list[BaseException] = []
+
+    def compile_part(n: int) -> None:
+        try:
+            part = hl.Pipeline([outputs[k] for k in members[n]])
+            _native.compile_object(part, objects[n], arguments, names[n], target)
+        except BaseException as e:  # (re-raised on the calling thread)
+            failures.append(e)
+    threads = [threading.Thread(target=compile_part, args=(n,), name="tcstage-compile-part")
+               for n in range(1, len(members))]
+    for t in threads:
+        t.start()
+    compile_part(0)
+    for t in threads:
+        t.join()
+    if failures:
+        raise failures[0]
+    # (Halide's _argv entry points take every argument's address in order: the inputs, then
+    # one buffer per value of each output, of that part's outputs only)
+    first = len(arguments)
+    slots, at = [], first
+    for f in outputs:
+        slots.append(list(range(at, at + len(f.types()))))
+        at += len(f.types())
+    stub = [f"extern int {name}_argv(void **args);" for name in names]
+    stub.append(f"int {ENTRY}_argv(void **args) {{")
+    stub.append("    int status;")
+    for name, part in zip(names, members):
+        picks = [*range(first), *(i for k in part for i in slots[k])]
+        stub.append(f"    {{ void *part[] = {{{', '.join(f'args[{i}]' for i in picks)}}};")
+        stub.append(f"      status = {name}_argv(part); if (status) return status; }}")
+    stub += ["    return 0;", "}", ""]
+    source = os.path.join(directory, "entry.c")
+    with open(source, "w") as f:
+        f.write("\n".join(stub))
+    return [*objects, source]
+
+
 def compile_pipeline(pipeline: hl.Pipeline, arguments: list, target: hl.Target,
                      key: tuple) -> AotPipeline:
     """`pipeline`, compiled for `arguments` (Params and ImageParams, in order; the outputs
@@ -404,10 +462,11 @@ def compile_pipeline(pipeline: hl.Pipeline, arguments: list, target: hl.Target,
                 break
         building.wait()  # (and where that build failed, this thread tries, and says why)
     try:
-        def make_object(obj: str) -> None:
-            _native.compile_object(pipeline, obj, arguments, ENTRY, aot)
+        def make_object(obj: str) -> list[str] | None:
+            return _compile_objects(pipeline, obj, arguments, aot)
         path = _build(directory, digest, make_object,
-                      [f"-L{directory}", f"-l:{_runtime_name(aot)}.so", "-Wl,-rpath,$ORIGIN"],
+                      ["-fPIC", f"-L{directory}", f"-l:{_runtime_name(aot)}.so",
+                       "-Wl,-rpath,$ORIGIN"],  # (-fPIC: for a stub's C, `_compile_objects`)
                       before_link=lambda: _runtime(directory, aot))
         _runtime(directory, aot)  # (loaded before the pipeline, which links against it)
         found = AotPipeline(path, kinds)
