@@ -55,13 +55,15 @@ def retype_source(text: str, to: ScalarType, filename: str = "<string>") -> str:
 
 def retype(program, to: ScalarType):
     """A new `Program` defined from `program`'s source retyped to `to` (see `retype_source`),
-    accumulating as `program` does."""
+    accumulating as `program` does; `program` itself where retyping changes nothing."""
     from tcstage.program import define
 
     if program.source is None:
         raise TCError("retyping needs the program's TC source; this Program was built without it")
-    return define(retype_source(program.source, to, program.filename), program.filename,
-                  narrow_accumulation=program.narrow_accumulation)
+    text = retype_source(program.source, to, program.filename)
+    if text == program.source:  # (already of that type: float32 tensors to a float TC)
+        return program
+    return define(text, program.filename, narrow_accumulation=program.narrow_accumulation)
 
 
 def _nodes(value):
