@@ -14,7 +14,7 @@ import tcstage as tc  # noqa: E402
 import tcstage.torch as tct  # noqa: E402
 from tcstage.halide.solver import evaluate  # noqa: E402
 from tcstage.lang.retype import retype, retype_source  # noqa: E402
-from tcstage.lang.types import FLOAT16, FLOAT64  # noqa: E402
+from tcstage.lang.types import FLOAT16, FLOAT32, FLOAT64  # noqa: E402
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 
@@ -173,6 +173,11 @@ def test_retype_rewrites_declared_floats_and_single_precision_builtins():
     fn = typed.f.checked
     assert str(fn.tensors["X"].type) == "float16" and str(fn.tensors["Y"].type) == "float16"
     assert str(fn.tensors["I"].type) == "int32"
+    # (a program already of that type is itself: float32 tensors through a float TC defined
+    # the whole module again, per operator, at its first call)
+    program = tc.define("def g(float(N) X) -> (Y) { Y(i) = exp(X(i)) }")
+    assert retype(program, FLOAT32) is program
+    assert retype(program, FLOAT64) is not program
 
 
 def test_bfloat16_runs_with_float32_sums(tmm):
