@@ -180,6 +180,22 @@ def test_retype_rewrites_declared_floats_and_single_precision_builtins():
     assert retype(program, FLOAT64) is not program
 
 
+def test_compile_count_counts_each_pipeline_once():
+    """A float32 call of a float TC runs the program as written (retyping it to its own type
+    is the program itself): its forward and its backward are two pipelines, counted once each,
+    however many batch sizes follow (the kernels are shape-generic)."""
+    op = tct.op("def lin(float(B,K) X, float(N,K) W) -> (Y) { Y(b,n) +=! X(b,k) * W(n,k) }",
+                "lin")
+    W = torch.randn(5, 7, requires_grad=True)
+    for batch in (4, 4, 9, 1):
+        X = torch.randn(batch, 7, requires_grad=True)
+        op(X, W).sum().backward()
+        torch.testing.assert_close(W.grad, X.sum(0).expand(5, 7).clone(), rtol=1e-5,
+                                   atol=1e-5)
+        W.grad = None
+    assert op.compile_count == 2
+
+
 def test_bfloat16_runs_with_float32_sums(tmm):
     A, B = torch.randn(4, 64).bfloat16(), torch.randn(3, 64).bfloat16()
     C = tmm(A, B)

@@ -341,8 +341,8 @@ class TCOp:
         """Halide pipelines compiled so far for this operator on the CPU, over every floating
         type it ran in, its backward operator's included (one per type for all sizes, plus
         one when a call is smaller than what the first call's schedule was planned for)."""
-        with _ops_lock:
-            programs = [self.program, *self._typed.values()]
+        with _ops_lock:  # (a type the program has already is the program itself: once)
+            programs = {id(p): p for p in (self.program, *self._typed.values())}.values()
         count = sum(p[self.name].compile_count for p in programs)
         return count + (self.backward_op.compile_count if self.backward_op is not None else 0)
 
