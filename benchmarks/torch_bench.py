@@ -5,9 +5,9 @@
                                       [--first-call conv_s2,groupnorm] [--threads 1]
                                       [--no-write]
 
-For each layer, in one process: forward time and forward+backward time (medians of --runs
-after two warm-up calls) of the tcstage operator (`tcstage.torch.op`, backward = the generated
-backward TC) and of the same layer written with PyTorch's own operators, on the same inputs;
+For each layer, in one process: forward time and forward+backward time (the best of --runs
+after two warm-up calls, the two sides called in turn in every run) of the tcstage operator
+(`tcstage.torch.op`, backward = the generated backward TC) and of the same layer written with PyTorch's own operators, on the same inputs;
 ratio = tcstage / PyTorch (above 1: tcstage is slower). Outputs and gradients of the two are
 compared first; a mismatch is reported instead of a time. The layers after the paper's are
 those of issue 29's table, at its sizes (examples/nn.tc, examples/layers.tc).
@@ -15,8 +15,9 @@ those of issue 29's table, at its sizes (examples/nn.tc, examples/layers.tc).
 Then a loop over varying batch sizes (an epoch's last batch, train vs eval) counts the
 recompilations after the first call (goal: 0), and the first forward+backward call of the
 --first-call layers is timed in new processes: with an empty kernel cache (everything
-compiled), and again with the cache the first left (what a second process or a restarted
-training run pays).
+compiled, the shared runtime library too), with a cache holding only that runtime (a layer new
+to the machine), and again with the cache the first left (what a second process or a
+restarted training run pays).
 
 Results go to benchmarks/results/torch-<device>-<machine>[-<n>-threads]-<date>.md unless
 --no-write.
@@ -125,19 +126,24 @@ def forward(fn, args, _grad_out):
         return fn(*args)
 
 
-def timed(call, fn, args, grad_out, runs: int) -> float:
+def timed(call, fns, args, grad_out, runs: int) -> list[tuple[float, float]]:
+    """(best, median) seconds of each of `fns`, called in turn within every run: on a shared
+    machine a burst of other work then slows both sides of a comparison, not one. The best is
+    the figure compared (other work only ever adds time); the median shows how noisy it was."""
     for _ in range(2):
-        call(fn, args, grad_out)
-    times = []
+        for fn in fns:
+            call(fn, args, grad_out)
+    times = [[] for _ in fns]
     for _ in range(runs):
-        if DEVICE == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        call(fn, args, grad_out)
-        if DEVICE == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for fn, spent in zip(fns, times):
+            if DEVICE == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            call(fn, args, grad_out)
+            if DEVICE == "cuda":
+                torch.cuda.synchronize()
+            spent.append(time.perf_counter() - t0)
+    return [(min(spent), statistics.median(spent)) for spent in times]
 
 
 def bench_layer(name: str, runs: int) -> dict:
@@ -156,10 +162,10 @@ def bench_layer(name: str, runs: int) -> dict:
             return {"layer": name, "error": "differs from PyTorch"}
     row = {"layer": name, "shapes": ", ".join("x".join(map(str, a.shape)) for a in args)}
     for what, call in (("fwd", forward), ("fwdbwd", forward_backward)):
-        t_tc = timed(call, layer, args, grad_out, runs)  # (the two sides alternate per kind)
-        t_torch = timed(call, reference, args, grad_out, runs)
+        (t_tc, med_tc), (t_torch, med_torch) = timed(call, (layer, reference), args,
+                                                     grad_out, runs)
         row.update({f"{what}_tcstage_ms": 1e3 * t_tc, f"{what}_torch_ms": 1e3 * t_torch,
-                    f"{what}_ratio": t_tc / t_torch})
+                    f"{what}_ratio": t_tc / t_torch, f"{what}_median_ratio": med_tc / med_torch})
     return row
 
 
@@ -178,18 +184,33 @@ print(time.perf_counter() - t1, t1 - t0)
 """
 
 
+RUNTIME_ONLY = """
+import numpy as np, tcstage as tc
+x = np.ones(4, np.float32)
+tc.define("def add(float(N) a, float(N) b) -> (c) { c(i) = a(i) + b(i) }").add(x, x)
+"""
+
+
 def first_call(name: str) -> dict:
-    """Seconds of the first forward+backward call of `name` in a new process, with an empty
-    kernel cache, then in another process with the cache the first left."""
+    """Seconds of the first forward+backward call of `name` in a new process: with an empty
+    kernel cache (the shared runtime library compiled too, once per machine), with a cache
+    holding only that runtime (a layer new to the machine), then in another process with the
+    cache the first left."""
     import tempfile
     row = {"layer": name}
-    with tempfile.TemporaryDirectory() as cache:
+    script = FIRST_CALL.format(bench=str(ROOT / "benchmarks"), name=name)
+    for what in ("cold", "new", "warm"):
+        if what != "warm":
+            cache = tempfile.mkdtemp(prefix="tcstage-first-call-")
         env = dict(os.environ, TCSTAGE_CACHE_DIR=cache)
-        for what in ("cold", "warm"):
-            out = subprocess.run([sys.executable, "-c", FIRST_CALL.format(
-                bench=str(ROOT / "benchmarks"), name=name)], capture_output=True, text=True,
-                env=env, check=True).stdout.split()
-            row[f"{what}_s"], row["import_s"] = float(out[-2]), float(out[-1])
+        if what == "new":
+            subprocess.run([sys.executable, "-c", RUNTIME_ONLY], env=env, check=True,
+                           capture_output=True)
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             env=env, check=True).stdout.split()
+        row[f"{what}_s"], row["import_s"] = float(out[-2]), float(out[-1])
+    import shutil
+    shutil.rmtree(cache, ignore_errors=True)
     return row
 
 
@@ -304,11 +325,13 @@ def main() -> None:
              f"Machine: {where}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
              f"{datetime.date.today()}. `python3 benchmarks/torch_bench.py --device {DEVICE}"
              f"{'' if a.threads is None else f' --threads {a.threads}'}`.",
-             "", "Forward, and forward + backward, of one call (medians of "
-             f"{a.runs} after 2 warm-ups); ratio = tcstage / PyTorch, same run, same inputs; "
+             "", "Forward, and forward + backward, of one call: the best of "
+             f"{a.runs} runs after 2 warm-ups, the two sides called in turn in every run; "
+             "ratio = tcstage / PyTorch of the best times (median: the ratio of the medians, "
+             "which shows how much other work on the machine moved them); same inputs, "
              "outputs and gradients checked against PyTorch's first.", "",
-             "| layer | inputs | fwd tcstage ms | fwd PyTorch ms | fwd ratio | "
-             "fwd+bwd tcstage ms | fwd+bwd PyTorch ms | fwd+bwd ratio |",
+             "| layer | inputs | fwd tcstage ms | fwd PyTorch ms | fwd ratio (median) | "
+             "fwd+bwd tcstage ms | fwd+bwd PyTorch ms | fwd+bwd ratio (median) |",
              "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         if "error" in row:
@@ -316,13 +339,17 @@ def main() -> None:
         else:
             lines.append(f"| {row['layer']} | {row['shapes']} | " + " | ".join(
                 f"{row[f'{w}_tcstage_ms']:.3f} | {row[f'{w}_torch_ms']:.3f} | "
-                f"{row[f'{w}_ratio']:.2f}" for w in ("fwd", "fwdbwd")) + " |")
+                f"{row[f'{w}_ratio']:.2f} ({row[f'{w}_median_ratio']:.2f})"
+                for w in ("fwd", "fwdbwd")) + " |")
     if firsts:
         lines += ["", "First forward+backward call in a new process (seconds, after importing "
                   "and defining; import and definition in parentheses): with an empty kernel "
-                  "cache, then with the cache the first process left.", "",
-                  "| layer | empty cache s | warm cache s |", "|---|---|---|"]
-        lines += [f"| {f['layer']} | {f['cold_s']:.2f} | {f['warm_s']:.2f} "
+                  "cache (which compiles the shared runtime library too, once per machine), "
+                  "with a cache holding only that runtime (a layer new to the machine), then "
+                  "with the cache the first process left.", "",
+                  "| layer | empty cache s | runtime cached s | warm cache s |",
+                  "|---|---|---|---|"]
+        lines += [f"| {f['layer']} | {f['cold_s']:.2f} | {f['new_s']:.2f} | {f['warm_s']:.2f} "
                   f"({f['import_s']:.1f}) |" for f in firsts]
     lines += ["", f"Recompilations of MLP1 (forward and backward TC) over batch sizes "
               f"{rec['batches']}: {rec['after_first']} compilations at the first call, "
