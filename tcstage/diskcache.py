@@ -13,8 +13,12 @@ a directory of its own (`LibraryCache.directory`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import importlib.metadata
+import json
 import os
+import pathlib
 import tempfile
 
 from tcstage.errors import warn
@@ -26,6 +30,19 @@ def root() -> str:
         return own
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "tcstage")
+
+
+@functools.cache
+def code_digest() -> str:
+    """sha256 of tcstage's own sources and native extension, and of the Halide version: what
+    everything kept here was made by (a change to any of it makes everything afresh)."""
+    h = hashlib.sha256(importlib.metadata.version("halide").encode())
+    package = pathlib.Path(__file__).resolve().parent
+    for path in sorted(package.rglob("*")):
+        if path.suffix in (".py", ".so", ".h", ".c", ".cpp") and path.is_file():
+            h.update(str(path.relative_to(package)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
 
 
 def digest(path: str) -> str:
@@ -97,3 +114,40 @@ class LibraryCache:
         if not self.private:
             self.private.append(tempfile.mkdtemp(prefix=f"tcstage-{self.name}-"))
         return self.private[0]
+
+
+class TextCache:
+    """Small JSON values that tcstage derives from TC source (generated derivatives), one file
+    per key under `root()/<name>`, made by this tcstage (`code_digest` is part of every key).
+    Written as libraries are (`publish`) and read only where the bytes match their digest;
+    anything else is a miss. A memo: where the directory cannot be written, values are made
+    again in each process, without a word."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def key(self, *parts: str) -> str:
+        return hashlib.sha256("\0".join((code_digest(), *parts)).encode()).hexdigest()[:32]
+
+    def get(self, key: str):
+        path = os.path.join(root(), self.name, f"{key}.json")
+        try:
+            if not verified(path, path + ".sha256", "a file of tcstage's derivative cache"):
+                return None
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def put(self, key: str, value) -> None:
+        directory = os.path.join(root(), self.name)
+        try:
+            os.makedirs(directory, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".part",
+                                             delete=False) as f:
+                json.dump(value, f)
+            path = os.path.join(directory, f"{key}.json")
+            publish(f.name, path, path + ".sha256")
+        except OSError:
+            with contextlib.suppress(OSError, NameError):
+                os.remove(f.name)

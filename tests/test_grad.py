@@ -740,3 +740,54 @@ def test_a_backward_that_keeps_the_forwards_reductions():
     np.testing.assert_allclose(var, x.astype(np.float64).var(1), rtol=1e-5)
     for got, w in zip(grads, want):
         np.testing.assert_allclose(got, w.numpy(), rtol=1e-4, atol=1e-5)
+
+
+NORM = """def norm(float(N,C) X) -> (Y) {
+  ss(n) +=! X(n,c) * X(n,c)
+  Y(n,c) = X(n,c) * rsqrt(ss(n) + 1)
+}
+def scale(float(N) X, float s) -> (Y) { Y(i) = X(i) * s }
+"""
+
+
+def test_generated_derivatives_are_kept_on_disk_for_the_next_process(tmp_path, monkeypatch):
+    """A backward (and a keeping pair, or its absence) generated once is read back by the next
+    process from the cache directory, keyed by the program's text, the function, keep= and
+    tcstage itself: here the generator is then made to fail, and the answers are still there.
+    Another text is generated afresh; a damaged file is generated again, with a warning."""
+    from tcstage.grad import keeping, memo, reverse
+    monkeypatch.setenv("TCSTAGE_CACHE_DIR", str(tmp_path))
+    program = tc.define(NORM)
+    first = backward(program, "norm")
+    kept = backward(program, "norm", keep=True)
+    pair = keeping.keeping(program, "norm")
+    assert kept.kept == ("ss",) and pair is not None
+    assert keeping.keeping(program, "scale") is None
+
+    class Refused:
+        def __init__(self, *args):
+            raise AssertionError("generated again")
+    monkeypatch.setattr(reverse, "_Generator", Refused)
+    again = tc.define(NORM)  # (another Program of the same text: a new process's)
+    assert backward(again, "norm") == first
+    assert backward(again, "norm", keep=True) == kept
+    assert keeping.keeping(again, "norm") == pair
+    assert keeping.keeping(again, "scale") is None
+    with pytest.raises(AssertionError, match="generated again"):
+        backward(tc.define(NORM + "\n"), "norm")  # (another text)
+    # (a file damaged on disk: not read, but made again)
+    key = memo.program_key("backward", again, "norm", "False")
+    path = tmp_path / "derived" / f"{key}.json"
+    path.write_text(path.read_text().replace("rsqrt", "sqrt"))
+    with pytest.warns(tc.TCWarning, match="derivative cache"):
+        with pytest.raises(AssertionError, match="generated again"):
+            backward(again, "norm")
+    monkeypatch.undo()
+    # (and what was kept computes the gradient: against numpy's)
+    rng = np.random.default_rng(4)
+    X, dY = rng.standard_normal((2, 5)), rng.standard_normal((2, 5))
+    r = 1 / np.sqrt((X * X).sum(1, keepdims=True) + 1)
+    Y = X * r
+    want = dY * r - X * r ** 3 * (dY * X).sum(1, keepdims=True)
+    got = tc.define(first.source)[first.name](*(a.astype(np.float32) for a in (X, Y, dY)))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

@@ -30,7 +30,26 @@ class Keeping:
 def keeping(program, name: str) -> Keeping | None:
     """The forward and backward pair of `name` (a plain function of `program`, which must
     have its source) that keeps the reductions its backward would recompute; None where the
-    backward recomputes none, or where the copy would not compute them over the same ranges."""
+    backward recomputes none, or where the copy would not compute them over the same ranges.
+    Kept on disk for the next process (grad/memo.py)."""
+    from tcstage.grad import memo
+
+    def decode(value: dict) -> Keeping | None:
+        if value.get("none"):
+            return None
+        return Keeping(value["forward_source"], value["forward_name"],
+                       memo.decode_backward(value["backward"]))
+
+    def encode(made: Keeping | None) -> dict:
+        if made is None:
+            return {"none": True}
+        return {"forward_source": made.forward_source, "forward_name": made.forward_name,
+                "backward": memo.encode_attrs(made.backward)}
+    return memo.memoised(memo.program_key("keeping", program, name),
+                         lambda: _keeping(program, name), encode, decode)
+
+
+def _keeping(program, name: str) -> Keeping | None:
     from tcstage.grad.reverse import backward as generate
     from tcstage.program import define
     b = generate(program, name, keep=True)

@@ -65,7 +65,11 @@ def backward(source_or_program, name: str, keep: bool = False) -> Backward:
     fn = program[name]
     if isinstance(fn, PolymorphicFunction):
         return _polymorphic(fn, program)
-    return _Generator(fn.written, keep).run()  # (as written: no float32 accumulators)
+    from tcstage.grad import memo
+    # (as written: no float32 accumulators; kept on disk for the next process, grad/memo.py)
+    return memo.memoised(memo.program_key("backward", program, name, str(keep)),
+                         lambda: _Generator(fn.written, keep).run(), memo.encode_attrs,
+                         memo.decode_backward)
 
 
 # The run of a rank-polymorphic function is written out with these names to differentiate it,

@@ -39,7 +39,7 @@ import halide as hl
 import ml_dtypes
 import numpy as np
 
-from tcstage.diskcache import LibraryCache, publish, verified
+from tcstage.diskcache import LibraryCache, code_digest, publish, verified
 from tcstage.errors import TCError, warn
 from tcstage.halide import _native
 
@@ -70,16 +70,8 @@ def _linker() -> str | None:
     return cc
 
 
-@functools.cache
 def _code_digest() -> str:
-    """sha256 of tcstage's own sources and native extension, and of the Halide version."""
-    h = hashlib.sha256(importlib.metadata.version("halide").encode())
-    package = pathlib.Path(__file__).resolve().parent.parent
-    for path in sorted(package.rglob("*")):
-        if path.suffix in (".py", ".so", ".h", ".c", ".cpp") and path.is_file():
-            h.update(str(path.relative_to(package)).encode())
-            h.update(path.read_bytes())
-    return h.hexdigest()
+    return code_digest()
 
 
 def _aot_target(target: hl.Target) -> hl.Target:
