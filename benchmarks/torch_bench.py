@@ -196,21 +196,23 @@ def first_call(name: str) -> dict:
     kernel cache (the shared runtime library compiled too, once per machine), with a cache
     holding only that runtime (a layer new to the machine), then in another process with the
     cache the first left."""
+    import shutil
     import tempfile
     row = {"layer": name}
     script = FIRST_CALL.format(bench=str(ROOT / "benchmarks"), name=name)
-    for what in ("cold", "new", "warm"):
-        if what != "warm":
-            cache = tempfile.mkdtemp(prefix="tcstage-first-call-")
-        env = dict(os.environ, TCSTAGE_CACHE_DIR=cache)
-        if what == "new":
-            subprocess.run([sys.executable, "-c", RUNTIME_ONLY], env=env, check=True,
-                           capture_output=True)
-        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                             env=env, check=True).stdout.split()
-        row[f"{what}_s"], row["import_s"] = float(out[-2]), float(out[-1])
-    import shutil
-    shutil.rmtree(cache, ignore_errors=True)
+    empty, runtime_only = (tempfile.mkdtemp(prefix="tcstage-first-call-") for _ in range(2))
+    try:
+        subprocess.run([sys.executable, "-c", RUNTIME_ONLY], check=True, capture_output=True,
+                       env=dict(os.environ, TCSTAGE_CACHE_DIR=runtime_only))
+        # (the warm call reads the cache the call before it left)
+        for what, cache in (("cold", empty), ("new", runtime_only), ("warm", runtime_only)):
+            out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                 env=dict(os.environ, TCSTAGE_CACHE_DIR=cache),
+                                 check=True).stdout.split()
+            row[f"{what}_s"], row["import_s"] = float(out[-2]), float(out[-1])
+    finally:
+        for cache in (empty, runtime_only):
+            shutil.rmtree(cache, ignore_errors=True)
     return row
 
 

@@ -143,11 +143,14 @@ class TextCache:
         directory = os.path.join(root(), self.name)
         try:
             os.makedirs(directory, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".part",
-                                             delete=False) as f:
+            handle, scratch = tempfile.mkstemp(dir=directory, suffix=".part")
+        except OSError:
+            return
+        try:
+            with os.fdopen(handle, "w") as f:
                 json.dump(value, f)
             path = os.path.join(directory, f"{key}.json")
-            publish(f.name, path, path + ".sha256")
+            publish(scratch, path, path + ".sha256")
         except OSError:
-            with contextlib.suppress(OSError, NameError):
-                os.remove(f.name)
+            with contextlib.suppress(OSError):
+                os.remove(scratch)

@@ -42,7 +42,7 @@ def memoised(key: str | None, make, encode, decode):
 
 
 def encode_attrs(value) -> dict:
-    return attrs.asdict(value, recurse=False) if value is not None else {"none": True}
+    return attrs.asdict(value, recurse=False)
 
 
 def decode_backward(value: dict):
