@@ -668,6 +668,29 @@ def test_labels_are_checked_over_the_elements_read():
         op(X, L)
 
 
+def test_an_operator_warns_only_of_its_own_function(tmp_path, monkeypatch):
+    """An operator made from a module of several TCs (examples/nn.tc) neither warns of the
+    others' unchecked index subscripts (it does not run them; their own operators check
+    them), nor of its own, nor again when its first recorded call derives the forward that
+    keeps its statistics (a copy of the whole module). Checked against PyTorch's group norm."""
+    monkeypatch.setenv("TCSTAGE_CACHE_DIR", str(tmp_path))  # (the derivation runs here)
+    source = _example("nn.tc")
+    with pytest.warns(tc.TCWarning, match="cross_entropy"):  # (the module's own warnings)
+        tc.define(source)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tc.TCWarning)
+        op = tct.op(source, "groupnorm")
+        X = torch.randn(2, 2, 3, 2, 2, dtype=torch.float64, requires_grad=True)
+        G = torch.rand(2, 3, dtype=torch.float64, requires_grad=True)
+        B = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+        op(X, G, B).pow(2).sum().backward()
+    X0, G0, B0 = (t.detach().clone().requires_grad_() for t in (X, G, B))
+    torch.nn.functional.group_norm(X0.reshape(2, 6, 2, 2), 2, G0.reshape(-1), B0.reshape(-1),
+                                   eps=1e-5).pow(2).sum().backward()
+    for ours, theirs in ((X, X0), (G, G0), (B, B0)):
+        torch.testing.assert_close(ours.grad, theirs.grad)
+
+
 def test_the_index_check_can_be_skipped(lut2):
     LUT1, I1, LUT2, I2 = _lut_inputs()
     I1 = I1.clone()

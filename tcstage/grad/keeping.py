@@ -12,9 +12,11 @@ exactly as the forward does.
 
 from __future__ import annotations
 
+import warnings
+
 import attrs
 
-from tcstage.errors import TCError
+from tcstage.errors import TCError, TCWarning
 from tcstage.grad import Backward
 from tcstage.halide import ranges as R
 from tcstage.lang.parser import parse
@@ -87,8 +89,10 @@ def _keeping(program, name: str) -> Keeping | None:
             + statements + "\n" + text[body_end:d.span.end])
     source = f"{program.source}\n# (tcstage.torch: '{name}' returning what its backward reads)\n" \
              f"{copy}\n"
-    copied = define(source, program.filename,
-                    narrow_accumulation=program.narrow_accumulation)[new_name].written
+    with warnings.catch_warnings():  # (the program's own warnings, told when it was defined)
+        warnings.simplefilter("ignore", TCWarning)
+        copied = define(source, program.filename,
+                        narrow_accumulation=program.narrow_accumulation)[new_name].written
     written = program[name].written
     try:
         ours, theirs = R.infer_ranges(copied), R.infer_ranges(written)

@@ -92,8 +92,9 @@ def op(source_or_program, name: str, options=None, backward=None) -> "TCOp":
 
 
 def _define_checked(source: str, name: str) -> Program:
-    """tc.define, without the warnings that an operator's index check makes untrue (that a
-    value-dependent subscript of `name` is not checked: the operator checks it)."""
+    """tc.define, without the warnings about the program's other functions, which the operator
+    does not run, and without those that its index check makes untrue (that a value-dependent
+    subscript of `name` is not checked: the operator checks it)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         program = define(source)
@@ -103,8 +104,9 @@ def _define_checked(source: str, name: str) -> Program:
         fn = None
     checked = () if fn is None or isinstance(fn, PolymorphicFunction) else \
         tuple(r.unchecked_warning(name) for r in index_reads(fn.checked))
+    others = tuple(f"in '{other}'" for other in program.names if other != name)
     for w in caught:
-        if not str(w.message).startswith(checked):
+        if not str(w.message).startswith(checked + others):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return program
 
