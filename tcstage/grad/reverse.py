@@ -398,10 +398,8 @@ class _Generator:
     def var_range(self, n: int, v: str) -> tuple[C.Expr, C.Expr]:
         """[lo, hi) of index v in forward statement n."""
         st = self.fn.statements[n]
-        for w in st.where:
-            if w.var == v:
-                return self.renamed(n, w.lo), self.renamed(n, w.hi)
-        if v in st.indices:
+        stated = next((w for w in st.where if w.var == v), None)
+        if v in st.indices and (stated is None or self.fn.tensors[st.tensor].kind == "output"):
             d = st.indices.index(v)
 
             def covers(fr):
@@ -409,8 +407,14 @@ class _Generator:
                 return equal_trees(r.lo, b.mins[d]) and equal_trees(
                     R.simplify_tree(("add", r.hi, R.ONE)), R.simplify_tree(("add", b.mins[d],
                                                                         b.extents[d])))
+            # (an output's whole dimension, though a where clause states it: as the size the
+            # backward's parameters give it, `h in 0:O_2` for `h in 0:(H + 1) / 2`, so that
+            # range inference sees d_O(n,f,h,w) read within d_O and the read needs no padded
+            # copy; a strided convolution's two gradients then compile apart)
             if all(covers(fr) for fr in self.trials):
                 return self.dim_range(st.tensor, d)
+        if stated is not None:
+            return self.renamed(n, stated.lo), self.renamed(n, stated.hi)
         if self.same_in_trials(lambda fr: (fr.statements[n].ranges[v].lo,
                                             fr.statements[n].ranges[v].hi)):
             r = self.trials[0].statements[n].ranges[v]
