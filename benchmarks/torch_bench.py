@@ -61,6 +61,11 @@ def gelu(x):
     return F.gelu(x, approximate="tanh")
 
 
+def _threads() -> str:
+    n = torch.get_num_threads()
+    return f"{n} thread{'s' * (n != 1)}"
+
+
 def group_norm(x, gamma, beta):  # x (N, G, D, H, W): PyTorch's layout is (N, G*D, H, W)
     n, g, d, h, w = x.shape
     return F.group_norm(x.reshape(n, g * d, h, w), g, gamma.reshape(-1), beta.reshape(-1),
@@ -310,7 +315,7 @@ def main() -> None:
     overhead_lines += [f"| {what} | {us:.1f} |" for what, us in calls]
     if a.overhead:
         print("\n".join([f"Machine: {where}; torch {torch.__version__}, "
-                         f"{torch.get_num_threads()} threads", *overhead_lines]), flush=True)
+                         f"{_threads()}", *overhead_lines]), flush=True)
         return
     rows = []
     for name in a.layers.split(","):
@@ -324,7 +329,7 @@ def main() -> None:
     for row in firsts:
         print(row, flush=True)
     lines = [f"# tcstage.torch operators vs PyTorch ({DEVICE})", "",
-             f"Machine: {where}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
+             f"Machine: {where}; torch {torch.__version__}, {_threads()}; "
              f"{datetime.date.today()}. `python3 benchmarks/torch_bench.py --device {DEVICE}"
              f"{'' if a.threads is None else f' --threads {a.threads}'}`.",
              "", "Forward, and forward + backward, of one call: the best of "
