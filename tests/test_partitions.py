@@ -124,3 +124,17 @@ def test_a_piece_after_a_read_is_an_error():
       P(i) = O(i) + 1
       O(i) = X(i) where i in 1:N }""")
     assert "after 'P(i) = O(i) + 1' used O" in e.message
+
+
+def test_an_update_past_the_shape_is_an_error_that_names_the_update():
+    """An update without '!' reads the values it updates: past the shape the statements
+    before it set there are none. The error says so, where it named the statement itself as
+    the reader and asked to move it before itself (found by the gradient fuzzer, seed 975399)."""
+    e = _error("""def f(float(M, L) A, float(L) W) -> (O) {
+      O(n, i) *=! fmax(A(n, 2 * i + 1), W(L - 1 - n))
+      O(k, i) max= fmax(A(q, k), -W(i)) where k in 0:L }""")
+    assert "this statement updates O outside its shape (0 <= k < min(L, M), 0 <= i < L/2)" \
+        in e.message
+    assert "move this statement before" not in e.message
+    assert any("'max=!'" in note for note in e.notes)
+    assert e.span.text().startswith("O(k, i) max= fmax(A(q, k), -W(i))")

@@ -350,6 +350,14 @@ def _not_after_read(fn, st: C.Statement, reader: C.Statement, symbols, bounds) -
         escapes = partition.escapes(partition.box_set(box), partition.box_set(shape), box)
     except (ValueError, isl.Error):
         return
+    if escapes and reader is st:  # (an update without '!' reads the elements it writes)
+        raise TCPartitionError(
+            f"this statement updates {st.tensor} outside its shape ({_box_text(st, shape)}), "
+            f"which the statements before it set: an update reads {st.tensor}'s values where "
+            "it writes, and there are none", st.span,
+            (f"write those elements of {st.tensor} first, or start from nothing with "
+             f"'{st.reduction}=!'" if st.reduction else
+             f"write those elements of {st.tensor} first, or keep the update within the shape",))
     if escapes:
         raise TCPartitionError(
             f"this statement writes {st.tensor} outside its shape ({_box_text(st, shape)}) "
