@@ -64,3 +64,28 @@ def test_the_float32_allowance_still_catches_a_wrong_gradient(monkeypatch):
     _scaled_backward(monkeypatch, "1.02")
     outcome = gradient.check(programs.case(971618, gradient.FEATURES))
     assert outcome.kind == "mismatch", str(outcome)
+
+
+def test_a_gradient_comparing_erf_values_compiles_seed_975319():
+    """The backward of fuzz seed 975319 compares erf's values (`O0_values == O0_max`, a
+    maximum's tie test) of a read of another gradient's tensor: with double erf spelled out as
+    a 136-term series, Halide's bounds inference never finished compiling it. Double erf is a
+    call of the C library's now; the gradient is checked against central differences."""
+    case = programs.case(975319, gradient.FEATURES)
+    assert "erf(" in case.source
+    outcome = gradient.check(case)
+    assert outcome.kind == "ok" and outcome.checked, outcome
+
+
+def test_double_erf_is_the_c_librarys():
+    """float64 erf against math.erf, at the tails, signed zeros, infinities and NaN."""
+    import math
+    import numpy as np
+    import tcstage as tc
+    f = tc.define("def e(double(N) X) -> (Y) { Y(i) = erf(X(i)) }").e
+    x = np.array([-7.0, -6.0, -1.5, -1e-300, -0.0, 0.0, 1e-300, 0.3, 2.5, 5.9, 6.1, 30.0,
+                  np.inf, -np.inf, np.nan])
+    y = f(x)
+    want = np.array([math.erf(v) for v in x[:-1]] + [math.nan])
+    np.testing.assert_array_equal(y, want)
+    assert math.copysign(1.0, y[4]) == -1.0  # erf(-0) = -0

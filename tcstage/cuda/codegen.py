@@ -628,7 +628,10 @@ class _ValuePrinter:
         types = {"f16": "float16", "f32": "float32", "f64": "float64"}
         if base in _MATH and suffix in types:
             return _math(base, [a for a, _ in args], types[suffix])
-        if base == "is_nan" and suffix in types:  # (double erf keeps NaN through it)
+        if name == "erf":  # (double erf: a call of the C library's function, exprs._erf)
+            text, ty = args[0]
+            return _math("erf", [text], ty)
+        if base == "is_nan" and suffix in types:
             text, ty = args[0]
             return f"isnan({'(float)' if ty in _NARROW else ''}({text}))", "bool"
         if name in _STRICT:  # strict_float's IEEE operations: rounded each, never fused

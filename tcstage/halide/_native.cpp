@@ -362,6 +362,15 @@ void py_let(const py::object &out, const std::string &name, const py::object &va
     *out_expr(out, "let(out)") = HI::Let::make(name, v, b);
 }
 
+// A call of a C math function of one argument that Halide has no intrinsic for (double
+// erf): opaque to Halide's simplifier and bounds inference, which a spelled-out polynomial is
+// not; compiled as a call of the C library's function of that name.
+void py_math_call(const py::object &out, const std::string &name, const py::object &arg) {
+    Expr a = expr_from_py(arg, "math_call(arg)");
+    *out_expr(out, "math_call(out)") = HI::Call::make(a.type(), name, {a},
+                                                       HI::Call::PureExtern);
+}
+
 py::object py_to_tree(const py::object &obj) {
     Expr e = expr_from_py(obj, "to_tree");
     return to_tree(e);
@@ -1299,6 +1308,8 @@ Other Halide node types raise ValueError naming the node type.
           "Write a variable `name` of the type of `like` into the Expr out.");
     m.def("let", &py_let, py::arg("out"), py::arg("name"), py::arg("value"), py::arg("body"),
           "Write `let name = value in body` into the Expr out.");
+    m.def("math_call", &py_math_call, py::arg("out"), py::arg("name"), py::arg("arg"),
+          "Write the call `name(arg)` of a C math function (a PureExtern) into the Expr out.");
     m.def("to_tree", &py_to_tree, py::arg("expr"),
           "Convert a halide.Expr (unchanged) into a tuple tree.");
     m.def("func_definitions", &py_func_definitions, py::arg("func"),
