@@ -61,7 +61,7 @@ def test_the_runtime_is_compiled_once_per_machine_not_per_version_of_tcstage(mon
     pool.c builds another."""
     target = aot._aot_target(hl.get_host_target())
     name = aot._runtime_name(target)
-    monkeypatch.setattr(aot, "_code_digest", lambda: "another tcstage")
+    monkeypatch.setattr(aot, "code_digest", lambda: "another tcstage")
     aot._runtime_name_for.cache_clear()
     assert aot._runtime_name(target) == name
     pool = tmp_path / "pool.c"

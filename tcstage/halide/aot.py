@@ -70,10 +70,6 @@ def _linker() -> str | None:
     return cc
 
 
-def _code_digest() -> str:
-    return code_digest()
-
-
 def _aot_target(target: hl.Target) -> hl.Target:
     """The JIT target as an ahead-of-time one: no JIT, no user context argument, and no
     runtime in each pipeline's object (the shared runtime library has it)."""
@@ -439,7 +435,7 @@ def compile_pipeline(pipeline: hl.Pipeline, arguments: list, target: hl.Target,
     before, else compiled now and kept there."""
     aot = _aot_target(target)
     digest = hashlib.sha256("\0".join(
-        [FORMAT, repr(key), str(aot), _code_digest()]).encode()).hexdigest()[:32]
+        [FORMAT, repr(key), str(aot), code_digest()]).encode()).hexdigest()[:32]
     kinds = [None if isinstance(a, hl.ImageParam) else _scalar_kind(a.type()) for a in arguments]
     kinds += [None] * sum(len(f.types()) for f in pipeline.outputs())
     while True:  # (one thread builds a library; others wanting it wait for it)
