@@ -1,6 +1,9 @@
 """Repeated CPU calls take a short path once a call with the same argument layout was checked
 (program._fast_key): it must give the same answers and the same errors as the full path."""
 
+import warnings
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -258,3 +261,43 @@ def test_a_last_dimension_of_one_with_any_stride_is_taken():
     assert column.flags.c_contiguous and column.strides[-1] == 0
     for _ in range(2):
         np.testing.assert_array_equal(f(column), [c.sum()])
+
+
+LAYERS = (Path(__file__).parent.parent / "examples" / "layers.tc").read_text()
+
+
+@pytest.mark.parametrize("shapes", [((1, 0, 5, 5), (2, 0, 3, 3)), ((0, 2, 5, 5), (3, 2, 3, 3)),
+                                    ((2, 2, 0, 4), (3, 2, 3, 3))])
+def test_empty_arrays_give_empty_or_zero_results(shapes):
+    """numpy gives an empty array strides of 0 in every dimension, which Halide refused (its
+    innermost stride must be 1), and a schedule's splits failed on an empty output: a sum over
+    nothing is 0, an output with no elements is returned as it is, on both call paths."""
+    f = tc.define(LAYERS).padconv
+    I, W = f32(*shapes[0]), f32(*shapes[1])
+    padded = np.pad(I, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    h, w = I.shape[2:]
+    windows = np.stack([padded[:, :, i:i + h, j:j + w] for i in range(3) for j in range(3)])
+    expected = np.einsum("kcnhw,fck->nfhw", windows.transpose(0, 2, 1, 3, 4),
+                         W.reshape(*W.shape[:2], 9)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no "runs unscheduled" fallback)
+        for _ in range(2):
+            out = f(I, W)
+            assert out.shape == expected.shape
+            np.testing.assert_array_equal(out, expected)  # (zeros, or no elements)
+
+
+def test_empty_rows_and_batches_through_a_torch_operator_and_its_gradient():
+    torch = pytest.importorskip("torch")
+    import tcstage.torch as tct
+    op = tct.op(LAYERS, "layernorm")
+    F = torch.nn.functional
+    for n, c in ((1, 0), (0, 4), (3, 1)):
+        x, g, b = (torch.randn(*s, requires_grad=True) for s in ((n, c), (c,), (c,)))
+        dy = torch.randn(n, c)
+        ours = op(x, g, b)
+        theirs = F.layer_norm(x, (c,), g, b, eps=1e-5)
+        torch.testing.assert_close(ours, theirs)
+        for a, e in zip(torch.autograd.grad(ours, (x, g, b), dy),
+                        torch.autograd.grad(theirs, (x, g, b), dy)):
+            torch.testing.assert_close(a, e)

@@ -569,11 +569,15 @@ def _run(compiled: _Compiled, arrays, scalars, inout, output_bounds, allocate=No
         flags = a.flags
         if not (a.dtype == dtype and flags.c_contiguous and flags.aligned and flags.writeable):
             a = _storage_view(a, t)
-        elif a.ndim and a.shape[-1] == 1 and a.strides[-1] != a.itemsize:
+        elif a.ndim and a.strides[-1] != a.itemsize and (a.shape[-1] == 1 or not a.size):
             # (numpy calls an array contiguous whatever the stride of a dimension of extent 1:
-            # `c[:, None]` has 0 there, and Halide refused it, its innermost stride being 1;
-            # no element of that dimension is a stride away from another, so the view says 1)
-            a = np.lib.stride_tricks.as_strided(a, strides=(*a.strides[:-1], a.itemsize))
+            # `c[:, None]` has 0 there, and an empty array has 0 in every dimension; Halide
+            # refused both, its innermost stride being 1. No element is a stride away from
+            # another there, so the view takes dense strides)
+            a = np.lib.stride_tricks.as_strided(a, strides=(*a.strides[:-1], a.itemsize)
+                                                if a.size else
+                                                tuple(s * a.itemsize for s in
+                                                      _dense_strides(a.shape)))
         values.append(a)
     for tname, t in plan.inouts:
         values.append(_storage_view(inout[tname], t))
@@ -585,7 +589,9 @@ def _run(compiled: _Compiled, arrays, scalars, inout, output_bounds, allocate=No
         outs.append(out)
         values.append(out)
     try:
-        if isinstance(compiled.call, aot.AotPipeline):
+        if not any(v.size for v in values[len(values) - len(outs) - len(plan.inouts):]):
+            pass  # (no element to compute; a schedule's splits may not fit an empty loop)
+        elif isinstance(compiled.call, aot.AotPipeline):
             compiled.call.run(values, mins)
         else:
             buffers = [halide_buffer(v) if isinstance(v, np.ndarray) else v for v in values]
