@@ -292,6 +292,7 @@ def test_empty_rows_and_batches_through_a_torch_operator_and_its_gradient():
     import tcstage.torch as tct
     op = tct.op(LAYERS, "layernorm")
     F = torch.nn.functional
+    torch.manual_seed(0)
     for n, c in ((1, 0), (0, 4), (3, 1)):
         x, g, b = (torch.randn(*s, requires_grad=True) for s in ((n, c), (c,), (c,)))
         dy = torch.randn(n, c)
@@ -300,4 +301,5 @@ def test_empty_rows_and_batches_through_a_torch_operator_and_its_gradient():
         torch.testing.assert_close(ours, theirs)
         for a, e in zip(torch.autograd.grad(ours, (x, g, b), dy),
                         torch.autograd.grad(theirs, (x, g, b), dy)):
-            torch.testing.assert_close(a, e)
+            # (over one column d_X is 0, a difference of terms near dY * G / sqrt(1e-5))
+            torch.testing.assert_close(a, e, atol=1e-4, rtol=1e-5)
