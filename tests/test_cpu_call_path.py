@@ -303,3 +303,24 @@ def test_empty_rows_and_batches_through_a_torch_operator_and_its_gradient():
                         torch.autograd.grad(theirs, (x, g, b), dy)):
             # (over one column d_X is 0, a difference of terms near dY * G / sqrt(1e-5))
             torch.testing.assert_close(a, e, atol=1e-4, rtol=1e-5)
+
+
+def test_arrays_copied_or_updated_in_place_take_the_same_stride_fix():
+    """Arrays that reach Halide through a converted view (uint64, another byte order) or as
+    in/out outputs (`out=`) had the stride of 0 that numpy gives `c[:, None]` and empty arrays
+    left as it was, and Halide refused them."""
+    c = np.arange(3, dtype=np.float32)
+    acc = tc.define("def acc(float(N,M) A) -> (O) { O(i,j) += A(i,j) }").acc
+    out = acc(np.ones((3, 1), np.float32), out=c[:, None])
+    np.testing.assert_array_equal(out.ravel(), [1, 2, 3])
+    np.testing.assert_array_equal(c, [1, 2, 3])  # (updated in place, through the view)
+    two = tc.define("def g(float(N) A, float(M) B) -> (O, P) {\n  O(i) += A(i)\n"
+                    "  P(j) = B(j)\n}").g
+    o, p = two(np.ones(0, np.float32), np.full(2, 5, np.float32), out=(np.zeros(0, np.float32),))
+    assert o.shape == (0,)
+    np.testing.assert_array_equal(p, [5, 5])
+    for ty, A in (("uint64", np.ones((3, 0), np.uint64)),
+                  ("uint64", np.arange(3, dtype=np.uint64)[:, None]),
+                  ("float", np.ones((3, 0), ">f4"))):
+        f = tc.define(f"def f({ty}(N,K) A) -> (O) {{ O(n) +=! A(n,k) }}").f
+        np.testing.assert_array_equal(f(A), A.astype(np.float64).sum(1))

@@ -569,15 +569,8 @@ def _run(compiled: _Compiled, arrays, scalars, inout, output_bounds, allocate=No
         flags = a.flags
         if not (a.dtype == dtype and flags.c_contiguous and flags.aligned and flags.writeable):
             a = _storage_view(a, t)
-        elif a.ndim and a.strides[-1] != a.itemsize and (a.shape[-1] == 1 or not a.size):
-            # (numpy calls an array contiguous whatever the stride of a dimension of extent 1:
-            # `c[:, None]` has 0 there, and an empty array has 0 in every dimension; Halide
-            # refused both, its innermost stride being 1. No element is a stride away from
-            # another there, so the view takes dense strides)
-            a = np.lib.stride_tricks.as_strided(a, strides=(*a.strides[:-1], a.itemsize)
-                                                if a.size else
-                                                tuple(s * a.itemsize for s in
-                                                      _dense_strides(a.shape)))
+        else:
+            a = _unit_inner_stride(a)
         values.append(a)
     for tname, t in plan.inouts:
         values.append(_storage_view(inout[tname], t))
@@ -680,7 +673,20 @@ def _storage_view(a: np.ndarray, t) -> np.ndarray:
         a = np.array(a, dtype=native, order="C")
     if not a.flags.writeable:
         a = _writable_alias(a)
+    a = _unit_inner_stride(a)
     return a.view(np.int64) if t.name == "uint64" else a
+
+
+def _unit_inner_stride(a: np.ndarray) -> np.ndarray:
+    """A C-contiguous array as Halide takes it, its innermost stride one element. numpy calls
+    an array contiguous whatever the stride of a dimension of extent 1 (`c[:, None]` has 0
+    there) and gives an empty array 0 in every dimension; Halide refused both. No element is
+    a stride away from another there, so the view (same memory) takes dense strides."""
+    if not a.ndim or a.strides[-1] == a.itemsize or (a.shape[-1] != 1 and a.size):
+        return a
+    strides = (*a.strides[:-1], a.itemsize) if a.size else \
+        tuple(s * a.itemsize for s in _dense_strides(a.shape))
+    return np.lib.stride_tricks.as_strided(a, strides=strides)
 
 
 class _HalideType(ctypes.Structure):  # halide_type_t (HalideRuntime.h)
