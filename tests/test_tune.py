@@ -69,6 +69,21 @@ def test_the_tuned_kernel_computes_the_right_result():
     np.testing.assert_allclose(kernel(A, B), A @ B.T, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("m, k", [(4, 0), (0, 8)], ids=["no terms", "no rows"])
+def test_empty_statements_are_checked_like_any_other(m, k):
+    """A statement without instances at the call's sizes (a sum of no terms, an empty output)
+    counted as infinitely many: every candidate was 'not checked', and autotune warned that
+    its best was not, where checking costs nothing."""
+    A, B = np.ones((m, k), np.float32), np.ones((4, k), np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tc.TCWarning)
+        res = tc.autotune(TMM, "tmm", A, B, measure="model", budget=3, cache=False,
+                          progress=False, jobs=1)
+    assert res.checked
+    kernel = tc.compile(TMM, "tmm", A, B, options=res.options, target="cuda-emulated")
+    np.testing.assert_array_equal(kernel(A, B), np.zeros((m, 4), np.float32))
+
+
 # -- planted failures -------------------------------------------------------------------------
 
 GOOD = tc.MappingOptions().tile(8, 32).mapToThreads(32, 8).mapToBlocks(8, 4)
