@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from tcstage.compiler import as_options, check_dynamic, compile_cuda, function_of, say_again
 from tcstage.errors import TCArgumentError, TCError, TCWarning, warn
-from tcstage.options import PRESETS, MappingOptions
+from tcstage.options import PRESETS, MappingOptions, made_as_starting_point
 from tcstage.program import TCFunction
 
 # -- tc.compile -----------------------------------------------------------------------------
@@ -66,7 +66,8 @@ def compile(source, name: str | None = None, *inputs, options=None, target: str 
         options, per_launch, listed = _options_per_launch(name, options)
     if auto:
         options, per_launch, compiled, said = auto_options(fn, inputs, out, target)
-    elif isinstance(options, MappingOptions) and (start := _starting_point(options)):
+    elif isinstance(options, MappingOptions) and made_as_starting_point(options) and \
+            (start := _starting_point(options)):
         warn(f"in '{name}': these options are {start}. tcstage's options are immutable: "
              "o.tile(32) returns new options and leaves o as it was (TC's change o in place), "
              "so a chain whose result was not kept is lost; pass the name as text (options="

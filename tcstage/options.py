@@ -23,6 +23,7 @@ import difflib
 import enum
 import math
 import re
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -212,6 +213,17 @@ def _format_arg(value: Any) -> str:
     return f'"{value.name}"' if isinstance(value, FusionStrategy) else str(value)
 
 
+# The objects a starting point's constructor returned (`MappingOptions()`, `("naive")`,
+# `.named(...)`), by identity: options equal to a starting point that were not made as one
+# (a chain's, the tuner's, parsed text) are not the lost-chain mistake `tc.compile` warns of.
+_STARTING_POINTS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def made_as_starting_point(options) -> bool:
+    """Whether `options` is the very object a starting point's constructor returned."""
+    return _STARTING_POINTS.get(id(options)) is options
+
+
 @attrs.frozen(kw_only=True, repr=False, init=False)
 class MappingOptions:
     """How to map one TC function onto a GPU: tiling, block/thread mapping, memory promotion,
@@ -280,8 +292,12 @@ class MappingOptions:
                     "instead, as in "
                     "MappingOptions().tile(32, 32)", option="MappingOptions", value=preset)
             named = attrs.asdict(type(self).named(preset), recurse=False)
-            fields = {**named, **fields}
+            fields, chained = {**named, **fields}, bool(fields)
+        else:
+            chained = bool(fields)
         self.__attrs_init__(**fields)
+        if not chained:
+            _STARTING_POINTS[id(self)] = self
 
     # -- chain methods (TC names); each returns a new MappingOptions ------------------------
 
@@ -532,7 +548,9 @@ class MappingOptions:
             raise TCOptionsError(
                 f"unknown named mapping options {name!r}{_suggest(key, _PRESETS)}; "
                 f"allowed: {valid}", option="named", value=name)
-        return getattr(cls, key)()
+        made = getattr(cls, key)()
+        _STARTING_POINTS[id(made)] = made
+        return made
 
     # -- text and data ---------------------------------------------------------------------
 
@@ -577,7 +595,7 @@ class MappingOptions:
         """
         if not isinstance(text, str):
             raise TCOptionsError(f"MappingOptions.parse expects a string, got {_describe(text)}")
-        return _Parser(text).parse_chain()
+        return attrs.evolve(_Parser(text).parse_chain())  # (a copy: not a starting point object)
 
     def to_dict(self) -> dict[str, Any]:
         """Every field as plain JSON data (lists, ints, bools, strings, None)."""

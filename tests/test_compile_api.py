@@ -301,3 +301,14 @@ def test_a_discarded_chain_is_reported():
         warnings.simplefilter("error", tc.TCWarning)
         tc.compile(src, "f", a, options="single_thread", target="cuda-emulated")
         tc.compile(src, "f", a, options="naive", target="cuda-emulated")
+    # Options equal to a starting point that a chain, the tuner (which reads its best back
+    # as text) or a parse made are not a lost chain (at size 1 the tuner's best can be a
+    # starting point itself, 'pointwise', and passing it on warned)
+    for made in (tc.MappingOptions.parse(str(tc.MappingOptions.named("mlp"))),
+                 tc.MappingOptions().tile(4).tile(1).mapToThreads(128).mapToBlocks(128)
+                 .outerScheduleFusionStrategy("Max")):
+        assert made == tc.MappingOptions.named("mlp")
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always", tc.TCWarning)
+            tc.compile(src, "f", a, options=made, target="cuda-emulated")
+        assert not [w for w in said if "immutable" in str(w.message)]
