@@ -129,7 +129,7 @@ def compile_cuda(fn: TCFunction, args: Sequence, out=None, options=None,
     stage = functools.partial(_stage, fn.name, timings)
     with stage("lower"):
         binding = fn.bind(args, out, shapes_only=True)
-        lowered = fn.lower(*args, out=out)
+        lowered = fn.lowered_for(args, {}, out, dynamic)
     with stage("extract"):
         symbolic = extract_scop(lowered)
         # Dynamic sizes stay parameters (>= 0) from here to the CUDA source. Tiling and mapping

@@ -345,12 +345,19 @@ class TCFunction:
 
     def lower(self, *args, out=None, **named) -> Lowered:
         """The Halide Funcs of this function (for the call's scalar specialisation)."""
+        return self.lowered_for(args, named, out)
+
+    def lowered_for(self, args, named, out=None, dynamic=()) -> Lowered:
+        """`lower` for a call's arguments (arrays or shapes) by position and by name; inputs
+        with no elements at these sizes, unless a size in `dynamic` (left to the kernel's
+        caller) is what empties them, are never read (`absent_inputs`)."""
         if not (args or named):
             return lower(self.checked, self._infer(()), {})
         b = self.bind(args, out, shapes_only=True, named=named)
         self._output_layout(b)  # rejects impossible shapes and ranges for these sizes
         spec = b.specialization(self)
-        return lower(self.checked, self._infer(spec), dict(spec))
+        return lower(self.checked, self._infer(spec), dict(spec),
+                     absent=absent_inputs(self.checked, b.sizes, dynamic))
 
     def _cpu_kernel(self, args, named, out, schedule, specialize_shapes):
         """The CpuKernel serving a call (compiled on first use), its Binding, and the
@@ -380,9 +387,11 @@ class TCFunction:
             large = needs_large_buffers(self.checked, self._infer(spec), b.sizes)
             self._large_buffers[spec, sizes] = large
         shapes = sizes if specialize_shapes else None
-        kernel = self._kernel_once((spec, schedule, large, shapes), lambda: CpuKernel(
-            lower(self.checked, self._infer(spec), dict(spec), cpu=True), b.sizes, schedule,
-            specialize_shapes=bool(specialize_shapes), large_buffers=large))
+        # (inputs without elements: a kernel of their own, which never reads them; `lower`)
+        absent = absent_inputs(self.checked, b.sizes)
+        kernel = self._kernel_once((spec, schedule, large, shapes, absent), lambda: CpuKernel(
+            lower(self.checked, self._infer(spec), dict(spec), cpu=True, absent=absent),
+            b.sizes, schedule, specialize_shapes=bool(specialize_shapes), large_buffers=large))
         return kernel, b, torch_in
 
     def _kernel_once(self, key: tuple, make) -> CpuKernel:
@@ -523,6 +532,14 @@ class TCFunction:
                     f"(inferred as {R.tree_to_str(tb.extents[k])}) for these inputs")
             layout.append((extents, mins))
         return layout
+
+
+def absent_inputs(fn: C.Function, sizes: Mapping[str, int], dynamic=()) -> frozenset:
+    """The inputs with no elements at `sizes` (a dimension of size 0), but for those that a
+    size in `dynamic` empties: what `lower` may take as never read."""
+    return frozenset(
+        t.name for t in fn.inputs if t.rank and any(
+            d == "0" or d in sizes and sizes[d] == 0 and d not in dynamic for d in t.dims))
 
 
 def _fast_key(args) -> tuple | None:

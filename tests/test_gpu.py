@@ -86,3 +86,18 @@ def test_sixteen_bit_torch_tensors(type_name):
     torch.cuda.synchronize()
     assert isinstance(O, torch.Tensor) and O.dtype == dtype and O.device.type == "cuda"
     torch.testing.assert_close(O.double(), A.double().sum(dim=1) * 0.5, rtol=0, atol=0)
+
+
+def test_arrays_without_elements():
+    """pycuda gives an array of no elements no memory (gpudata None) and its fill a kernel
+    with nothing to fill: inputs and outputs of size 0 are passed as null pointers, which the
+    kernel never follows (an empty input is never read: `lower`'s `absent`)."""
+    padto = "def padto(float(M) A, float(N) Z) -> (O) { O(i) = (A(i) ?? 0) + Z(i) }"
+    Z = np.arange(3, dtype=np.float32)
+    empty = np.ones(0, np.float32)
+    np.testing.assert_array_equal(tc.compile(padto, "padto", empty, Z, target="cuda")(empty, Z), Z)
+    program, name = _fn("tmm")
+    for A, B in ((np.ones((3, 0), np.float32), np.ones((4, 0), np.float32)),
+                 (np.ones((0, 5), np.float32), np.ones((4, 5), np.float32))):
+        k = tc.compile(program, name, A, B, target="cuda")
+        np.testing.assert_array_equal(k(A, B), A @ B.T)

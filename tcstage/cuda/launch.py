@@ -167,6 +167,13 @@ def _allocator(arrays, gpuarray):
     return gpuarray.zeros
 
 
+def _gpu_zeros(gpuarray, shape, dtype):
+    """pycuda's zeros, but for no elements an array without memory (its fill needs some)."""
+    if 0 in tuple(shape):
+        return gpuarray.GPUArray(tuple(shape), dtype)
+    return gpuarray.zeros(shape, dtype)
+
+
 def stage_on_gpu(kernel, binding):
     """Device buffers and launch values for `kernel` (a runtime.Kernel) on the bound arguments;
     returns (values, finish), where finish() brings the outputs back: numpy arrays for numpy
@@ -179,8 +186,12 @@ def stage_on_gpu(kernel, binding):
     staged = {}  # numpy array id -> its device copy, alive as long as the call
 
     def pointer(a, name="argument"):
+        # (pycuda gives an array with no elements no memory, gpudata None: a kernel reads
+        # nothing of an empty input, `lower`'s absent ones, and writes nothing of an empty output)
         if isinstance(a, gpuarray.GPUArray):
-            return np.intp(int(a.gpudata))
+            return np.intp(0 if a.gpudata is None else int(a.gpudata))
+        if isinstance(a, np.ndarray) and not a.size:
+            return np.intp(0)
         if isinstance(a, np.ndarray):
             copy = staged.get(id(a))
             if copy is None:
@@ -194,9 +205,10 @@ def stage_on_gpu(kernel, binding):
         for name, shape in kernel.buffer_shapes_for(binding.sizes).items():
             dtype = fn.checked.tensors[name].type.numpy
             buffers[name] = binding.inout[name] if name in binding.inout else \
-                (zeros(shape, dtype) if device else gpuarray.zeros(shape, _host(dtype)))
+                (zeros(shape, dtype) if device else _gpu_zeros(gpuarray, shape, _host(dtype)))
         for name, (shape, dtype) in kernel.scratch.items():
-            buffers[name] = zeros(shape, dtype) if device else gpuarray.zeros(shape, _host(dtype))
+            buffers[name] = zeros(shape, dtype) if device else \
+                _gpu_zeros(gpuarray, shape, _host(dtype))
         values = kernel.launch_values(binding, buffers, pointer)
 
     def finish():
@@ -207,7 +219,8 @@ def stage_on_gpu(kernel, binding):
                 b = buffers[name]
                 dtype = fn.checked.tensors[name].type.numpy
                 if isinstance(b, np.ndarray):  # an in/out numpy output: copy back in place
-                    b[...] = staged[id(b)].get().view(dtype)
+                    if b.size:
+                        b[...] = staged[id(b)].get().view(dtype)
                     results.append(b)
                 elif not device and isinstance(b, gpuarray.GPUArray):
                     results.append(b.get().view(dtype))

@@ -187,6 +187,7 @@ class CpuKernel:
     def __init__(self, lowered: Lowered, values: Mapping[str, int], schedule: str | None, *,
                  specialize_shapes: bool = False, large_buffers: bool = False):
         self.fn, self.ranges = lowered.fn, lowered.ranges
+        self.absent = lowered.absent
         self.specialize_shapes = specialize_shapes
         self.values = dict(values)
         target = hl.get_jit_target_from_environment()
@@ -242,7 +243,8 @@ class CpuKernel:
     def _fresh(self, rounded=None) -> Lowered:
         """New Funcs (a schedule, even a failed attempt, changes the Funcs it is applied to);
         `rounded`: see `lower`."""
-        return lower(self.fn, self.ranges, dict(self.ranges.scalars), cpu=True, rounded=rounded)
+        return lower(self.fn, self.ranges, dict(self.ranges.scalars), cpu=True, rounded=rounded,
+                     absent=self.absent)
 
     def _unscheduled_pipeline(self) -> _Compiled:
         """Halide's unscheduled code (a schedule only makes the code fast), compiled once."""
@@ -547,7 +549,8 @@ def _jit(pipeline: hl.Pipeline, lowered: Lowered, target: hl.Target, key: tuple)
     def compiled():
         if aot.enabled():
             return aot.compile_pipeline(pipeline, arguments, target, (
-                repr(lowered.fn), sorted(lowered.ranges.scalars), *key))
+                repr(lowered.fn), sorted(lowered.ranges.scalars), *key)
+                + ((("absent", *sorted(lowered.absent)),) if lowered.absent else ()))
         return pipeline.compile_to_callable(arguments, target)
     if any(t.type.is_float and t.type.bits == 16 for t in lowered.fn.tensors.values()):
         with halide_notes_dropped():

@@ -89,6 +89,7 @@ class Lowered:
     pads: tuple = ()  # CPU: the Funcs of padded inputs (`T(...) ?? 0`), Halide's constant_exterior
     pad_strides: dict = attrs.Factory(dict)  # pad Func name -> (input, the stride it is split
     #                                           by: `_lower_statement`'s `padded_input`)
+    absent: frozenset = frozenset()  # inputs lowered as having no elements (`lower`)
 
     def definitions(self, tensor: str) -> list[dict]:
         """The tensor's definitions as plain data (`_native.func_definitions`), in program
@@ -143,11 +144,15 @@ class Lowered:
 
 
 def lower(fn: C.Function, ranges: FunctionRanges, scalars: Mapping[str, int] | None = None,
-          cpu: bool = False, rounded: Mapping[tuple[str, str], int] | None = None) -> Lowered:
+          cpu: bool = False, rounded: Mapping[tuple[str, str], int] | None = None,
+          absent: frozenset = frozenset()) -> Lowered:
     """The Halide Funcs of `fn`. `cpu`: for the CPU back end alone, whose builtins may take
     forms Halide vectorises there but the CUDA printer would not print as CUDA's own functions
     (exprs.to_halide's `cpu`). `rounded`: (tensor, reduction index) -> a multiple its loop
-    runs to (the CPU scheduler's request, `RoundedRows`; see `_lower_statement`)."""
+    runs to (the CPU scheduler's request, `RoundedRows`; see `_lower_statement`). `absent`:
+    inputs the call passes with no elements. No element of one is ever read, so its reads are
+    the padding value (`T(i) ?? v`) or, never evaluated, 0: Halide's bounds inference wants at
+    least the one element a padded or clamped read is clamped to, which an empty buffer lacks."""
     scalars = dict(scalars or {})
     params, symbols = {}, {}
     for t in fn.inputs:
@@ -197,7 +202,7 @@ def lower(fn: C.Function, ranges: FunctionRanges, scalars: Mapping[str, int] | N
                                                  funcs, symbols, partial, fresh, cpu, pads,
                                                  folded, {v: m for (t, v), m in
                                                           (rounded or {}).items()
-                                                          if t == st.tensor})
+                                                          if t == st.tensor}, absent)
         except HALIDE_FAILURES as e:
             raise TCError(f"internal error lowering '{fn.name}' to Halide, at statement "
                           f"{n + 1}: {str(e).strip()}", st.span) from e
@@ -218,7 +223,8 @@ def lower(fn: C.Function, ranges: FunctionRanges, scalars: Mapping[str, int] | N
         outputs.append(f)
     return Lowered(fn, ranges, params, inout_params, funcs, outputs, order, var_names,
                    versions, tuple(pads.values()),
-                   {f.name(): (t, stride) for (t, _, stride, _), f in pads.items()})
+                   {f.name(): (t, stride) for (t, _, stride, _), f in pads.items()},
+                   frozenset(absent))
 
 
 def _folds(st: C.Statement, partial: list[str], func: hl.Func) -> bool:
@@ -343,7 +349,7 @@ def _combine(op: str, a: hl.Expr, b: hl.Expr) -> hl.Expr:
 def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, inout_params,
                      funcs, symbols, partial: list[str], fresh: bool, cpu: bool = False,
                      pads: dict | None = None, folded: bool = False,
-                     rounded: Mapping[str, int] | None = None
+                     rounded: Mapping[str, int] | None = None, absent: frozenset = frozenset()
                      ) -> tuple[dict[str, str], frozenset]:
     """Adds the statement's definitions to its tensor's Func (`fresh`: a Func without
     definitions yet). Left-hand variables that cover the whole tensor stay pure (parallel)
@@ -405,6 +411,8 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
 
     def read(r: C.Read, args: list[hl.Expr], padded_dims=None) -> hl.Expr:
         """`padded_dims`: for the read of a `??`, the dimensions it tests (and clamps)."""
+        if r.tensor in absent and r.tensor in params:  # (never evaluated: see `lower`)
+            return constant(0, r.type)
         b = ranges.tensors[r.tensor]
         past = {k for k, a in enumerate(r.args) if C.free_vars(a) & rounded.keys()}
         if padded_dims is None and pads_on_cpu(r) and (past or phased(r, args)):
@@ -502,6 +510,8 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
         padded Func; else Halide's constant_exterior spelled as the select it makes (a
         guarded read of T with its subscripts clamped into T), so that the Func reads T
         itself and the polyhedral model sees the guard."""
+        if p.read.tensor in absent and p.read.tensor in params:  # (outside it everywhere)
+            return value
         b = ranges.tensors[p.read.tensor]
         if pads_on_cpu(p.read) and not solver.tree_vars(solver.simplify(value)) and \
                 not solver.read_names(solver.simplify(value)):
