@@ -807,6 +807,11 @@ class HalideFunction:
     def output_mins(self, *args, out=None, output_shape=None, **named) -> list:
         return [(0,) * len(s) for s in self._output_boxes(output_shape)]
 
+    def lowered_for(self, args, named, out=None, dynamic=()) -> "PipelineLowered":
+        """`lower`, as TCFunction.lowered_for takes a call (a pipeline's Funcs are Halide's
+        own: an empty input is not told apart)."""
+        return self.lower(*args, out=out, **named)
+
     def lower(self, *args, out=None, **named) -> "PipelineLowered":
         """The pipeline as the polyhedral middle end reads it, for these arguments' sizes."""
         shapes = self._output_boxes(None)
