@@ -373,3 +373,21 @@ def test_a_kernel_planned_at_other_sizes_serves_an_empty_input():
                         "{ C(m,n) +=! A(m,kk) * B(n,kk) }").tmm
         out = tmm(np.ones((3, 0), np.float32), np.ones((4, 0), np.float32), schedule="Li2018")
         np.testing.assert_array_equal(out, np.zeros((3, 4), np.float32))
+
+
+def test_an_empty_output_read_by_another_in_an_empty_loop():
+    """At P = 1, T is empty and U reads T(k, 1) over no k: Halide's bounds inference wanted
+    T(., 1) all the same, outside T's extent, and the call ran unscheduled with a warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tc.TCWarning)  # (the definition's precondition note)
+        f = tc.define("def f(float(P) A) -> (S, T, U) {\n  S(i) = A(i)\n"
+                      "  T(i, l) = A(i) where l in 1:P\n"
+                      "  U(k) = T(k, 1) where k in 0:P - 1\n}").f
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for p in (1, 3, 1):
+            A = f32(p)
+            S, T, U = f(A)
+            np.testing.assert_array_equal(S, A)
+            np.testing.assert_array_equal(T, np.repeat(A[:, None], p - 1, axis=1))
+            np.testing.assert_array_equal(U, A[:p - 1])

@@ -405,6 +405,9 @@ class CpuKernel:
         try:
             return _run(compiled, *run)
         except HALIDE_FAILURES as e:  # a failed runtime check (e.g. a read out of bounds)
+            results = _widened_empty_outputs(compiled, run)
+            if results is not None:
+                return results
             if compiled.schedule is None:
                 raise TCArgumentError(f"running '{self.fn.name}' failed: {_halide_message(e)}") \
                     from None
@@ -486,6 +489,24 @@ class CpuKernel:
              + (f" at sizes {shown}" if sizes and not self.specialize_shapes else "")
              + f": the {failed.schedule} schedule failed at run time ({_halide_message(error)})")
         return results
+
+
+def _widened_empty_outputs(compiled: "_Compiled", run: tuple) -> list[np.ndarray] | None:
+    """The run of `run` with one element in each empty dimension of its outputs, returned as
+    views of their true (empty) extents; None where no output is empty, or where that fails
+    too. Halide's bounds inference takes a read of an output inside an empty loop (`U(k) =
+    T(k, 1) where k in 0:P-1`, P = 1) to need T(., 1), outside T's empty extent, and failed
+    the run (it then ran unscheduled, with a warning). The extra elements are computed and
+    dropped; one that reads outside an input fails as before."""
+    arrays, scalars, inout, bounds, allocate = run
+    if inout or all(all(extents) for _, extents in bounds):
+        return None
+    widened = [(mins, tuple(max(e, 1) for e in extents)) for mins, extents in bounds]
+    try:
+        results = _run(compiled, arrays, scalars, inout, widened, allocate)
+    except HALIDE_FAILURES:
+        return None
+    return [r[tuple(slice(0, e) for e in extents)] for r, (_, extents) in zip(results, bounds)]
 
 
 PER_CALL = type("PerCall", (), {"__repr__": lambda self: "PER_CALL"})()
