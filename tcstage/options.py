@@ -284,6 +284,7 @@ class MappingOptions:
     overlapped_tiles: bool = _bool_field("overlappedTiles")
 
     def __init__(self, preset: str | None = None, /, **fields):
+        chained = bool(fields)  # (a starting point as it is, or one changed by fields)
         if preset is not None:
             if not isinstance(preset, str):
                 raise TCOptionsError(
@@ -292,9 +293,7 @@ class MappingOptions:
                     "instead, as in "
                     "MappingOptions().tile(32, 32)", option="MappingOptions", value=preset)
             named = attrs.asdict(type(self).named(preset), recurse=False)
-            fields, chained = {**named, **fields}, bool(fields)
-        else:
-            chained = bool(fields)
+            fields = {**named, **fields}
         self.__attrs_init__(**fields)
         if not chained:
             _STARTING_POINTS[id(self)] = self

@@ -190,9 +190,9 @@ def stage_on_gpu(kernel, binding):
         # nothing of an empty input, `lower`'s absent ones, and writes nothing of an empty output)
         if isinstance(a, gpuarray.GPUArray):
             return np.intp(0 if a.gpudata is None else int(a.gpudata))
-        if isinstance(a, np.ndarray) and not a.size:
-            return np.intp(0)
         if isinstance(a, np.ndarray):
+            if not a.size:
+                return np.intp(0)
             copy = staged.get(id(a))
             if copy is None:
                 copy = staged[id(a)] = gpuarray.to_gpu(

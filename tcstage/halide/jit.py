@@ -596,6 +596,7 @@ def _run(compiled: _Compiled, arrays, scalars, inout, output_bounds, allocate=No
         else:
             a = _unit_inner_stride(a)
         values.append(a)
+    written = len(values)  # (the in/out outputs and the outputs follow)
     for tname, t in plan.inouts:
         values.append(_storage_view(inout[tname], t))
     outs, mins = [], {}
@@ -606,7 +607,7 @@ def _run(compiled: _Compiled, arrays, scalars, inout, output_bounds, allocate=No
         outs.append(out)
         values.append(out)
     try:
-        if not any(v.size for v in values[len(values) - len(outs) - len(plan.inouts):]):
+        if not any(v.size for v in values[written:]):
             pass  # (no element to compute; a schedule's splits may not fit an empty loop)
         elif isinstance(compiled.call, aot.AotPipeline):
             compiled.call.run(values, mins)

@@ -411,7 +411,7 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
 
     def read(r: C.Read, args: list[hl.Expr], padded_dims=None) -> hl.Expr:
         """`padded_dims`: for the read of a `??`, the dimensions it tests (and clamps)."""
-        if r.tensor in absent and r.tensor in params:  # (never evaluated: see `lower`)
+        if r.tensor in absent:  # (never evaluated: see `lower`)
             return constant(0, r.type)
         b = ranges.tensors[r.tensor]
         past = {k for k, a in enumerate(r.args) if C.free_vars(a) & rounded.keys()}
@@ -510,7 +510,7 @@ def _lower_statement(fn, st: C.Statement, sr, ranges: FunctionRanges, params, in
         padded Func; else Halide's constant_exterior spelled as the select it makes (a
         guarded read of T with its subscripts clamped into T), so that the Func reads T
         itself and the polyhedral model sees the guard."""
-        if p.read.tensor in absent and p.read.tensor in params:  # (outside it everywhere)
+        if p.read.tensor in absent:  # (outside it everywhere)
             return value
         b = ranges.tensors[p.read.tensor]
         if pads_on_cpu(p.read) and not solver.tree_vars(solver.simplify(value)) and \
